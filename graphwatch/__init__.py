@@ -1,0 +1,53 @@
+"""graphwatch: watch the lifecycle of PyTorch autograd graphs while a training loop runs.
+
+Example::
+
+    >>> import torch, graphwatch
+    >>> with graphwatch.watch(summary=False) as gw:
+    ...     x = torch.ones(2, requires_grad=True)
+    ...     (x * x).sum().backward()
+    >>> gw.trace.backwards[0].nodes_reached
+    2
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .analysis import FINDING_KINDS
+from .decorator import step
+from .errors import BackwardTwiceError, GraphLeakError, GraphwatchError, TraceFormatError, UsageError
+from .model import Finding, Trace, load_trace
+from .session import Session, active_session, watch
+
+__version__ = "0.1.0"
+
+
+def load(path: str | Path) -> Trace:
+    """Read a JSON trace written by ``gw.save(path)`` (or a report's trace.json)."""
+    return load_trace(path)
+
+
+def make_dot(*args, **kwargs):  # noqa: ANN002, ANN003 - same signature as torchviz.make_dot
+    """Draw an autograd graph like ``torchviz.make_dot``, with graphwatch's lifecycle overlay."""
+    from .rendering.dot import make_dot as _make_dot
+
+    return _make_dot(*args, **kwargs)
+
+
+__all__ = [
+    "FINDING_KINDS",
+    "BackwardTwiceError",
+    "Finding",
+    "GraphLeakError",
+    "GraphwatchError",
+    "Session",
+    "Trace",
+    "TraceFormatError",
+    "UsageError",
+    "active_session",
+    "load",
+    "make_dot",
+    "step",
+    "watch",
+]

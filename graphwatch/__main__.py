@@ -1,0 +1,5 @@
+"""``python -m graphwatch`` is the ``graphwatch`` command."""
+
+from .cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,10 @@
+"""Capture: hooks, engine patch and step boundaries that record into a Trace.
+
+Nothing here holds an autograd node or tensor beyond what autograd itself holds.
+"""
+
+from .backward import EnginePatch, parse_engine_args
+from .graph_walk import node_record, path_to, saved_handles, walk
+from .recorder import Recorder
+
+__all__ = ["EnginePatch", "Recorder", "node_record", "parse_engine_args", "path_to", "saved_handles", "walk"]

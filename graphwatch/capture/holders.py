@@ -1,0 +1,124 @@
+"""Name the Python values that keep earlier steps' graphs alive.
+
+Autograd holds nodes from C++, so Python's ``gc`` cannot say who keeps a
+graph.  But the keepers users write are few and visible: a local such as
+``total_loss`` (``total_loss += loss``), a list of losses, an attribute of a
+module (``self.cache = self.weight * 2``), a module-level global.  At a step
+end graphwatch looks at the user's frames on the stack, their locals and
+globals, one level into lists, tuples and dicts, and the tensors held by
+``nn.Module`` attributes; each tensor with a ``grad_fn`` is walked and kept as a
+:class:`~graphwatch.model.Holder` when it reaches nodes of earlier steps.
+
+Example::
+
+    >>> import sys, torch
+    >>> from graphwatch.capture.holders import tensors_in_frame
+    >>> total = torch.ones(1, requires_grad=True) * 2
+    >>> [name for name, _ in tensors_in_frame(sys._getframe(), include_globals=False) if name == "total"]
+    ['total']
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+from collections.abc import Iterator
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..model import Holder
+from .callsite import is_user_file
+from .graph_walk import walk
+
+if TYPE_CHECKING:
+    from .recorder import Recorder
+
+_CONTAINER_LIMIT = 64  # items looked at per list/tuple/dict
+_ASSIGNMENT = r"^\s*{name}\s*(?:[-+*/]?=[^=]|\.(?:add_|append|extend)\()"
+
+
+def _tensors_in(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        if value.grad_fn is not None:
+            yield name, value
+    elif depth > 0:
+        return
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value[-_CONTAINER_LIMIT:]):
+            yield from _tensors_in(f"{name}[{i}]", item, depth + 1)
+    elif isinstance(value, dict):
+        for i, (key, item) in enumerate(value.items()):
+            if i == _CONTAINER_LIMIT:
+                break
+            yield from _tensors_in(f"{name}[{key!r}]", item, depth + 1)
+    elif isinstance(value, torch.nn.Module):
+        for module_name, module in value.named_modules(prefix=name):
+            for attr, item in vars(module).items():
+                if not attr.startswith("_"):
+                    yield from _tensors_in(f"{module_name}.{attr}", item, depth + 1)
+
+
+def tensors_in_frame(frame: FrameType, include_globals: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor with a grad_fn a frame can reach by name."""
+    scopes = [frame.f_locals]
+    if include_globals and frame.f_globals is not frame.f_locals:
+        scopes.append(frame.f_globals)
+    for scope in scopes:
+        for name, value in list(scope.items()):
+            if not name.startswith("__"):
+                yield from _tensors_in(name, value)
+
+
+def user_frames(start: FrameType | None) -> Iterator[FrameType]:
+    """The user frames on the stack, innermost first."""
+    frame = start
+    while frame is not None:
+        if is_user_file(frame.f_code.co_filename):
+            yield frame
+        frame = frame.f_back
+
+
+def assignment_line(frame: FrameType, name: str) -> int | None:
+    """The last line of the frame's function (up to the current line) that assigns ``name``."""
+    base = re.escape(name.split("[")[0])
+    pattern = re.compile(_ASSIGNMENT.format(name=base))
+    code = frame.f_code
+    found = None
+    for line in range(code.co_firstlineno, frame.f_lineno + 1):
+        if pattern.match(linecache.getline(code.co_filename, line)):
+            found = line
+    return found
+
+
+def find_holders(recorder: Recorder, start: FrameType | None) -> list[Holder]:
+    """Holders of earlier-step graphs among the values user frames can reach."""
+    holders: list[Holder] = []
+    seen: set[int] = set()
+    step = recorder.step
+    for frame in user_frames(start):
+        scope = f"{recorder.sites.sites[recorder.sites.from_frame(frame)].where} in {frame.f_code.co_name}"
+        for name, tensor in tensors_in_frame(frame):
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            result = walk(recorder, [tensor.grad_fn])
+            earlier = sorted(s for s in result.earlier_steps if s < step)
+            if not earlier:
+                continue
+            holders.append(
+                Holder(
+                    name=name,
+                    site=_making_site(recorder, frame, name),
+                    scope=scope,
+                    steps=earlier,
+                    nodes=result.earlier_nodes_reached,
+                )
+            )
+    return holders
+
+
+def _making_site(recorder: Recorder, frame: FrameType, name: str) -> int | None:
+    line = assignment_line(frame, name)
+    return None if line is None else recorder.sites.from_frame(frame, line)

@@ -1,0 +1,92 @@
+"""Global optimizer hooks: step boundaries with no code change, and gradient resets.
+
+``torch.optim.optimizer.register_optimizer_step_{pre,post}_hook`` see every
+``optimizer.step()`` of every optimizer.  The post hook ends a step.  The
+pair also tells whether gradients were reset between two optimizer steps:
+after a step graphwatch notes each gradient tensor and its version counter;
+before the next step, a gradient that is the same tensor and whose version
+moved by no more than the backwards that accumulated into it was never
+zeroed (``zero_grad()`` either replaces it with None or bumps its version).
+
+Example::
+
+    >>> import torch
+    >>> from graphwatch.capture.optimizer import GradResetTracker
+    >>> p = torch.nn.Parameter(torch.ones(2))
+    >>> opt = torch.optim.SGD([p], lr=0.1)
+    >>> tracker = GradResetTracker()
+    >>> for _ in range(2):
+    ...     (p * 2).sum().backward(); tracker.accumulated([p])
+    ...     stale = tracker.before_step(opt); opt.step(); tracker.after_step(opt)
+    >>> stale
+    1
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from typing import Any, Callable
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+Hook = Callable[[torch.optim.Optimizer, tuple, dict], None]
+
+
+def _params(optimizer: torch.optim.Optimizer) -> Iterable[torch.Tensor]:
+    for group in optimizer.param_groups:
+        yield from group["params"]
+
+
+class GradResetTracker:
+    """Counts, per optimizer step, the parameters whose gradients carried over un-reset."""
+
+    def __init__(self) -> None:
+        # id(param) -> (weak ref to its grad after the last optimizer step, grad version then)
+        self._after: dict[int, tuple[weakref.ref, int]] = {}
+        self._accumulations: dict[int, int] = {}  # id(param) -> backwards into it since then
+
+    def accumulated(self, params: Iterable[torch.Tensor]) -> None:
+        """A backward accumulated gradients into ``params``."""
+        counts = self._accumulations
+        for param in params:
+            key = id(param)
+            counts[key] = counts.get(key, 0) + 1
+
+    def before_step(self, optimizer: torch.optim.Optimizer) -> int:
+        """How many of the optimizer's gradients were not reset since its previous step."""
+        stale = 0
+        for param in _params(optimizer):
+            grad = param.grad
+            seen = self._after.get(id(param))
+            if grad is None or seen is None or seen[0]() is not grad:
+                continue
+            accumulated = self._accumulations.get(id(param), 0)
+            if accumulated and grad._version - seen[1] <= accumulated:
+                stale += 1
+        return stale
+
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        for param in _params(optimizer):
+            key = id(param)
+            self._accumulations.pop(key, None)
+            grad = param.grad
+            if grad is None:
+                self._after.pop(key, None)
+            else:
+                self._after[key] = (weakref.ref(grad), grad._version)
+
+
+class OptimizerHooks:
+    """Installs a global pre- and post-step hook; ``remove()`` takes both away."""
+
+    def __init__(self, before: Hook, after: Hook) -> None:
+        self._handles: list[Any] = [
+            register_optimizer_step_pre_hook(before),
+            register_optimizer_step_post_hook(after),
+        ]
+
+    def remove(self) -> None:
+        while self._handles:
+            self._handles.pop().remove()

@@ -1,0 +1,245 @@
+"""The recorder: turns capture events into the plain records of a Trace.
+
+It is the only mutable state of a session.  Hooks call into it from the hot
+path (pack, unpack, finalizers), so its per-event methods do constant work;
+anything proportional to the graph happens in graph walks at backward time
+and at step ends.
+
+Example::
+
+    >>> from graphwatch.capture.recorder import Recorder
+    >>> recorder = Recorder()
+    >>> recorder.step, len(recorder.trace.steps)
+    (0, 0)
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import threading
+import time
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from ..model import BackwardRecord, NodeRecord, StepRecord, Trace
+from .callsite import SiteTable
+from .step_clock import StepClock
+
+if TYPE_CHECKING:
+    from .saved import SavedHandle
+
+# Per-node records are kept for this many most recent steps (plus steps with findings).
+DEFAULT_KEEP_STEPS = 20
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class Recorder:
+    """Accumulates a :class:`~graphwatch.model.Trace` from hook events."""
+
+    def __init__(self, keep_steps: int = DEFAULT_KEEP_STEPS) -> None:
+        self.trace = Trace(
+            torch_version=torch.__version__,
+            python_version=platform.python_version(),
+            started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+        self.sites = SiteTable(self.trace.sites)
+        self.keep_steps = keep_steps
+        self.thread = threading.get_ident()
+        self.clock = StepClock()
+        self.step = 0
+        self.current = StepRecord(index=0, source="explicit")
+        self.step_started = time.perf_counter()
+        self.step_seq = self.clock.mark()
+        self.backward: BackwardRecord | None = None  # the backward running now, if any
+        self.boundary_pending = False  # a freeing backward ended the step; commit at the next pack
+        self.pending_source = "backward"
+        self._pending_seq = 0
+        self.boundary_hook: Callable[[str], object] = self.end_step  # the session wraps end_step
+        self.kept_steps: set[int] = {0}  # steps whose per-node detail survives pruning
+        self.cuda_seen = False
+        self._next_saved = 0
+        self._next_node = 0
+        self._dtype_names: dict[torch.dtype, str] = {}
+        # storage key -> [handles alive, bytes, step, is_activation]
+        self._storages: dict[tuple, list] = {}
+        self._live_activation: dict[int, int] = {}  # step -> live activation bytes
+        self._live_leaf = 0
+        self._live_nodes: dict[int, int] = {}  # step -> tagged nodes alive
+        self._ids_by_step: dict[int, tuple[list[int], list[int]]] = {}  # step -> (node ids, saved ids)
+        self.closed = False
+
+    # ----------------------------------------------------------------- ids
+    def next_saved_id(self) -> int:
+        self._next_saved += 1
+        return self._next_saved - 1
+
+    def new_node(self, op: str, seq: int) -> NodeRecord:
+        """A NodeRecord for a node first seen now, counted alive until its tag dies."""
+        step = self.clock.step_of(seq)
+        record = NodeRecord(self._next_node, op, step, seq)
+        self._next_node += 1
+        if step >= self.step - self.keep_steps or step in self.kept_steps:
+            self.trace.nodes[record.id] = record
+            self._ids_by_step.setdefault(step, ([], []))[0].append(record.id)
+        self._live_nodes[step] = self._live_nodes.get(step, 0) + 1
+        return record
+
+    def dtype_name(self, dtype: torch.dtype) -> str:
+        name = self._dtype_names.get(dtype)
+        if name is None:
+            name = self._dtype_names[dtype] = str(dtype).replace("torch.", "")
+        return name
+
+    # ------------------------------------------------------- saved tensors
+    def saved_packed(self, handle: SavedHandle) -> None:
+        record = handle.record
+        self.trace.saved[record.id] = record
+        self._ids_by_step.setdefault(record.step, ([], []))[1].append(record.id)
+        current = self.current
+        current.saved_packed += 1
+        if record.device == "cuda":
+            self.cuda_seen = True
+        key = handle.storage
+        if key is not None:
+            entry = self._storages.get(key)
+            if entry is not None:
+                entry[0] += 1
+                record.nbytes = 0  # the storage is already counted
+                return
+            self._storages[key] = [1, record.nbytes, record.step, record.kind != "parameter"]
+        current.saved_bytes_packed += record.nbytes
+        self._count_live(record.nbytes, record.step, record.kind != "parameter")
+
+    def _count_live(self, nbytes: int, step: int, activation: bool) -> None:
+        if activation:
+            self._live_activation[step] = self._live_activation.get(step, 0) + nbytes
+        else:
+            self._live_leaf += nbytes
+
+    def saved_released(self, handle: SavedHandle) -> None:
+        """Called by a handle's finalizer: autograd let go of the saved tensor."""
+        record = handle.record
+        record.freed_step = self.step
+        backward = self.backward
+        if backward is not None:
+            record.freed_by = backward.id
+            backward.saved_freed += 1
+            if handle.node is not None:
+                handle.node.freed_by = backward.id
+        key = handle.storage
+        if key is None:
+            nbytes, step, activation = record.nbytes, record.step, record.kind != "parameter"
+        else:
+            entry = self._storages[key]
+            entry[0] -= 1
+            if entry[0]:
+                return
+            del self._storages[key]
+            _, nbytes, step, activation = entry
+        if backward is not None:
+            backward.bytes_freed += nbytes
+        self._count_live(-nbytes, step, activation)
+
+    # --------------------------------------------------------------- nodes
+    def node_died(self, record: NodeRecord) -> None:
+        """Called by a node tag's finalizer: the autograd node was destroyed."""
+        record.died_step = self.step
+        self._live_nodes[record.step] -= 1
+
+    # --------------------------------------------------------------- steps
+    def request_boundary(self, source: str) -> None:
+        """End the step at the next forward op (a freeing backward with no other step marker).
+
+        The step clock is marked now, so nodes made from here on belong to the
+        next step; the step's totals are taken when it is committed.
+        """
+        if not self.boundary_pending:
+            self.boundary_pending = True
+            self._pending_seq = self.clock.mark()
+        self.pending_source = source
+
+    def commit_boundary(self) -> None:
+        """End the pending step (called from the pack hook of the next forward op)."""
+        self.boundary_hook(self.pending_source)
+
+    def end_step(self, source: str) -> StepRecord:
+        """Close the current step with its totals and open the next one."""
+        record = self.current
+        record.source = source
+        record.seconds = time.perf_counter() - self.step_started
+        if self.boundary_pending:
+            self.boundary_pending = False
+            seq = self._pending_seq
+        else:
+            seq = self.clock.mark()
+        record.nodes_created = max(0, seq - self.step_seq - 1)
+        self._snapshot_live(record)
+        self.trace.steps.append(record)
+        self.step += 1
+        self.current = StepRecord(index=self.step, source="explicit")
+        self.step_seq = seq
+        self.step_started = time.perf_counter()
+        self._prune()
+        return record
+
+    def _snapshot_live(self, record: StepRecord) -> None:
+        record.live_activation_bytes = sum(self._live_activation.values())
+        record.live_leaf_bytes = self._live_leaf
+        record.saved_alive_by_step = {s: b for s, b in self._live_activation.items() if b}
+        record.nodes_alive_by_step = {s: n for s, n in self._live_nodes.items() if n}
+        record.live_nodes = sum(record.nodes_alive_by_step.values())
+        record.rss_bytes = _rss_bytes()
+        if self.cuda_seen and torch.cuda.is_available():
+            record.cuda_allocated = torch.cuda.memory_allocated()
+            record.cuda_reserved = torch.cuda.memory_reserved()
+        # forget steps whose graphs are all gone
+        for table in (self._live_activation, self._live_nodes):
+            for step in [s for s, v in table.items() if not v]:
+                del table[step]
+
+    def keep_detail(self, step: int) -> None:
+        """Keep per-node records of ``step`` in the trace (it has a finding)."""
+        self.kept_steps.add(step)
+
+    def _prune(self) -> None:
+        cutoff = self.step - self.keep_steps
+        if cutoff < 1 or (cutoff - 1) in self.kept_steps:
+            return
+        old = cutoff - 1
+        if old < len(self.trace.steps):
+            self.trace.steps[old].detail = False
+        node_ids, saved_ids = self._ids_by_step.pop(old, ((), ()))
+        for node_id in node_ids:
+            self.trace.nodes.pop(node_id, None)
+        for saved_id in saved_ids:
+            self.trace.saved.pop(saved_id, None)
+
+    # ------------------------------------------------------------ backward
+    def begin_backward(self, record: BackwardRecord) -> None:
+        self.trace.backwards.append(record)
+        self.current.backwards.append(record.id)
+        self.backward = record
+
+    def end_backward(self, record: BackwardRecord, seconds: float) -> None:
+        record.seconds = seconds
+        self.current.backward_seconds += seconds
+        self.backward = None
+
+    def live_activation_steps(self) -> dict[int, int]:
+        """Live activation bytes by the step that saved them (non-zero only)."""
+        return {s: b for s, b in self._live_activation.items() if b}
+
+    def live_node_steps(self) -> dict[int, int]:
+        """Tagged nodes alive, by the step that created them (non-zero only)."""
+        return {s: n for s, n in self._live_nodes.items() if n}

@@ -1,0 +1,156 @@
+"""Saved-tensor hooks: see every tensor autograd saves, and the moment it is freed.
+
+The pack hook returns a :class:`SavedHandle`: a small object that holds a
+*detached alias* of the tensor (never the tensor itself: a saved output that
+refers back to itself through its ``grad_fn`` would form a cycle through C++
+that ``gc.collect()`` never frees).  Autograd owns the handle, so the handle's
+``__del__`` runs exactly when autograd lets go of the saved tensor: when a
+backward releases the graph, or when the graph is collected.
+
+With saved-tensor hooks active torch skips its own check that a saved tensor
+was not modified in place; :func:`make_hooks` restores it by comparing the
+tensor's version counter at unpack with the one seen at pack.
+
+Example::
+
+    >>> import torch
+    >>> from graphwatch.capture.recorder import Recorder
+    >>> from graphwatch.capture.saved import make_hooks
+    >>> recorder = Recorder()
+    >>> pack, unpack = make_hooks(recorder)
+    >>> x = torch.ones(3, requires_grad=True)
+    >>> with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+    ...     y = x.exp()
+    >>> y.sum().backward()
+    >>> recorder.trace.saved[0].freed_by
+    0
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from ..model import SavedRecord
+
+if TYPE_CHECKING:
+    from ..model import NodeRecord
+    from .recorder import Recorder
+
+PackHook = Callable[[torch.Tensor], Any]
+UnpackHook = Callable[[Any], torch.Tensor]
+
+_INPLACE_MESSAGE = (
+    "one of the variables needed for gradient computation has been modified by an inplace operation: "
+    "[{type} {shape}], which was saved at {where} (step {step}), is at version {now}; "
+    "expected version {then} instead. Hint: the line above changed the tensor in place after autograd "
+    "saved it; use the out-of-place form (e.g. x = x.add(1) instead of x.add_(1)) or .clone() it first."
+)
+
+
+class SavedHandle:
+    """What autograd stores for one saved tensor while graphwatch watches."""
+
+    __slots__ = ("alias", "version", "record", "node", "storage", "recorder", "inner")
+
+    def __init__(self, recorder: Recorder, record: SavedRecord, storage: tuple | None) -> None:
+        self.recorder = recorder
+        self.record = record
+        self.storage = storage
+        self.node: NodeRecord | None = None  # set when a graph walk finds the owning node
+        self.alias: torch.Tensor | None = None
+        self.version = 0
+        self.inner: Any = None  # what an outer user pack hook returned, when chained
+
+    def __del__(self) -> None:
+        try:
+            self.recorder.saved_released(self)
+        except Exception:  # never raise from a finalizer (e.g. at interpreter exit)
+            pass
+
+
+def _new_handle(recorder: Recorder, tensor: torch.Tensor, dedupe: bool) -> SavedHandle:
+    if recorder.boundary_pending:
+        recorder.commit_boundary()
+    storage = None
+    try:
+        if dedupe:
+            untyped = tensor.untyped_storage()
+            storage = (untyped.data_ptr(), tensor.is_cuda)
+            size = untyped.nbytes()
+        else:
+            size = tensor.nbytes
+    except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested or storage-less tensors
+        size = 0
+    if tensor.grad_fn is not None:
+        kind = "activation"
+    elif tensor.requires_grad:
+        kind = "parameter"
+    else:
+        kind = "input"
+    record = SavedRecord(
+        recorder.next_saved_id(),
+        recorder.step,
+        recorder.sites.here(3),
+        size,
+        kind,
+        tuple(tensor.shape),
+        recorder.dtype_name(tensor.dtype),
+        "cuda" if tensor.is_cuda else tensor.device.type,
+    )
+    handle = SavedHandle(recorder, record, storage)
+    recorder.saved_packed(handle)
+    return handle
+
+
+def make_hooks(recorder: Recorder) -> tuple[PackHook, UnpackHook]:
+    """The (pack, unpack) pair that records into ``recorder``."""
+
+    def pack(tensor: torch.Tensor) -> SavedHandle:
+        handle = _new_handle(recorder, tensor, True)
+        handle.alias = tensor.detach()
+        handle.version = tensor._version
+        return handle
+
+    def unpack(handle: SavedHandle) -> torch.Tensor:
+        alias = handle.alias
+        if alias._version != handle.version:
+            raise RuntimeError(inplace_message(recorder, handle))
+        handle.record.unpacked += 1
+        return alias
+
+    return pack, unpack
+
+
+def make_chained_hooks(recorder: Recorder, outer_pack: PackHook, outer_unpack: UnpackHook) -> tuple[PackHook, UnpackHook]:
+    """Hooks that record, then hand the tensor to hooks the user entered before the session.
+
+    The outer hooks (e.g. ``torch.autograd.graph.save_on_cpu``) keep deciding
+    where the tensor lives; graphwatch holds only what they return.
+    """
+
+    def pack(tensor: torch.Tensor) -> SavedHandle:
+        handle = _new_handle(recorder, tensor, False)
+        handle.inner = outer_pack(tensor)
+        return handle
+
+    def unpack(handle: SavedHandle) -> torch.Tensor:
+        handle.record.unpacked += 1
+        return outer_unpack(handle.inner)
+
+    return pack, unpack
+
+
+def inplace_message(recorder: Recorder, handle: SavedHandle) -> str:
+    """torch's "modified by an inplace operation" message, with the line that saved the tensor."""
+    alias = handle.alias
+    record = handle.record
+    return _INPLACE_MESSAGE.format(
+        type=alias.type(),
+        shape=list(alias.shape),
+        where=recorder.trace.where(record.site),
+        step=record.step,
+        now=alias._version,
+        then=handle.version,
+    )

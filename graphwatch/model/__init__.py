@@ -1,0 +1,37 @@
+"""Plain data: what a session recorded (capture writes it, analysis and rendering read it)."""
+
+from .records import (
+    SAVED_KINDS,
+    STEP_SOURCES,
+    BackwardRecord,
+    CallSite,
+    Finding,
+    Holder,
+    NodeRecord,
+    SavedRecord,
+    Snapshot,
+    StepRecord,
+    Trace,
+)
+from .trace_io import FORMAT, VERSION, load_trace, save_trace, trace_from_dict, trace_to_dict, write_atomically
+
+__all__ = [
+    "FORMAT",
+    "SAVED_KINDS",
+    "STEP_SOURCES",
+    "VERSION",
+    "BackwardRecord",
+    "CallSite",
+    "Finding",
+    "Holder",
+    "NodeRecord",
+    "SavedRecord",
+    "Snapshot",
+    "StepRecord",
+    "Trace",
+    "load_trace",
+    "save_trace",
+    "trace_from_dict",
+    "trace_to_dict",
+    "write_atomically",
+]

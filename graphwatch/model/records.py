@@ -1,0 +1,211 @@
+"""Plain records of what happened to autograd graphs during a session.
+
+Every record is a dataclass of plain Python values (no tensors, no autograd
+nodes), so a trace can outlive the graphs it describes, be serialised to JSON
+and be read back by :func:`graphwatch.load`.  Records refer to each other and
+to call sites by integer id.
+
+Example::
+
+    >>> from graphwatch.model import CallSite, SavedRecord
+    >>> site = CallSite(file="train.py", line=18, function="main", source="h = cell(x, h)")
+    >>> site.where
+    'train.py:18'
+    >>> SavedRecord(id=0, step=3, site=0, nbytes=512, kind="activation").alive
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Where a step boundary came from.
+STEP_SOURCES = ("explicit", "optimizer", "backward", "session-end")
+# What a saved tensor is: a leaf that requires grad, a leaf that does not, or
+# the output of an op inside the graph.
+SAVED_KINDS = ("parameter", "input", "activation")
+
+
+@dataclass(slots=True)
+class CallSite:
+    """One line of user code, with the user frame that called it (if any)."""
+
+    file: str
+    line: int
+    function: str
+    source: str = ""
+    caller: int | None = None  # id of the CallSite of the calling user frame
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    """An autograd node (``grad_fn``) seen during the session."""
+
+    id: int
+    op: str
+    step: int  # step in which the node was created; -1: before the session
+    seq: int  # the node's sequence number (creation order within its thread)
+    site: int | None = None  # CallSite id of the line that created it
+    site_inferred: bool = False  # site taken from a neighbouring node
+    freed_by: int | None = None  # BackwardRecord id that freed its saved tensors
+    backward: int | None = None  # BackwardRecord id of the last backward that ran through it
+    died_step: int | None = None  # step in which the node itself was destroyed
+    saved: list[int] = field(default_factory=list)  # SavedRecord ids
+
+    @property
+    def alive(self) -> bool:
+        return self.died_step is None
+
+
+@dataclass(slots=True)
+class SavedRecord:
+    """A tensor autograd saved for backward (through a saved-tensor pack hook)."""
+
+    id: int
+    step: int
+    site: int | None
+    nbytes: int  # bytes this tensor adds to live memory (0 if its storage was already counted)
+    kind: str  # one of SAVED_KINDS
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+    device: str = "cpu"
+    node: int | None = None  # NodeRecord id, once a graph walk has linked it
+    unpacked: int = 0  # how many times backward read it
+    freed_by: int | None = None  # BackwardRecord id, when a backward released it
+    freed_step: int | None = None  # step in which it was released (by backward or collection)
+
+    @property
+    def alive(self) -> bool:
+        return self.freed_step is None
+
+
+@dataclass(slots=True)
+class BackwardRecord:
+    """One call into the autograd engine (``backward`` or ``autograd.grad``)."""
+
+    id: int
+    step: int
+    site: int | None
+    api: str  # "backward" or "grad"
+    retain_graph: bool
+    create_graph: bool
+    nodes_reached: int = 0
+    # non-leaf nodes of earlier steps that a backward of an earlier step already ran through
+    earlier_nodes_reached: int = 0
+    earlier_steps: list[int] = field(default_factory=list)  # every earlier step whose nodes it reached
+    # (node created this step, such an earlier node): where the graph crosses steps
+    crossings: list[tuple[int, int]] = field(default_factory=list)
+    saved_freed: int = 0
+    bytes_freed: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+    roots: list[int] = field(default_factory=list)  # NodeRecord ids of the graph's roots
+    # For retain_graph=True: did a later backward of the same step run through this graph,
+    # and how many saved bytes of it were still alive when the step ended.
+    graph_reused: bool = False
+    held_bytes: int = 0
+
+
+@dataclass(slots=True)
+class Holder:
+    """A live Python value that keeps a graph of earlier steps alive (found at a step end)."""
+
+    name: str  # how the user's code spells it: "total_loss", "self.cache", "losses[3]"
+    site: int | None  # CallSite id of the line that made the tensor (its grad_fn's line)
+    scope: str  # "train.py:12 in main": the frame or object where the name lives
+    steps: list[int] = field(default_factory=list)  # earlier steps whose nodes it reaches
+    nodes: int = 0  # earlier-step nodes it reaches
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """Totals for one iteration of the training loop, taken at its end."""
+
+    index: int
+    source: str  # one of STEP_SOURCES
+    nodes_created: int = 0
+    saved_packed: int = 0
+    saved_bytes_packed: int = 0
+    live_activation_bytes: int = 0
+    live_leaf_bytes: int = 0
+    live_nodes: int = 0
+    nodes_alive_by_step: dict[int, int] = field(default_factory=dict)
+    saved_alive_by_step: dict[int, int] = field(default_factory=dict)  # live activation bytes
+    backwards: list[int] = field(default_factory=list)
+    backward_seconds: float = 0.0
+    seconds: float = 0.0
+    rss_bytes: int = 0
+    cuda_allocated: int | None = None
+    cuda_reserved: int | None = None
+    optimizer_steps: int = 0
+    optimizer_site: int | None = None
+    stale_grads: int = 0  # parameters whose gradients were not reset since the previous optimizer step
+    holders: list[Holder] = field(default_factory=list)
+    detail: bool = True  # False once per-node records of this step were dropped
+
+    @property
+    def live_saved_bytes(self) -> int:
+        return self.live_activation_bytes + self.live_leaf_bytes
+
+
+@dataclass(slots=True)
+class Finding:
+    """A diagnosis: what is wrong, where, and how to fix it.
+
+    ``kind`` is one of the strings in :data:`graphwatch.analysis.FINDING_KINDS`.
+    ``evidence`` holds plain values: ``sites`` ("file:line" strings), ``steps``,
+    ``bytes`` and whatever else the kind needs.
+    """
+
+    kind: str
+    severity: str  # "error", "warning" or "info"
+    step: int
+    message: str
+    fix: str
+    evidence: dict = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return f"[{self.kind}] step {self.step}: {self.message}\n  fix: {self.fix}"
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """A graph drawing taken during the session (DOT source; SVG when rendered)."""
+
+    step: int
+    reason: str
+    dot: str
+
+
+@dataclass(slots=True)
+class Trace:
+    """Everything a session recorded.  ``graphwatch.load`` returns one of these."""
+
+    torch_version: str = ""
+    python_version: str = ""
+    started_at: str = ""
+    options: dict = field(default_factory=dict)
+    sites: list[CallSite] = field(default_factory=list)
+    nodes: dict[int, NodeRecord] = field(default_factory=dict)
+    saved: dict[int, SavedRecord] = field(default_factory=dict)
+    backwards: list[BackwardRecord] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    snapshots: list[Snapshot] = field(default_factory=list)
+    untracked_saved: int = 0  # tensors saved under user hooks we could not see
+    ended_early: str | None = None  # why the run stopped before the session ended
+    rank: int | None = None
+    world_size: int | None = None
+
+    def site(self, site_id: int | None) -> CallSite | None:
+        """The CallSite with that id, or None."""
+        return None if site_id is None else self.sites[site_id]
+
+    def where(self, site_id: int | None) -> str:
+        """``file:line`` of a site id, or ``"<unknown>"``."""
+        site = self.site(site_id)
+        return site.where if site else "<unknown>"

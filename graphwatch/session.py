@@ -1,0 +1,408 @@
+"""The session: what ``graphwatch.watch()`` returns and ``@graphwatch.step`` uses.
+
+A session installs, for its lifetime, saved-tensor hooks (in the thread that
+enters it), a wrapper around the autograd engine's entry point, and global
+optimizer hooks; it removes every one of them on exit, whatever the exit.
+
+How steps are counted: explicit ``gw.step()`` blocks (or ``@graphwatch.step``)
+where used; otherwise each ``optimizer.step()`` ends a step; otherwise each
+top-level backward that frees its graph ends the step, at the next forward op.
+
+Example::
+
+    >>> import torch, graphwatch
+    >>> model = torch.nn.Linear(4, 1)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> with graphwatch.watch(summary=False) as gw:
+    ...     for _ in range(3):
+    ...         opt.zero_grad()
+    ...         model(torch.randn(8, 4)).pow(2).mean().backward()
+    ...         opt.step()
+    >>> len(gw.trace.steps), gw.findings
+    (3, [])
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .analysis import LEAK_KINDS, FindingLog, explain_backward_twice, is_backward_twice, session_findings, step_findings
+from .capture import EnginePatch, Recorder, parse_engine_args, path_to, walk
+from .capture.holders import find_holders
+from .capture.optimizer import GradResetTracker, OptimizerHooks
+from .capture.saved import make_chained_hooks, make_hooks
+from .errors import BackwardTwiceError, GraphLeakError, UsageError
+from .model import BackwardRecord, Finding, NodeRecord, Snapshot, StepRecord, Trace, save_trace
+
+LEVELS = ("default", "light")
+_OPTIONS = ("strict", "level", "summary", "out", "keep_steps", "snapshots", "max_snapshots")
+_lock = threading.Lock()
+_active: Session | None = None
+
+
+def active_session() -> Session | None:
+    """The session that is watching now, if any."""
+    return _active
+
+
+class Session:
+    """Watches autograd graphs while it is entered.  Create it with :func:`graphwatch.watch`.
+
+    Options (keyword only):
+      strict: raise :class:`~graphwatch.GraphLeakError` at the end of the first step with a leak finding.
+      level: ``"default"`` (saved tensors, graph walks, call sites) or ``"light"`` (backward calls and
+        steps only; the backward-twice error is still explained, with less detail).
+      summary: print the terminal summary when the session ends.
+      out: folder to write the HTML report, trace.json and SVG snapshots to when the session ends.
+      keep_steps: per-node records are kept for this many recent steps (plus steps with findings).
+      snapshots: ``"auto"`` (the first step and each step with a finding), ``"off"``, or step numbers.
+      max_snapshots: at most this many graph snapshots per session.
+    """
+
+    def __init__(
+        self,
+        *,
+        strict: bool = False,
+        level: str = "default",
+        summary: bool = True,
+        out: str | Path | None = None,
+        keep_steps: int = 20,
+        snapshots: str | Iterable[int] = "auto",
+        max_snapshots: int = 12,
+        **unknown: Any,
+    ) -> None:
+        if unknown:
+            name = next(iter(unknown))
+            close = difflib.get_close_matches(name, _OPTIONS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UsageError(f"graphwatch.watch() got an unknown option {name!r}; {hint}options are: {', '.join(_OPTIONS)}")
+        if level not in LEVELS:
+            raise UsageError(f"level={level!r} is not a graphwatch level; use one of {', '.join(map(repr, LEVELS))}")
+        if not isinstance(keep_steps, int) or keep_steps < 1:
+            raise UsageError(f"keep_steps={keep_steps!r}: give a whole number of steps, at least 1")
+        if not isinstance(max_snapshots, int) or max_snapshots < 0:
+            raise UsageError(f"max_snapshots={max_snapshots!r}: give a whole number, 0 or more")
+        if isinstance(snapshots, str) and snapshots not in ("auto", "off"):
+            raise UsageError(f"snapshots={snapshots!r}: use 'auto', 'off' or a list of step numbers")
+        self.strict = bool(strict)
+        self.level = level
+        self.print_summary = bool(summary)
+        self.out = Path(out) if out is not None else None
+        if self.out is not None:
+            _check_writable_folder(self.out)
+        self.snapshots = snapshots if isinstance(snapshots, str) else frozenset(int(s) for s in snapshots)
+        self.max_snapshots = max_snapshots
+        self._recorder = Recorder(keep_steps)
+        self._recorder.trace.options = {
+            "strict": self.strict, "level": level, "keep_steps": keep_steps, "snapshots": str(snapshots),
+        }
+        self._log = FindingLog(self._recorder.trace.findings)
+        self._grads = GradResetTracker()
+        self._installed: list[Callable[[], None]] = []
+        self._explicit = False
+        self._optimizer_steps = False
+        self._retained: list[tuple[BackwardRecord, set[int]]] = []  # this step's retain_graph backwards
+        self._entered_at = ""
+        self._finished = False
+
+    # ---------------------------------------------------------------- public
+    @property
+    def trace(self) -> Trace:
+        """The records so far (plain data; see :mod:`graphwatch.model`)."""
+        return self._recorder.trace
+
+    @property
+    def findings(self) -> list[Finding]:
+        """What graphwatch diagnosed so far, in the order first seen."""
+        return self._recorder.trace.findings
+
+    @property
+    def active(self) -> bool:
+        return _active is self
+
+    def save(self, path: str | Path) -> Path:
+        """Write the JSON trace to ``path`` atomically; read it back with :func:`graphwatch.load`."""
+        path = Path(path)
+        save_trace(self.trace, path)
+        return path
+
+    def report(self, out_dir: str | Path) -> Path:
+        """Write ``out_dir/index.html`` (with trace.json and SVG snapshots); return the HTML path."""
+        from .rendering.html import write_report
+
+        return write_report(self.trace, Path(out_dir))
+
+    def summary(self, console: Any = None) -> None:
+        """Print the terminal summary (rich; plain text when not a TTY or NO_COLOR is set)."""
+        from .rendering.terminal import print_summary
+
+        print_summary(self.trace, console=console, report=None)
+
+    @contextmanager
+    def step(self) -> Iterator[Session]:
+        """Mark one iteration: ``with gw.step(): ...``.  Once used, only these blocks end steps."""
+        self._require_active("gw.step()")
+        recorder = self._recorder
+        if not self._explicit:
+            self._explicit = True
+            if recorder.boundary_pending or recorder.current.saved_packed or recorder.current.backwards:
+                self._end_step(recorder.pending_source if not self._optimizer_steps else "optimizer", sys._getframe(2))
+        try:
+            yield self
+        finally:
+            if self.active:
+                self._end_step("explicit", sys._getframe(2))
+
+    # ------------------------------------------------------------- lifecycle
+    def __enter__(self) -> Session:
+        global _active
+        with _lock:
+            if _active is not None:
+                raise UsageError(
+                    f"a graphwatch session is already active (entered at {_active._entered_at}); one session "
+                    "watches a process: use its gw.step() for iterations, or exit it before entering another"
+                )
+            _active = self
+        try:
+            self._install()
+        except BaseException:
+            self._uninstall()
+            raise
+        self._entered_at = self.trace.where(self._recorder.sites.here(2))
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            if exc_type is not None:
+                self.trace.ended_early = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
+            self._finish_steps()
+        finally:
+            self._uninstall()
+        self._finalize()
+
+    def _install(self) -> None:
+        recorder = self._recorder
+        recorder.boundary_hook = self._pending_boundary
+        if self.level == "default":
+            outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
+            hooks = make_chained_hooks(recorder, *outer) if outer is not None else make_hooks(recorder)
+            context = torch.autograd.graph.saved_tensors_hooks(*hooks)
+            context.__enter__()
+            self._installed.append(lambda: context.__exit__(None, None, None))
+        patch = EnginePatch(self._on_engine).install()
+        self._installed.append(patch.remove)
+        optimizer_hooks = OptimizerHooks(self._before_optimizer, self._after_optimizer)
+        self._installed.append(optimizer_hooks.remove)
+
+    def _uninstall(self) -> None:
+        global _active
+        while self._installed:
+            self._installed.pop()()
+        with _lock:
+            if _active is self:
+                _active = None
+
+    def _finish_steps(self) -> None:
+        recorder = self._recorder
+        current = recorder.current
+        if recorder.boundary_pending:
+            self._end_step(recorder.pending_source, None)
+        elif current.saved_packed or current.backwards or not self.trace.steps:
+            self._end_step("session-end", None)
+
+    def _finalize(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self._recorder.closed = True
+        for finding in session_findings(self.trace):
+            self._log.add(finding)
+        if self.out is not None:
+            self.report(self.out)
+        if self.print_summary:
+            from .rendering.terminal import print_summary
+
+            print_summary(self.trace, report=self.out)
+
+    def _require_active(self, what: str) -> None:
+        if not self.active:
+            raise UsageError(f"{what} needs an active session: use it inside `with graphwatch.watch() as gw:`")
+
+    # ----------------------------------------------------------------- steps
+    def _pending_boundary(self, source: str) -> None:
+        self._end_step(source, sys._getframe(3))
+
+    def _end_step(self, source: str, frame: Any) -> StepRecord:
+        recorder = self._recorder
+        current = recorder.current
+        self._settle_retained(current)
+        live_before = [s for s in recorder.live_node_steps() if s < recorder.step]
+        live_bytes_before = [s for s in recorder.live_activation_steps() if s < recorder.step]
+        if (live_before or live_bytes_before) and frame is not None and self.level == "default":
+            current.holders = find_holders(recorder, frame)
+        record = recorder.end_step(source)
+        new = [f for f in step_findings(self.trace, record) if self._log.add(f)]
+        if new:
+            recorder.keep_detail(record.index)
+        if self.strict:
+            leaks = [f for f in new if f.kind in LEAK_KINDS]
+            if leaks:
+                raise GraphLeakError(
+                    "graphwatch strict mode: step {} leaks a graph:\n{}".format(record.index, "\n".join(map(str, leaks))),
+                    leaks,
+                )
+        return record
+
+    def _settle_retained(self, current: StepRecord) -> None:
+        """For this step's retain_graph backwards: was the graph used again, and what does it still hold?"""
+        saved = self.trace.saved
+        for backward, reached in self._retained:
+            held = 0
+            for node_id in reached:
+                node = self.trace.nodes.get(node_id)
+                if node is not None and node.step == current.index:
+                    held += sum(saved[i].nbytes for i in node.saved if i in saved and saved[i].alive)
+            backward.held_bytes = held
+        self._retained.clear()
+
+    def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self._owns_thread():
+            return
+        current = self._recorder.current
+        current.stale_grads += self._grads.before_step(optimizer)
+        current.optimizer_site = self._recorder.sites.here(2)
+
+    def _after_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self._owns_thread():
+            return
+        self._grads.after_step(optimizer)
+        recorder = self._recorder
+        recorder.current.optimizer_steps += 1
+        self._optimizer_steps = True
+        if not self._explicit:
+            self._end_step("optimizer", sys._getframe(2))
+
+    def _owns_thread(self) -> bool:
+        return self.active and threading.get_ident() == self._recorder.thread
+
+    # -------------------------------------------------------------- backward
+    def _on_engine(self, run: Callable[..., Any], t_outputs: Any, args: tuple, kwargs: dict) -> Any:
+        recorder = self._recorder
+        if not self._owns_thread() or recorder.backward is not None:
+            return run(t_outputs, *args, **kwargs)
+        roots, retain_graph, create_graph, accumulate = parse_engine_args(t_outputs, args, kwargs)
+        record = BackwardRecord(
+            id=len(self.trace.backwards),
+            step=recorder.step,
+            site=recorder.sites.here(2),
+            api="backward" if accumulate else "grad",
+            retain_graph=retain_graph,
+            create_graph=create_graph,
+        )
+        freed = self._walk_before(record, roots, accumulate) if self.level == "default" else None
+        recorder.begin_backward(record)
+        started = time.perf_counter()
+        try:
+            result = run(t_outputs, *args, **kwargs)
+        except RuntimeError as exc:
+            record.error = str(exc)
+            if is_backward_twice(exc):
+                raise self._explain(record, roots, freed, exc) from None
+            raise
+        finally:
+            recorder.end_backward(record, time.perf_counter() - started)
+        if not retain_graph and not self._explicit and not self._optimizer_steps:
+            recorder.request_boundary("backward")
+        return result
+
+    def _walk_before(self, record: BackwardRecord, roots: list[Any], accumulate: bool) -> list[NodeRecord]:
+        """Tag and count the graph the backward is about to run; return the nodes already freed."""
+        reached: set[int] | None = set() if (record.retain_graph or self._retained) else None
+        result = walk(self._recorder, roots, record.id, collect_params=accumulate, reached=reached)
+        record.nodes_reached = result.nodes_reached
+        record.earlier_nodes_reached = result.earlier_nodes_reached
+        record.earlier_steps = sorted(result.earlier_steps)
+        record.crossings = result.crossings[:16]
+        record.roots = [r.id for r in _root_records(roots)]
+        if accumulate:
+            self._grads.accumulated(result.params_reached)
+        if reached is not None:
+            for earlier, earlier_reached in self._retained:
+                if not earlier.graph_reused and earlier_reached & reached:
+                    earlier.graph_reused = True
+            if record.retain_graph:
+                self._retained.append((record, reached))
+        if self._wants_snapshot(record, result.crossings or result.freed):
+            self._snapshot(record.step, roots, "first step" if record.step == 0 else "graph crosses steps")
+        return result.freed
+
+    def _explain(
+        self, record: BackwardRecord, roots: list[Any], freed: list[NodeRecord] | None, exc: RuntimeError
+    ) -> BackwardTwiceError:
+        recorder = self._recorder
+        stale = freed[0] if freed else None  # the light level records no saved tensors: no stale node
+        path = path_to(roots, stale) if stale is not None else []
+        finding = explain_backward_twice(self.trace, record, stale, path)
+        self._log.add(finding)
+        recorder.keep_detail(record.step)
+        self._snapshot(record.step, roots, "backward through a freed graph", force=True)
+        return BackwardTwiceError(f"{exc}\n\n{finding.message}", finding)
+
+    # ------------------------------------------------------------- snapshots
+    def _wants_snapshot(self, record: BackwardRecord, interesting: Any) -> bool:
+        if self.snapshots == "off" or len(self.trace.snapshots) >= self.max_snapshots:
+            return False
+        if self.snapshots != "auto":
+            return record.step in self.snapshots and not any(s.step == record.step for s in self.trace.snapshots)
+        if record.step == 0:
+            return not self.trace.snapshots
+        return bool(interesting) and not any(s.step == record.step for s in self.trace.snapshots)
+
+    def _snapshot(self, step: int, roots: list[Any], reason: str, force: bool = False) -> None:
+        if self.snapshots == "off" or (len(self.trace.snapshots) >= self.max_snapshots and not force):
+            return
+        from .rendering.dot import snapshot_dot
+
+        self.trace.snapshots.append(Snapshot(step, reason, snapshot_dot(roots, self.trace, step)))
+
+
+def _root_records(roots: list[Any]) -> Iterator[Any]:
+    from .capture.graph_walk import node_record
+
+    for root in roots:
+        record = node_record(root)
+        if record is not None:
+            yield record
+
+
+def _check_writable_folder(folder: Path) -> None:
+    probe = folder
+    while not probe.exists():
+        probe = probe.parent
+    import os
+
+    if not probe.is_dir() or not os.access(probe, os.W_OK):
+        raise UsageError(f"cannot write the report to {folder}: {probe} is not a writable folder; pass out= a folder you can write")
+
+
+def watch(**options: Any) -> Session:
+    """A new :class:`Session`; enter it with ``with``.
+
+    Example::
+
+        >>> import graphwatch
+        >>> with graphwatch.watch(summary=False) as gw:
+        ...     pass
+        >>> gw.findings
+        []
+    """
+    return Session(**options)
