@@ -223,7 +223,7 @@ class Session:
         if self._finished:
             return
         self._finished = True
-        self._recorder.closed = True
+        self._recorder.close()
         for finding in session_findings(self.trace):
             self._log.add(finding)
         if self.out is not None:
@@ -245,9 +245,7 @@ class Session:
         recorder = self._recorder
         current = recorder.current
         self._settle_retained(current)
-        live_before = [s for s in recorder.live_node_steps() if s < recorder.step]
-        live_bytes_before = [s for s in recorder.live_activation_steps() if s < recorder.step]
-        if (live_before or live_bytes_before) and frame is not None and self.level == "default":
+        if frame is not None and self.level == "default" and recorder.earlier_steps_alive():
             current.holders = find_holders(recorder, frame)
         record = recorder.end_step(source)
         new = [f for f in step_findings(self.trace, record) if self._log.add(f)]

@@ -27,6 +27,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from ..model import NodeRecord
 from .saved import SavedHandle
 
@@ -76,17 +78,22 @@ def _node_type(node: Any) -> _NodeType:
     return info
 
 
-def saved_handles(node: Any, info: _NodeType | None = None) -> Iterator[SavedHandle]:
-    """The graphwatch handles among a node's saved tensors (none once they are freed)."""
-    for attr in (info or _node_type(node)).saved_attrs:
+def _saved_data(node: Any, info: _NodeType) -> Iterator[Any]:
+    """What each saved-tensor slot of a node holds: our handle, a user hook's object, a tensor, or None."""
+    for attr in info.saved_attrs:
         try:
             value = getattr(node, attr)
         except RuntimeError:
             continue
         for saved in value if isinstance(value, tuple) else (value,):
-            data = getattr(saved, "data", None)
-            if type(data) is SavedHandle:
-                yield data
+            yield getattr(saved, "data", None)
+
+
+def saved_handles(node: Any, info: _NodeType | None = None) -> Iterator[SavedHandle]:
+    """The graphwatch handles among a node's saved tensors (none once they are freed)."""
+    for data in _saved_data(node, info or _node_type(node)):
+        if type(data) is SavedHandle:
+            yield data
 
 
 def node_record(node: Any) -> NodeRecord | None:
@@ -115,7 +122,11 @@ _marks = iter(range(1 << 62))
 
 def _tag(recorder: Recorder, node: Any, info: _NodeType) -> NodeTag:
     record = recorder.new_node(info.op, node._sequence_nr())
-    for handle in saved_handles(node, info):
+    for handle in _saved_data(node, info):
+        if type(handle) is not SavedHandle:
+            if handle is not None and not isinstance(handle, torch.Tensor):
+                recorder.trace.untracked_saved += 1  # packed by a user's saved-tensor hooks inside ours
+            continue
         handle.node = record
         handle.record.node = record.id
         record.saved.append(handle.record.id)

@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import os
 import platform
 import resource
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from ..model import BackwardRecord, NodeRecord, StepRecord, Trace
+from ..model import BackwardRecord, NodeRecord, SavedRecord, StepRecord, Trace
 from .callsite import SiteTable
 from .step_clock import StepClock
 
@@ -36,12 +37,28 @@ if TYPE_CHECKING:
 DEFAULT_KEEP_STEPS = 20
 
 
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm", "rb") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+class _ResidentMemory:
+    """Reads the process's resident set size; keeps /proc/self/statm open (a step end reads it)."""
+
+    def __init__(self) -> None:
+        try:
+            self._fd: int | None = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+    def bytes(self) -> int:
+        if self._fd is not None:
+            try:
+                return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
+            except (OSError, ValueError, IndexError):
+                pass
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # peak, where /proc is missing
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class Recorder:
@@ -68,22 +85,21 @@ class Recorder:
         self.boundary_hook: Callable[[str], object] = self.end_step  # the session wraps end_step
         self.kept_steps: set[int] = {0}  # steps whose per-node detail survives pruning
         self.cuda_seen = False
-        self._next_saved = 0
+        self.saved_ids = itertools.count()
         self._next_node = 0
-        self._dtype_names: dict[torch.dtype, str] = {}
+        self.dtype_names: dict[torch.dtype, str] = {}
         # storage key -> [handles alive, bytes, step, is_activation]
         self._storages: dict[tuple, list] = {}
         self._live_activation: dict[int, int] = {}  # step -> live activation bytes
         self._live_leaf = 0
         self._live_nodes: dict[int, int] = {}  # step -> tagged nodes alive
-        self._ids_by_step: dict[int, tuple[list[int], list[int]]] = {}  # step -> (node ids, saved ids)
+        self._node_ids_by_step: dict[int, list[int]] = {}
+        self._first_saved_id: list[int] = [0]  # saved ids are consecutive: step k's start at [k]
+        self._saved_count = 0
         self.closed = False
+        self._rss = _ResidentMemory()
 
     # ----------------------------------------------------------------- ids
-    def next_saved_id(self) -> int:
-        self._next_saved += 1
-        return self._next_saved - 1
-
     def new_node(self, op: str, seq: int) -> NodeRecord:
         """A NodeRecord for a node first seen now, counted alive until its tag dies."""
         step = self.clock.step_of(seq)
@@ -91,26 +107,24 @@ class Recorder:
         self._next_node += 1
         if step >= self.step - self.keep_steps or step in self.kept_steps:
             self.trace.nodes[record.id] = record
-            self._ids_by_step.setdefault(step, ([], []))[0].append(record.id)
+            self._node_ids_by_step.setdefault(step, []).append(record.id)
         self._live_nodes[step] = self._live_nodes.get(step, 0) + 1
         return record
 
     def dtype_name(self, dtype: torch.dtype) -> str:
-        name = self._dtype_names.get(dtype)
+        name = self.dtype_names.get(dtype)
         if name is None:
-            name = self._dtype_names[dtype] = str(dtype).replace("torch.", "")
+            name = self.dtype_names[dtype] = str(dtype).replace("torch.", "")
         return name
 
     # ------------------------------------------------------- saved tensors
-    def saved_packed(self, handle: SavedHandle) -> None:
-        record = handle.record
+    def saved_packed(self, record: SavedRecord, key: tuple | None) -> None:
         self.trace.saved[record.id] = record
-        self._ids_by_step.setdefault(record.step, ([], []))[1].append(record.id)
+        self._saved_count = record.id + 1
         current = self.current
         current.saved_packed += 1
         if record.device == "cuda":
             self.cuda_seen = True
-        key = handle.storage
         if key is not None:
             entry = self._storages.get(key)
             if entry is not None:
@@ -122,6 +136,8 @@ class Recorder:
         self._count_live(record.nbytes, record.step, record.kind != "parameter")
 
     def _count_live(self, nbytes: int, step: int, activation: bool) -> None:
+        if not nbytes:  # also keeps finalizers from adding keys while a step end iterates the table
+            return
         if activation:
             self._live_activation[step] = self._live_activation.get(step, 0) + nbytes
         else:
@@ -187,6 +203,7 @@ class Recorder:
         self._snapshot_live(record)
         self.trace.steps.append(record)
         self.step += 1
+        self._first_saved_id.append(self._saved_count)
         self.current = StepRecord(index=self.step, source="explicit")
         self.step_seq = seq
         self.step_started = time.perf_counter()
@@ -199,7 +216,7 @@ class Recorder:
         record.saved_alive_by_step = {s: b for s, b in self._live_activation.items() if b}
         record.nodes_alive_by_step = {s: n for s, n in self._live_nodes.items() if n}
         record.live_nodes = sum(record.nodes_alive_by_step.values())
-        record.rss_bytes = _rss_bytes()
+        record.rss_bytes = self._rss.bytes()
         if self.cuda_seen and torch.cuda.is_available():
             record.cuda_allocated = torch.cuda.memory_allocated()
             record.cuda_reserved = torch.cuda.memory_reserved()
@@ -219,11 +236,11 @@ class Recorder:
         old = cutoff - 1
         if old < len(self.trace.steps):
             self.trace.steps[old].detail = False
-        node_ids, saved_ids = self._ids_by_step.pop(old, ((), ()))
-        for node_id in node_ids:
+        for node_id in self._node_ids_by_step.pop(old, ()):
             self.trace.nodes.pop(node_id, None)
-        for saved_id in saved_ids:
-            self.trace.saved.pop(saved_id, None)
+        saved = self.trace.saved
+        for saved_id in range(self._first_saved_id[old], self._first_saved_id[old + 1]):
+            saved.pop(saved_id, None)
 
     # ------------------------------------------------------------ backward
     def begin_backward(self, record: BackwardRecord) -> None:
@@ -236,10 +253,14 @@ class Recorder:
         self.current.backward_seconds += seconds
         self.backward = None
 
-    def live_activation_steps(self) -> dict[int, int]:
-        """Live activation bytes by the step that saved them (non-zero only)."""
-        return {s: b for s, b in self._live_activation.items() if b}
+    def close(self) -> None:
+        """The session ended: release the file the recorder kept open."""
+        self.closed = True
+        self._rss.close()
 
-    def live_node_steps(self) -> dict[int, int]:
-        """Tagged nodes alive, by the step that created them (non-zero only)."""
-        return {s: n for s, n in self._live_nodes.items() if n}
+    def earlier_steps_alive(self) -> bool:
+        """Whether nodes or saved tensors of an earlier step are still alive."""
+        step = self.step
+        return any(s < step and n for s, n in self._live_nodes.items()) or any(
+            s < step and b for s, b in self._live_activation.items()
+        )

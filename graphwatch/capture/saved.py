@@ -21,9 +21,12 @@ Example::
     >>> x = torch.ones(3, requires_grad=True)
     >>> with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
     ...     y = x.exp()
+    >>> record = recorder.trace.saved[0]
+    >>> record.kind, record.alive
+    ('activation', True)
     >>> y.sum().backward()
-    >>> recorder.trace.saved[0].freed_by
-    0
+    >>> record.alive
+    False
 """
 
 from __future__ import annotations
@@ -54,15 +57,6 @@ class SavedHandle:
 
     __slots__ = ("alias", "version", "record", "node", "storage", "recorder", "inner")
 
-    def __init__(self, recorder: Recorder, record: SavedRecord, storage: tuple | None) -> None:
-        self.recorder = recorder
-        self.record = record
-        self.storage = storage
-        self.node: NodeRecord | None = None  # set when a graph walk finds the owning node
-        self.alias: torch.Tensor | None = None
-        self.version = 0
-        self.inner: Any = None  # what an outer user pack hook returned, when chained
-
     def __del__(self) -> None:
         try:
             self.recorder.saved_released(self)
@@ -71,6 +65,7 @@ class SavedHandle:
 
 
 def _new_handle(recorder: Recorder, tensor: torch.Tensor, dedupe: bool) -> SavedHandle:
+    """Record one saved tensor (the hot path: runs inside every op that saves)."""
     if recorder.boundary_pending:
         recorder.commit_boundary()
     storage = None
@@ -89,18 +84,24 @@ def _new_handle(recorder: Recorder, tensor: torch.Tensor, dedupe: bool) -> Saved
         kind = "parameter"
     else:
         kind = "input"
+    dtype = tensor.dtype
     record = SavedRecord(
-        recorder.next_saved_id(),
+        next(recorder.saved_ids),
         recorder.step,
         recorder.sites.here(3),
         size,
         kind,
-        tuple(tensor.shape),
-        recorder.dtype_name(tensor.dtype),
-        "cuda" if tensor.is_cuda else tensor.device.type,
+        tensor.shape,
+        recorder.dtype_names.get(dtype) or recorder.dtype_name(dtype),
+        "cpu" if tensor.is_cpu else tensor.device.type,
     )
-    handle = SavedHandle(recorder, record, storage)
-    recorder.saved_packed(handle)
+    handle = SavedHandle()
+    handle.recorder = recorder
+    handle.record = record
+    handle.storage = storage
+    handle.node = None  # set when a graph walk finds the owning node
+    handle.inner = None  # what an outer user pack hook returned, when chained
+    recorder.saved_packed(record, storage)
     return handle
 
 

@@ -35,8 +35,11 @@ class StepClock:
 
     def mark(self) -> int:
         """Start a step: record (and return) the current sequence number."""
-        with torch.inference_mode(False), torch.enable_grad():
+        if torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
             seq = self._leaf.view(()).grad_fn._sequence_nr()
+        else:
+            with torch.inference_mode(False), torch.enable_grad():
+                seq = self._leaf.view(()).grad_fn._sequence_nr()
         self.bounds.append(seq)
         return seq
 
