@@ -18,6 +18,7 @@ from .analysis import FINDING_KINDS
 from .decorator import step
 from .errors import BackwardTwiceError, GraphLeakError, GraphwatchError, TraceFormatError, UsageError
 from .model import Finding, Trace, load_trace
+from .rendering.dot import make_dot
 from .session import Session, active_session, watch
 
 __version__ = "0.1.0"
@@ -26,13 +27,6 @@ __version__ = "0.1.0"
 def load(path: str | Path) -> Trace:
     """Read a JSON trace written by ``gw.save(path)`` (or a report's trace.json)."""
     return load_trace(path)
-
-
-def make_dot(*args, **kwargs):  # noqa: ANN002, ANN003 - same signature as torchviz.make_dot
-    """Draw an autograd graph like ``torchviz.make_dot``, with graphwatch's lifecycle overlay."""
-    from .rendering.dot import make_dot as _make_dot
-
-    return _make_dot(*args, **kwargs)
 
 
 __all__ = [

@@ -28,6 +28,7 @@ import difflib
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +42,7 @@ from .capture.holders import find_holders
 from .capture.optimizer import GradResetTracker, OptimizerHooks
 from .capture.saved import make_chained_hooks, make_hooks
 from .errors import BackwardTwiceError, GraphLeakError, UsageError
+from .rendering.dot import snapshot_dot
 from .model import BackwardRecord, Finding, NodeRecord, Snapshot, StepRecord, Trace, save_trace
 
 LEVELS = ("default", "light")
@@ -368,9 +370,13 @@ class Session:
     def _snapshot(self, step: int, roots: list[Any], reason: str, force: bool = False) -> None:
         if self.snapshots == "off" or (len(self.trace.snapshots) >= self.max_snapshots and not force):
             return
-        from .rendering.dot import snapshot_dot
-
-        self.trace.snapshots.append(Snapshot(step, reason, snapshot_dot(roots, self.trace, step)))
+        retained = {i for backward, reached in self._retained for i in reached}
+        try:
+            dot = snapshot_dot(roots, self.trace, step, retained=retained)
+        except Exception as exc:  # a drawing must never break the user's backward
+            warnings.warn(f"graphwatch: could not draw the step {step} graph ({exc!r}); the trace is unaffected", stacklevel=2)
+            return
+        self.trace.snapshots.append(Snapshot(step, reason, dot))
 
 
 def _root_records(roots: list[Any]) -> Iterator[Any]:
