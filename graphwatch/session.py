@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 import threading
 import time
@@ -46,6 +47,7 @@ from .rendering.dot import snapshot_dot
 from .model import BackwardRecord, Finding, NodeRecord, Snapshot, StepRecord, Trace, save_trace
 
 LEVELS = ("default", "light")
+_CROSSING = "graph crosses steps"
 _OPTIONS = ("strict", "level", "summary", "out", "keep_steps", "snapshots", "max_snapshots")
 _lock = threading.Lock()
 _active: Session | None = None
@@ -66,7 +68,8 @@ class Session:
       summary: print the terminal summary when the session ends.
       out: folder to write the HTML report, trace.json and SVG snapshots to when the session ends.
       keep_steps: per-node records are kept for this many recent steps (plus steps with findings).
-      snapshots: ``"auto"`` (the first step and each step with a finding), ``"off"``, or step numbers.
+      snapshots: ``"auto"`` (the first backward, the first graph that crosses steps, each error),
+        ``"off"``, or step numbers.
       max_snapshots: at most this many graph snapshots per session.
     """
 
@@ -106,6 +109,7 @@ class Session:
         self._recorder = Recorder(keep_steps)
         self._recorder.trace.options = {
             "strict": self.strict, "level": level, "keep_steps": keep_steps, "snapshots": str(snapshots),
+            "cwd": os.getcwd(),  # cited files are named relative to it
         }
         self._log = FindingLog(self._recorder.trace.findings)
         self._grads = GradResetTracker()
@@ -341,8 +345,9 @@ class Session:
                     earlier.graph_reused = True
             if record.retain_graph:
                 self._retained.append((record, reached))
-        if self._wants_snapshot(record, result.crossings or result.freed):
-            self._snapshot(record.step, roots, "first step" if record.step == 0 else "graph crosses steps")
+        crosses = bool(result.crossings or result.freed)
+        if self._wants_snapshot(record, crosses):
+            self._snapshot(record.step, roots, _CROSSING if crosses else "first backward")
         return result.freed
 
     def _explain(
@@ -358,14 +363,16 @@ class Session:
         return BackwardTwiceError(f"{exc}\n\n{finding.message}", finding)
 
     # ------------------------------------------------------------- snapshots
-    def _wants_snapshot(self, record: BackwardRecord, interesting: Any) -> bool:
-        if self.snapshots == "off" or len(self.trace.snapshots) >= self.max_snapshots:
+    def _wants_snapshot(self, record: BackwardRecord, crosses: bool) -> bool:
+        """Auto: the first backward, and the first backward whose graph crosses steps."""
+        taken = self.trace.snapshots
+        if self.snapshots == "off" or len(taken) >= self.max_snapshots:
             return False
         if self.snapshots != "auto":
-            return record.step in self.snapshots and not any(s.step == record.step for s in self.trace.snapshots)
-        if record.step == 0:
-            return not self.trace.snapshots
-        return bool(interesting) and not any(s.step == record.step for s in self.trace.snapshots)
+            return record.step in self.snapshots and not any(s.step == record.step for s in taken)
+        if not taken:
+            return True
+        return crosses and not any(s.reason == _CROSSING for s in taken)
 
     def _snapshot(self, step: int, roots: list[Any], reason: str, force: bool = False) -> None:
         if self.snapshots == "off" or (len(self.trace.snapshots) >= self.max_snapshots and not force):
@@ -392,8 +399,6 @@ def _check_writable_folder(folder: Path) -> None:
     probe = folder
     while not probe.exists():
         probe = probe.parent
-    import os
-
     if not probe.is_dir() or not os.access(probe, os.W_OK):
         raise UsageError(f"cannot write the report to {folder}: {probe} is not a writable folder; pass out= a folder you can write")
 

@@ -139,6 +139,7 @@ def write_atomically(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual mode
         os.replace(tmp, path)
     except BaseException as exc:
         try:
@@ -148,6 +149,15 @@ def write_atomically(path: Path, text: str) -> None:
         if isinstance(exc, OSError):
             raise UsageError(f"cannot write {path}: {exc.strerror}; free some space or choose another folder") from None
         raise
+
+
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()  # read once, at import: os.umask can only be read by setting it
 
 
 def load_trace(path: str | os.PathLike) -> Trace:

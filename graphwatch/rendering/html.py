@@ -1,0 +1,381 @@
+"""The HTML report: one self-contained page that opens offline, plus trace.json and the snapshot SVGs.
+
+The page has inline CSS and inline SVG only (no script, no web font, no
+remote resource): the verdict first, then per run (one run, or one section
+per labelled trace for the demo or the ranks of a distributed job) each
+finding with the source lines it cites, per-step charts of live saved bytes,
+nodes alive and backward time, the per-step table and the snapshot gallery.
+Every user-derived string is HTML-escaped.  Files are written atomically and
+``index.html`` last, so a crash never leaves a half-written page.
+
+Example::
+
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from graphwatch.model import StepRecord, Trace
+    >>> trace = Trace(steps=[StepRecord(index=0, source="optimizer", live_nodes=3)])
+    >>> index = write_report(trace, Path(tempfile.mkdtemp()) / "report")
+    >>> index.name, "no graph leaks in 1 step" in index.read_text()
+    ('index.html', True)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+
+from ..analysis.evidence import human_bytes
+from ..errors import UsageError
+from ..model import Finding, Snapshot, StepRecord, Trace, save_trace, write_atomically
+from .charts import NODES_COLOR, bar_chart, byte_unit, line_chart
+from .sources import SourceExcerpt, cited_excerpts
+from .svg import DOT_MISSING_NOTICE, DotError, render_svg
+from .terminal import ended_early_text, finding_steps, marked_steps, sample_steps, seconds_text, steps_text, verdict
+
+Section = tuple[str, Trace]
+
+# Colours follow the snapshot palette (DESIGN.md): saved tensors orange, outputs darkolivegreen,
+# parameters lightblue, backward nodes grey, earlier-step nodes and findings red.
+CSS = """
+:root{--ink:#1f2328;--muted:#59636e;--line:#d8dee4;--bg:#f6f8fa;--red:#d62728;--redbg:#fdecea;
+--amber:#b35c00;--amberbg:#fff4e5;--green:#4a6b1f;--greenbg:#eef7e4;--orange:#e8890c;--blue:#4f8fb8}
+*{box-sizing:border-box}
+body{margin:0;background:var(--bg);color:var(--ink);
+font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif}
+main{max-width:1200px;margin:0 auto;padding:24px 28px 8px}
+footer{max-width:1200px;margin:0 auto;padding:8px 28px 24px;color:var(--muted);font-size:13px}
+code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,"DejaVu Sans Mono",monospace;font-size:13px}
+p code,li code{background:#eef1f4;border-radius:4px;padding:1px 4px}
+h1.verdict{font-size:24px;margin:0 0 20px;padding:14px 18px;border-radius:8px;border-left:6px solid}
+.verdict.bad{color:var(--red);background:var(--redbg);border-color:var(--red)}
+.verdict.good{color:var(--green);background:var(--greenbg);border-color:var(--green)}
+div.verdict{font-weight:600;padding:6px 12px;border-radius:6px;border-left:4px solid;margin:0 0 8px}
+span.verdict{font-size:13px;padding:1px 8px;border-radius:10px;margin-left:6px}
+h2{font-size:20px;margin:0 0 8px}
+h3{font-size:16px;margin:22px 0 10px;color:var(--muted);text-transform:uppercase;letter-spacing:.04em}
+.run,.contents{background:#fff;border:1px solid var(--line);border-radius:10px;padding:18px 22px;margin:0 0 22px}
+.contents ul{margin:0;padding-left:20px;columns:2}
+.contents a{color:var(--ink)}
+.meta{color:var(--muted);font-size:13px;margin:0 0 6px}
+.meta a{color:var(--blue)}
+.ended{color:var(--amber);background:var(--amberbg);padding:6px 12px;border-radius:6px}
+.notice{background:var(--amberbg);border-left:4px solid var(--orange);padding:8px 12px;border-radius:4px}
+.empty{color:var(--muted)}
+.finding{border:1px solid var(--line);border-left:5px solid var(--amber);border-radius:8px;
+padding:12px 16px;margin:0 0 14px}
+.finding.error{border-left-color:var(--red)}
+.finding header{display:flex;gap:10px;align-items:baseline;flex-wrap:wrap}
+.badge{font-size:12px;font-weight:700;text-transform:uppercase;color:#fff;background:var(--amber);
+border-radius:4px;padding:1px 7px}
+.finding.error .badge{background:var(--red)}
+.kind{font-size:15px;font-weight:700}
+.steps{color:var(--muted);font-size:13px}
+.message{white-space:pre-wrap;margin:8px 0}
+.fix{background:var(--greenbg);border-radius:6px;padding:6px 10px;margin:8px 0}
+.fix strong{color:var(--green)}
+.unread{color:var(--muted);font-size:13px}
+figure{margin:10px 0}
+.source figcaption{font:600 12px ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;color:var(--muted)}
+.source pre{margin:2px 0 0;background:#fafbfc;border:1px solid var(--line);border-radius:6px;padding:6px 0;
+overflow-x:auto}
+.source pre>span{display:block;padding:0 12px 0 0}
+.source .cited{background:#ffe9cc;box-shadow:inset 4px 0 var(--orange);font-weight:600}
+.source .ln{display:inline-block;width:4.5em;padding-right:1em;text-align:right;color:#8c959f;user-select:none}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(340px,1fr));gap:12px}
+svg.chart{width:100%;height:auto;background:#fff;border:1px solid var(--line);border-radius:8px}
+svg.chart text{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Arial,sans-serif;fill:var(--ink)}
+.chart-title{font-size:14px;font-weight:600}
+.tick,.axis-label{font-size:12px;fill:var(--muted)!important}
+.grid{stroke:#eaeef2}.axis{stroke:#8c959f}
+.table-wrap{overflow-x:auto;margin-top:14px}
+table.steps{border-collapse:collapse;width:100%;font-size:13px;font-variant-numeric:tabular-nums}
+.steps th{text-align:right;background:var(--bg);border-bottom:2px solid var(--line);padding:6px 10px;white-space:nowrap}
+.steps td{text-align:right;border-bottom:1px solid var(--line);padding:4px 10px;white-space:nowrap}
+.steps td:last-child{white-space:normal}
+.steps th:nth-child(2),.steps td:nth-child(2),.steps th:last-child,.steps td:last-child{text-align:left}
+.steps tr.marked td{background:#fff5f5}.steps tr.marked td:last-child{color:var(--red);font-weight:600}
+.steps tr.gap td{text-align:center;color:var(--muted);font-style:italic;background:var(--bg)}
+.gallery{display:grid;grid-template-columns:repeat(auto-fit,minmax(360px,1fr));gap:14px}
+.snapshot{border:1px solid var(--line);border-radius:8px;padding:10px;background:#fff}
+.snapshot .svgbox{max-height:640px;overflow:auto;text-align:center}
+.snapshot svg{max-width:100%;height:auto}
+.snapshot figcaption{margin-top:6px;font-size:13px;color:var(--muted)}
+.snapshot pre{max-height:300px;overflow:auto;background:#fafbfc;padding:8px}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Picture:
+    """A rendered snapshot: its file name under ``snapshots/`` and its SVG, or why there is none.
+
+    ``svg`` is None when ``dot`` is missing (``error`` None) or failed on this graph (``error`` says how).
+    """
+
+    snapshot: Snapshot
+    file: str
+    svg: str | None
+    error: str | None = None
+
+
+def _code_spans(text: str) -> str:
+    """Escape ``text`` and show its `backticked` parts as code."""
+    return re.sub(r"`([^`\n]+)`", r"<code>\1</code>", escape(text))
+
+
+def _slug(label: str, index: int) -> str:
+    return f"{index}-" + (re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") or "run")
+
+
+def _scoped_ids(svg: str, prefix: str) -> str:
+    """Prefix Graphviz's ids (``graph0``, ``node1``, ...) so several inlined drawings never share one."""
+    svg = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{prefix}{m[1]}"', svg)
+    return re.sub(r'(href="#|url\(#)([^")]+)', lambda m: f"{m[1]}{prefix}{m[2]}", svg)
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """One section of the report: a labelled trace, its anchor, its pictures and its JSON file name."""
+
+    label: str
+    trace: Trace
+    slug: str
+    pictures: list[_Picture]
+    trace_file: str
+
+
+# ------------------------------------------------------------------------- findings
+def _excerpt_html(excerpt: SourceExcerpt) -> str:
+    rows = "".join(
+        f'<span class="{"cited" if number in excerpt.cited else "ctx"}"><span class="ln">{number}</span>'
+        f"{escape(text) or ' '}</span>"
+        for number, text in excerpt.numbered()
+    )
+    return f'<figure class="source"><figcaption>{escape(excerpt.where)}</figcaption><pre>{rows}</pre></figure>'
+
+
+def _finding_html(finding: Finding, roots: Sequence[str]) -> str:
+    excerpts = cited_excerpts(finding, roots=roots)
+    shown = {site for e in excerpts for site in e.sites}
+    unread = [s for s in dict.fromkeys(finding.evidence.get("sites") or []) if s not in shown and s != "<unknown>"]
+    missing = (
+        f'<p class="unread">also cited (source not found): {escape(", ".join(map(str, unread)))}</p>' if unread else ""
+    )
+    severity = escape(finding.severity)
+    return (
+        f'<article class="finding {severity}"><header><span class="badge">{severity}</span>'
+        f'<code class="kind">{escape(finding.kind)}</code>'
+        f'<span class="steps">{escape(steps_text(finding_steps(finding)))}</span></header>'
+        f'<p class="message">{_code_spans(finding.message)}</p>'
+        f'<p class="fix"><strong>Fix:</strong> {_code_spans(finding.fix)}</p>'
+        + "".join(map(_excerpt_html, excerpts))
+        + missing
+        + "</article>"
+    )
+
+
+# --------------------------------------------------------------------- steps: charts, table
+def _charts_html(trace: Trace) -> str:
+    steps = trace.steps
+    xs = [s.index for s in steps]
+    marks = marked_steps(trace)
+    saved = [s.live_saved_bytes for s in steps]
+    divisor, unit = byte_unit(max(saved))
+    charts = [
+        line_chart(xs, [v / divisor for v in saved], title="live saved tensors", y_label=unit, marks=marks),
+        line_chart(
+            xs, [s.live_nodes for s in steps], title="autograd nodes alive", y_label="nodes", color=NODES_COLOR, marks=marks
+        ),
+        bar_chart(xs, [s.backward_seconds * 1e3 for s in steps], title="backward time", y_label="ms", marks=marks),
+    ]
+    return '<div class="charts">' + "".join(charts) + "</div>"
+
+
+_Column = tuple[str, Callable[[StepRecord], object]]
+_COLUMNS: tuple[_Column, ...] = (
+    ("step", lambda s: s.index),
+    ("ended by", lambda s: s.source),
+    ("nodes made", lambda s: f"{s.nodes_created:,}"),
+    ("backwards", lambda s: len(s.backwards)),
+    ("backward time", lambda s: seconds_text(s.backward_seconds) if s.backwards else "–"),
+    ("live saved", lambda s: human_bytes(s.live_saved_bytes)),
+    ("nodes alive", lambda s: f"{s.live_nodes:,}"),
+    ("RSS", lambda s: human_bytes(s.rss_bytes) if s.rss_bytes else "–"),
+)
+_CUDA_COLUMN: _Column = (
+    "CUDA allocated", lambda s: "–" if s.cuda_allocated is None else human_bytes(s.cuda_allocated)
+)
+
+
+def _table_html(trace: Trace) -> str:
+    marks = marked_steps(trace)
+    columns = _COLUMNS + ((_CUDA_COLUMN,) if any(s.cuda_allocated is not None for s in trace.steps) else ())
+    body = []
+    for row in sample_steps(trace.steps, marks, head=10, tail=10, most=60):
+        if isinstance(row, int):
+            omitted = f"⋯ {row:,} step{'' if row == 1 else 's'} omitted"
+            body.append(f'<tr class="gap"><td colspan="{len(columns) + 1}">{omitted}</td></tr>')
+            continue
+        cells = [value(row) for _, value in columns] + [marks.get(row.index, "")]
+        body.append(
+            ('<tr class="marked">' if row.index in marks else "<tr>")
+            + "".join(f"<td>{escape(str(c))}</td>" for c in cells)
+            + "</tr>"
+        )
+    head = "".join(f"<th>{escape(name)}</th>" for name, _ in columns) + "<th>first seen</th>"
+    return (
+        f'<div class="table-wrap"><table class="steps"><thead><tr>{head}</tr></thead>'
+        f'<tbody>{"".join(body)}</tbody></table></div>'
+    )
+
+
+# ---------------------------------------------------------------------------- gallery
+def _render_pictures(trace: Trace, slug: str) -> list[_Picture]:
+    pictures = []
+    for i, snap in enumerate(trace.snapshots):
+        file = f"{slug}-step{snap.step}-{i}.svg"
+        try:
+            pictures.append(_Picture(snap, file, render_svg(snap.dot)))
+        except DotError as exc:  # one graph dot cannot lay out must not cost the whole report
+            pictures.append(_Picture(snap, file, None, str(exc)))
+    return pictures
+
+
+def _gallery_html(pictures: list[_Picture], slug: str) -> str:
+    if not pictures:
+        return '<p class="empty">No graph snapshots were taken in this run.</p>'
+    missing = any(p.svg is None and p.error is None for p in pictures)
+    notice = f'<p class="notice">{_code_spans(DOT_MISSING_NOTICE)}</p>' if missing else ""
+    figures = []
+    for i, picture in enumerate(pictures):
+        snap = picture.snapshot
+        caption = escape(f"step {snap.step} — {snap.reason}")
+        if picture.svg is None:
+            failed = f'<p class="notice">{escape(picture.error)}</p>' if picture.error else ""
+            body = f"{failed}<details><summary>DOT source</summary><pre>{escape(snap.dot)}</pre></details>"
+        else:
+            body = f'<div class="svgbox">{_scoped_ids(picture.svg, f"{slug}-{i}-")}</div>'
+            caption += f' · <a href="snapshots/{escape(picture.file)}">open the SVG</a>'
+        figures.append(f'<figure class="snapshot">{body}<figcaption>{caption}</figcaption></figure>')
+    return notice + '<div class="gallery">' + "".join(figures) + "</div>"
+
+
+# ------------------------------------------------------------------------------- page
+def _verdict_html(traces: Sequence[Trace], tag: str = "div") -> str:
+    """The verdict; inside a run's section (any tag but the page's h1) without the ``graphwatch:`` prefix."""
+    text, good = verdict(traces)
+    if tag != "h1":
+        text = text.removeprefix("graphwatch: ")
+    return f'<{tag} class="verdict {"good" if good else "bad"}">{escape(text)}</{tag}>'
+
+
+def _meta_html(trace: Trace, trace_file: str) -> str:
+    facts = [
+        f"torch {trace.torch_version}" if trace.torch_version else "",
+        f"Python {trace.python_version}" if trace.python_version else "",
+        f"started {trace.started_at}" if trace.started_at else "",
+    ]
+    if trace.rank is not None:
+        facts.append(f"rank {trace.rank}" + (f" of {trace.world_size}" if trace.world_size else ""))
+    facts = [escape(f) for f in facts if f] + [f'trace: <a href="{escape(trace_file)}">{escape(trace_file)}</a>']
+    notes = []
+    if trace.ended_early:
+        reason = ended_early_text(trace.ended_early, limit=240)
+        notes.append(f'<p class="ended">The run ended early: {escape(reason)}</p>')
+    if trace.untracked_saved:
+        notes.append(
+            f'<p class="notice">{trace.untracked_saved:,} saved tensors went through saved-tensor hooks entered '
+            "inside the session, which graphwatch cannot see; they are not counted.</p>"
+        )
+    return f'<p class="meta">{" · ".join(facts)}</p>' + "".join(notes)
+
+
+def _section_html(run: _Run, multi: bool) -> str:
+    trace = run.trace
+    roots = [str(trace.options["cwd"])] if trace.options.get("cwd") else []
+    parts = [f'<section class="run" id="{run.slug}">']
+    if run.label:
+        parts.append(f"<h2>{escape(run.label)}</h2>")
+    if multi:
+        parts.append(_verdict_html([trace]))
+    parts.append(_meta_html(trace, run.trace_file))
+    parts.append("<h3>Findings</h3>")
+    parts += [_finding_html(f, roots) for f in trace.findings] or ['<p class="empty">No findings.</p>']
+    parts.append("<h3>Per step</h3>")
+    if trace.steps:
+        parts += [_charts_html(trace), _table_html(trace)]
+    else:
+        parts.append('<p class="empty">No steps were recorded.</p>')
+    parts += ["<h3>Graph snapshots</h3>", _gallery_html(run.pictures, run.slug), "</section>"]
+    return "".join(parts)
+
+
+def _contents_html(runs: Sequence[_Run]) -> str:
+    items = "".join(
+        f'<li><a href="#{run.slug}">{escape(run.label)}</a> {_verdict_html([run.trace], "span")}</li>' for run in runs
+    )
+    return f'<nav class="contents"><h2>Runs</h2><ul>{items}</ul></nav>'
+
+
+def _page(runs: Sequence[_Run]) -> str:
+    from .. import __version__
+
+    traces = [run.trace for run in runs]
+    multi = len(runs) > 1
+    body = [_verdict_html(traces, "h1")] + ([_contents_html(runs)] if multi else [])
+    body += [_section_html(run, multi) for run in runs]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{escape(verdict(traces)[0])}</title><style>{CSS}</style></head>"
+        f'<body><main>{"".join(body)}</main><footer>graphwatch {escape(__version__)}</footer></body></html>\n'
+    )
+
+
+def _sections(traces: Trace | Sequence[Section]) -> list[Section]:
+    if isinstance(traces, Trace):
+        return [("", traces)]
+    sections = list(traces)
+    if not sections or not all(isinstance(s, tuple) and len(s) == 2 and isinstance(s[1], Trace) for s in sections):
+        raise UsageError("write_report() takes a Trace or a non-empty list of (label, Trace) pairs")
+    return sections
+
+
+def _prepare_folder(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "snapshots").mkdir(exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write the report to {out_dir}: {exc.strerror or exc}; pass a folder you can write"
+        ) from None
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write the report to {out_dir}: permission denied; pass a folder you can write")
+
+
+def write_report(traces: Trace | Sequence[Section], out_dir: Path) -> Path:
+    """Write ``out_dir/index.html``, the trace JSON and ``snapshots/*.svg``; return the index.html path.
+
+    ``traces`` is one :class:`~graphwatch.model.Trace` (its JSON goes to
+    ``trace.json``) or a list of ``(label, trace)`` pairs, one report section
+    each (their JSON goes to ``trace-<label>.json``).  Raises
+    :class:`~graphwatch.UsageError` when ``out_dir`` cannot be written.
+    """
+    out_dir = Path(out_dir)
+    sections = _sections(traces)
+    _prepare_folder(out_dir)
+    runs = []
+    for i, (label, trace) in enumerate(sections):
+        slug = _slug(label, i)
+        file = "trace.json" if isinstance(traces, Trace) else f"trace-{slug}.json"
+        runs.append(_Run(label, trace, slug, _render_pictures(trace, slug), file))
+    for picture in (p for run in runs for p in run.pictures if p.svg is not None):
+        write_atomically(out_dir / "snapshots" / picture.file, picture.svg)
+    for run in runs:
+        save_trace(run.trace, out_dir / run.trace_file)
+    index = out_dir / "index.html"
+    write_atomically(index, _page(runs))
+    return index

@@ -1,0 +1,314 @@
+"""The terminal summary: a verdict, the findings with their lines, a per-step table and sparklines.
+
+:class:`Summary` is a rich renderable, so it composes with other rich output
+(a ``Panel``, a ``Group``, a live display); :func:`print_summary` prints one to
+the standard error stream, which keeps a training script's own standard output
+clean.  The console it makes writes plain text (no ANSI codes) when stderr is
+not a terminal or the ``NO_COLOR`` environment variable is set.
+
+The helpers that decide *what* a summary says (:func:`verdict`,
+:func:`finding_steps`, :func:`steps_text`, :func:`marked_steps`,
+:func:`sample_steps`) are shared with the HTML report.
+
+Example::
+
+    >>> import io
+    >>> from rich.console import Console
+    >>> from graphwatch.model import StepRecord, Trace
+    >>> console = Console(file=io.StringIO(), width=100)
+    >>> console.print(Summary(Trace(steps=[StepRecord(index=0, source="optimizer")])))
+    >>> console.file.getvalue().splitlines()[0]
+    'graphwatch: no graph leaks in 1 step'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Iterator, Sequence
+from pathlib import Path
+from typing import IO
+
+from rich import box
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.padding import Padding
+from rich.panel import Panel
+from rich.segment import Segment
+from rich.table import Table
+from rich.text import Text
+
+from ..analysis.evidence import human_bytes
+from ..model import Finding, StepRecord, Trace
+from .charts import SPARK_ASCII, SPARK_BLOCKS, sparkline
+
+# memory-growth cites the first and last step of its fit, not every step it saw
+_RANGE_KINDS = frozenset({"memory-growth"})
+_SEVERITY_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold blue"}
+_SEVERITY_MARK = {"error": "✖", "warning": "▲", "info": "●"}
+# one ASCII character for each non-ASCII one the summary draws, so columns stay aligned
+_ASCII = str.maketrans(
+    dict(zip(SPARK_BLOCKS, SPARK_ASCII))
+    | {"–": "-", "…": ".", "→": ">", "·": "/", "⋯": ":", "✖": "x", "▲": "!", "●": "*", "²": "2"}
+)
+
+
+# ------------------------------------------------------------------ what a summary says
+def problems(trace: Trace) -> list[Finding]:
+    """The findings that are problems (errors and warnings, not notes).
+
+    >>> problems(Trace(findings=[Finding("memory-growth", "info", 9, "m", "f")]))
+    []
+    """
+    return [f for f in trace.findings if f.severity != "info"]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def verdict(traces: Sequence[Trace]) -> tuple[str, bool]:
+    """The one-line verdict over one or more traces, and whether it is good news.
+
+    >>> verdict([Trace(steps=[StepRecord(index=i, source="optimizer") for i in range(40)])])
+    ('graphwatch: no graph leaks in 40 steps', True)
+    """
+    steps = sum(len(t.steps) for t in traces)
+    found = sum(len(problems(t)) for t in traces)
+    where = _plural(steps, "step") if len(traces) == 1 else f"{_plural(len(traces), 'run')}, {_plural(steps, 'step')}"
+    if found:
+        return f"graphwatch: {_plural(found, 'problem')} in {where}", False
+    if not steps:
+        return "graphwatch: no steps recorded", True
+    return f"graphwatch: no graph leaks in {where}", True
+
+
+def finding_steps(finding: Finding) -> list[int]:
+    """The steps a finding was seen in (for ``memory-growth``: every step of its fit).
+
+    >>> finding_steps(Finding("memory-growth", "warning", 9, "m", "f", {"steps": [0, 3]}))
+    [0, 1, 2, 3]
+    """
+    steps = sorted(set(finding.evidence.get("steps") or [finding.step]))
+    if finding.kind in _RANGE_KINDS and len(steps) == 2:
+        return list(range(steps[0], steps[1] + 1))
+    return steps
+
+
+def steps_text(steps: Sequence[int]) -> str:
+    """A short way to say which steps: ``step 3``, ``steps 1–4``, ``steps 1, 5, 9``, ``12 steps, 1…40``.
+
+    >>> steps_text([3]), steps_text([1, 2, 3, 4]), steps_text([1, 5, 9]), steps_text([1, 2, 9, 10, 11])
+    ('step 3', 'steps 1–4', 'steps 1, 5, 9', '5 steps, 1…11')
+    """
+    if not steps:
+        return "no step"
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if steps[-1] - steps[0] == len(steps) - 1:
+        return f"steps {steps[0]}–{steps[-1]}"
+    if len(steps) <= 3:
+        return "steps " + ", ".join(map(str, steps))
+    return f"{len(steps)} steps, {steps[0]}…{steps[-1]}"
+
+
+def marked_steps(trace: Trace) -> dict[int, str]:
+    """Step -> the kinds of the findings first seen in it (a repeated problem marks only where it began).
+
+    >>> marked_steps(Trace(findings=[Finding("retained-graph", "warning", 3, "m", "f", {"steps": [3, 4]})]))
+    {3: 'retained-graph'}
+    """
+    marks: dict[int, list[str]] = {}
+    for finding in trace.findings:
+        kinds = marks.setdefault(finding.step, [])
+        if finding.kind not in kinds:
+            kinds.append(finding.kind)
+    return {step: ", ".join(kinds) for step, kinds in marks.items()}
+
+
+def sample_steps(
+    steps: Sequence[StepRecord], keep: Collection[int], head: int = 5, tail: int = 5, most: int = 20
+) -> list[StepRecord | int]:
+    """The steps worth a table row: the first ``head``, up to ``most`` of ``keep``, the last ``tail``.
+
+    Each run of left-out steps becomes one int, the number of steps left out
+    there; runs shorter than three steps are shown instead.
+
+    >>> rows = sample_steps([StepRecord(index=i, source="optimizer") for i in range(100)], keep={50, 53})
+    >>> [r if isinstance(r, int) else r.index for r in rows]
+    [0, 1, 2, 3, 4, 45, 50, 51, 52, 53, 41, 95, 96, 97, 98, 99]
+    """
+    n = len(steps)
+    kept = sorted(i for i, s in enumerate(steps) if s.index in keep)[:most]
+    wanted = sorted(set(range(min(head, n))) | set(range(max(n - tail, 0), n)) | set(kept))
+    rows: list[StepRecord | int] = []
+    previous = -1
+    for i in wanted:
+        gap = i - previous - 1
+        if gap >= 3:
+            rows.append(gap)
+        rows.extend(steps[i - gap if gap < 3 else i : i + 1])
+        previous = i
+    return rows
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration for a table cell.
+
+    >>> seconds_text(0.00042), seconds_text(2.5)
+    ('0.42 ms', '2.50 s')
+    """
+    return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def ended_early_text(reason: str, limit: int = 100) -> str:
+    """The first line of why a run ended early, cut to ``limit`` characters (the findings explain the rest).
+
+    >>> ended_early_text("KeyboardInterrupt")
+    'KeyboardInterrupt'
+    """
+    first = reason.strip().splitlines()[0] if reason.strip() else reason
+    return first if len(first) <= limit else first[: limit - 1].rstrip() + "…"
+
+
+# ------------------------------------------------------------------------- rich output
+class Summary:
+    """A rich renderable: the summary of one trace.
+
+    ``report`` is where a report was written (its folder or its index.html), if one was.
+
+    ``title`` names the run (e.g. an example's name or a rank) on the verdict line.
+    """
+
+    def __init__(self, trace: Trace, report: Path | None = None, title: str | None = None) -> None:
+        self.trace = trace
+        self.report = report
+        self.title = title
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        parts = list(self._parts(options.max_width))
+        if not options.ascii_only:
+            yield from parts
+            return
+        # a console that cannot encode unicode (rich already draws its boxes in ASCII there)
+        for segment in console.render(Group(*parts), options):
+            text = segment.text.translate(_ASCII).encode("ascii", "replace").decode("ascii")
+            yield Segment(text, segment.style, segment.control)
+
+    def _parts(self, max_width: int) -> Iterator[RenderableType]:
+        trace = self.trace
+        text, good = verdict([trace])
+        line = Text(text, style="bold green" if good else "bold red")
+        if self.title:
+            line.append(f"  ({self.title})", style="dim")
+        yield line
+        if trace.ended_early:
+            yield Text(f"the run ended early: {ended_early_text(trace.ended_early)}", style="yellow")
+        if trace.untracked_saved:
+            yield Text(
+                f"{_plural(trace.untracked_saved, 'saved tensor')} went through hooks graphwatch cannot see "
+                "(saved_tensors_hooks entered inside the session); they are not counted",
+                style="dim",
+            )
+        if trace.findings:
+            yield Panel(
+                Group(*self._findings()),
+                title="findings",
+                title_align="left",
+                border_style="red" if not good else "blue",
+            )
+        if trace.steps:
+            yield self._table()
+            yield self._sparklines(max_width)
+        if self.report is not None:
+            index = Path(self.report)
+            yield Text.assemble(("report: ", "bold"), str(index if index.suffix == ".html" else index / "index.html"))
+
+    def _findings(self) -> Iterator[RenderableType]:
+        for i, finding in enumerate(self.trace.findings):
+            if i:
+                yield Text("")
+            mark = _SEVERITY_MARK.get(finding.severity, "●")
+            yield Text.assemble(
+                (f"{mark} {finding.kind}", _SEVERITY_STYLE.get(finding.severity, "bold")),
+                (f"  {steps_text(finding_steps(finding))}", "dim"),
+            )
+            yield Padding(Text(finding.message), (0, 0, 0, 2))
+            yield Padding(Text.assemble(("fix: ", "bold green"), finding.fix), (0, 0, 0, 2))
+            sites = [s for s in dict.fromkeys(finding.evidence.get("sites") or []) if s != "<unknown>"]
+            if sites:
+                yield Padding(Text.assemble(("at: ", "bold"), (", ".join(sites), "cyan")), (0, 0, 0, 2))
+
+    def _table(self) -> Table:
+        steps = self.trace.steps
+        marks = marked_steps(self.trace)
+        rows = sample_steps(steps, marks)
+        shown = sum(1 for r in rows if not isinstance(r, int))
+        table = Table(
+            box=box.SIMPLE_HEAD,
+            title="per step",
+            title_justify="left",
+            caption=None if shown == len(steps) else f"{shown} of {len(steps)} steps shown: the first, the last, "
+            "and each step where a finding was first seen",
+            caption_justify="left",
+        )
+        for name in ("step", "nodes\nmade", "backward", "live\nsaved", "nodes\nalive"):
+            table.add_column(name, justify="right", no_wrap=True)
+        table.add_column("first seen", style="red", overflow="fold")
+        for row in rows:
+            if isinstance(row, int):
+                table.add_row("⋯", "", "", "", "", f"{_plural(row, 'step')} omitted", style="dim")
+                continue
+            backward = f"{len(row.backwards)} · {seconds_text(row.backward_seconds)}" if row.backwards else "–"
+            table.add_row(
+                str(row.index),
+                f"{row.nodes_created:,}",
+                backward,
+                human_bytes(row.live_saved_bytes),
+                f"{row.live_nodes:,}",
+                marks.get(row.index, ""),
+            )
+        return table
+
+    def _sparklines(self, max_width: int) -> Table:
+        steps = self.trace.steps
+        rows = []
+        for label, values, fmt in (
+            ("live saved tensors", [s.live_saved_bytes for s in steps], human_bytes),
+            ("nodes alive", [s.live_nodes for s in steps], lambda n: f"{n:,}"),
+        ):
+            rows.append((label, values, f"{fmt(values[0])} → {fmt(values[-1])} (max {fmt(max(values))})"))
+        # the widest label and range text, two gaps of two columns: the sparkline gets the rest
+        width = max(8, min(60, max_width - 18 - max(len(r[2]) for r in rows) - 4))
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold", min_width=18)
+        grid.add_column(style="yellow")
+        grid.add_column(style="dim")
+        for label, values, span in rows:
+            grid.add_row(label, sparkline(values, width), span)
+        return grid
+
+
+def make_console(file: IO[str] | None = None) -> Console:
+    """A console for the summary: standard error by default; no colour codes when ``NO_COLOR`` is set.
+
+    >>> import io
+    >>> make_console(io.StringIO()).is_terminal
+    False
+    """
+    return Console(
+        file=file,
+        stderr=file is None,
+        color_system=None if os.environ.get("NO_COLOR") else "auto",
+        highlight=False,
+    )
+
+
+def print_summary(trace: Trace, console: Console | None = None, report: Path | None = None) -> None:
+    """Print :class:`Summary` of ``trace`` to ``console`` (default: :func:`make_console`).
+
+    ``report`` is the report written (its folder or index.html); the summary ends by pointing at it.
+
+    >>> import io
+    >>> from graphwatch.model import Trace
+    >>> print_summary(Trace(), console=make_console(io.StringIO()))
+    """
+    (console or make_console()).print(Summary(trace, report))

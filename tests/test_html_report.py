@@ -1,0 +1,371 @@
+"""The HTML report, from real training loops run under graphwatch: files, content, safety, a real browser."""
+
+from __future__ import annotations
+
+import doctest
+import os
+import re
+import struct
+import subprocess
+import zlib
+from html import escape
+from pathlib import Path
+
+import pytest
+import torch
+
+import graphwatch
+from graphwatch.model import CallSite, Finding, Snapshot, StepRecord, Trace
+from graphwatch.rendering import html
+from graphwatch.rendering.html import write_report
+from graphwatch.rendering.svg import DOT_MISSING_NOTICE, DotError, dot_available
+
+CHROMIUM = Path("/usr/bin/chromium")
+needs_dot = pytest.mark.skipif(not dot_available(), reason="Graphviz `dot` is not installed")
+
+
+def line_of(text: str) -> int:
+    """The number of the first line of this file that contains ``text``."""
+    return next(i for i, line in enumerate(Path(__file__).read_text().splitlines(), 1) if text in line)
+
+
+# ------------------------------------------------------------------------ real runs
+@pytest.fixture(scope="module")
+def kept_alive() -> Trace:
+    """``total_loss += loss``: every step's graph stays alive."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    total_loss = 0
+    with graphwatch.watch(summary=False) as gw:
+        for _ in range(10):
+            opt.zero_grad()
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss.backward()
+            total_loss += loss  # keeps every graph
+            opt.step()
+    return gw.trace
+
+
+@pytest.fixture(scope="module")
+def clean() -> Trace:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    total_loss = 0.0
+    with graphwatch.watch(summary=False) as gw:
+        for _ in range(10):
+            opt.zero_grad()
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss.backward()
+            total_loss += loss.item()
+            opt.step()
+    return gw.trace
+
+
+@pytest.fixture(scope="module")
+def backward_twice() -> Trace:
+    torch.manual_seed(0)
+    cell = torch.nn.RNNCell(4, 8)
+    h = torch.zeros(2, 8)
+    with pytest.raises(graphwatch.BackwardTwiceError):
+        with graphwatch.watch(summary=False) as gw:
+            for _ in range(3):
+                h = cell(torch.randn(2, 4), h)
+                h.sum().backward()
+    return gw.trace
+
+
+@pytest.fixture(scope="module")
+def report(kept_alive: Trace, clean: Trace, backward_twice: Trace, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One report with a section per run, as the demo writes it."""
+    out = tmp_path_factory.mktemp("report")
+    return write_report(
+        [("total_loss += loss", kept_alive), ("total_loss += loss.item()", clean), ("backward twice", backward_twice)], out
+    )
+
+
+# ------------------------------------------------------------------------------ files
+def test_files_of_a_combined_report(report: Path, kept_alive: Trace) -> None:
+    out = report.parent
+    assert report == out / "index.html"
+    traces = [graphwatch.load(p) for p in sorted(out.glob("trace-*.json"))]
+    assert len(traces) == 3
+    assert [f.kind for f in traces[0].findings] == [f.kind for f in kept_alive.findings]
+    if dot_available():
+        assert len(list((out / "snapshots").glob("*.svg"))) == sum(len(t.snapshots) for t in traces)
+    assert not [p for p in out.rglob("*") if p.name.startswith(".") or p.suffix == ".tmp"]
+
+
+def test_single_trace_writes_trace_json(clean: Trace, tmp_path: Path) -> None:
+    index = write_report(clean, tmp_path / "new" / "folder")
+    assert index.read_text().startswith("<!DOCTYPE html>")
+    assert len(graphwatch.load(tmp_path / "new" / "folder" / "trace.json").steps) == len(clean.steps)
+
+
+# ---------------------------------------------------------------------------- content
+def test_self_contained(report: Path) -> None:
+    page = report.read_text()
+    assert "<script" not in page and "<link" not in page and "@import" not in page and " src=" not in page
+    # the only URLs are the SVG namespace names Graphviz writes; nothing is fetched
+    assert {m for m in re.findall(r'([\w:-]+)="https?://', page)} <= {"xmlns", "xmlns:xlink"}
+    assert not re.search(r"url\(\s*['\"]?https?:", page)
+
+
+def test_verdict_first_then_findings_charts_table_gallery(report: Path) -> None:
+    page = report.read_text()
+    order = [
+        page.index('<h1 class="verdict bad">graphwatch: '),
+        page.index("graph-kept-alive"),
+        page.index('<svg class="chart"'),
+        page.index('<table class="steps">'),
+        page.index("Graph snapshots"),
+    ]
+    assert order == sorted(order)
+
+
+def test_each_finding_with_fix_and_cited_source(report: Path, kept_alive: Trace) -> None:
+    page = report.read_text()
+    kinds = {f.kind for f in kept_alive.findings}
+    assert "graph-kept-alive" in kinds
+    line = line_of("# keeps every graph")
+    assert f"{Path(__file__).name}:{line}</figcaption>" in page
+    cited = "            total_loss += loss  # keeps every graph"
+    assert f'<span class="cited"><span class="ln">{line}</span>{cited}</span>' in page
+    assert "<strong>Fix:</strong> keep a number, not the graph: <code>total_loss += loss.item()</code>" in page
+    assert "backward-through-freed-graph" in page
+
+
+def test_three_charts_per_run_with_axis_labels(report: Path) -> None:
+    page = report.read_text()
+    assert page.count('<svg class="chart"') == 9
+    for label in ("live saved tensors", "autograd nodes alive", "backward time", ">step<", ">ms<", ">nodes<"):
+        assert label in page
+
+
+def test_runs_have_contents_and_unique_ids(report: Path) -> None:
+    page = report.read_text()
+    ids = re.findall(r'\bid="([^"]+)"', page)
+    assert len(ids) == len(set(ids))
+    for anchor in re.findall(r'href="#([^"]+)"', page):
+        assert anchor in ids
+
+
+def test_user_text_is_escaped(tmp_path: Path) -> None:
+    evil = '<img src=x onerror="alert(1)">&'
+    trace = Trace(
+        sites=[CallSite(file="<stdin>", line=1, function="f", source=evil)],
+        steps=[StepRecord(index=0, source="explicit")],
+        findings=[Finding("graph-kept-alive", "warning", 0, f"message {evil}", f"fix `{evil}`", {"sites": [evil]})],
+        snapshots=[Snapshot(0, evil, "digraph { a }")],
+        ended_early=evil,
+    )
+    page = write_report([(evil, trace)], tmp_path).read_text()
+    assert "<img" not in page and 'onerror="' not in page
+    assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;&amp;" in page
+
+
+def test_source_found_relative_to_the_runs_folder(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("x = 1\ny = 2\nh = cell(x, h)\nz = 3\n")
+    trace = Trace(
+        options={"cwd": str(tmp_path)},
+        steps=[StepRecord(index=0, source="explicit")],
+        findings=[Finding("retained-graph", "warning", 0, "m", "f", {"sites": ["train.py:3", "gone.py:9", "train.py:1"]})],
+    )
+    page = write_report(trace, tmp_path / "out").read_text()
+    assert page.count('<figure class="source">') == 1  # nearby lines of one file share an excerpt
+    assert "<figcaption>train.py:1, 3</figcaption>" in page
+    assert '<span class="cited"><span class="ln">3</span>h = cell(x, h)</span>' in page
+    assert '<span class="cited"><span class="ln">1</span>x = 1</span>' in page
+    assert '<span class="ctx"><span class="ln">2</span>y = 2</span>' in page
+    assert "also cited (source not found): gone.py:9" in page
+
+
+def test_step_table_rows_and_cuda_column(kept_alive: Trace, tmp_path: Path) -> None:
+    page = write_report(kept_alive, tmp_path / "cpu").read_text()
+    assert page.count("<tr") == 1 + len(kept_alive.steps) and "CUDA allocated" not in page
+    steps = [StepRecord(index=i, source="optimizer", cuda_allocated=2048 * i) for i in range(40)]
+    page = write_report(Trace(steps=steps), tmp_path / "cuda").read_text()
+    assert "<th>CUDA allocated</th>" in page and "<td>78.0 KiB</td>" in page
+    assert '<tr class="gap"><td colspan="10">⋯ 20 steps omitted</td></tr>' in page
+
+
+def test_long_run_charts_are_bucketed(tmp_path: Path) -> None:
+    steps = [StepRecord(index=i, source="optimizer", live_nodes=i, backwards=[i], backward_seconds=1e-3) for i in range(5000)]
+    page = write_report(Trace(steps=steps), tmp_path).read_text()
+    bars = re.findall(r'<rect x="([\d.]+)" y="[\d.]+" width="([\d.]+)"', page)
+    assert 100 < len(bars) <= 400
+    assert all(float(w) >= 0.8 for _, w in bars) and float(bars[-1][0]) < 380
+    assert ">5,000<" in page or ">4,000<" in page  # the x axis reaches the last steps
+
+
+def test_empty_trace(tmp_path: Path) -> None:
+    page = write_report(Trace(), tmp_path).read_text()
+    assert "graphwatch: no steps recorded" in page and "No steps were recorded." in page
+    assert '<svg class="chart"' not in page
+
+
+@needs_dot
+def test_snapshots_inlined_with_step_and_reason(report: Path, kept_alive: Trace) -> None:
+    page = report.read_text()
+    assert kept_alive.snapshots
+    first = kept_alive.snapshots[0]
+    assert f"step {first.step} — {first.reason}" in page
+    assert '<div class="svgbox"><svg' in page and "<?xml" not in page and "<!DOCTYPE svg" not in page
+
+
+def test_without_dot_a_notice_replaces_the_pictures(
+    kept_alive: Trace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    page = write_report(kept_alive, tmp_path / "out").read_text()
+    assert escape(DOT_MISSING_NOTICE.split("`")[0]) in page and "<summary>DOT source</summary>" in page
+    assert '<div class="svgbox">' not in page and not list((tmp_path / "out" / "snapshots").glob("*.svg"))
+
+
+def test_a_graph_dot_cannot_draw_costs_only_its_picture(
+    kept_alive: Trace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(dot_source: str) -> str:
+        raise DotError("dot took longer than 30 s to lay out the graph; draw fewer nodes")
+
+    monkeypatch.setattr(html, "render_svg", fail)
+    page = write_report(kept_alive, tmp_path).read_text()
+    assert page.count("dot took longer than 30 s") == len(kept_alive.snapshots) > 0
+    assert "<summary>DOT source</summary>" in page and escape(DOT_MISSING_NOTICE.split("`")[0]) not in page
+
+
+# ------------------------------------------------------------------- writing safely
+@pytest.mark.parametrize("where", ["under a file", "/proc"])
+def test_unwritable_folder_is_a_usage_error(clean: Trace, tmp_path: Path, where: str) -> None:
+    if where == "/proc":
+        if not Path("/proc/self").exists():
+            pytest.skip("no /proc here")
+        out = Path("/proc/graphwatch-report")
+    else:
+        (tmp_path / "a-file").write_text("")
+        out = tmp_path / "a-file" / "report"
+    with pytest.raises(graphwatch.UsageError, match=f"cannot write the report to {out}: .*pass a folder you can write"):
+        write_report(clean, out)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_read_only_folder_is_a_usage_error(clean: Trace, tmp_path: Path) -> None:
+    tmp_path.chmod(0o500)
+    try:
+        with pytest.raises(graphwatch.UsageError, match="pass a folder you can write"):
+            write_report(clean, tmp_path)
+    finally:
+        tmp_path.chmod(0o700)
+
+
+def test_a_crash_leaves_the_previous_page_whole(
+    clean: Trace, kept_alive: Trace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = write_report(clean, tmp_path)
+    before = index.read_text()
+
+    def crash(dot_source: str) -> str:
+        raise RuntimeError("dot crashed")
+
+    monkeypatch.setattr(html, "render_svg", crash)
+    with pytest.raises(RuntimeError, match="dot crashed"):
+        write_report(kept_alive, tmp_path)
+    assert index.read_text() == before
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".") or p.suffix == ".tmp"]
+
+
+def test_docstring_examples_run() -> None:
+    result = doctest.testmod(html)
+    assert result.attempted and not result.failed
+
+
+# -------------------------------------------------------------------- a real browser
+def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+            "--enable-logging=stderr", "--v=0", "--window-size=1280,1400", *args,
+        ],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def console_messages(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+
+
+def png_colours(path: Path) -> dict[tuple[int, ...], int]:
+    """Pixel counts per colour of an 8-bit RGB or RGBA, non-interlaced PNG (what Chromium writes)."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    chunks, pos = {}, 8
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        chunks[kind] = chunks.get(kind, b"") + data[pos + 8 : pos + 8 + length]
+        pos += 12 + length
+    width, height, depth, colour_type, _, _, interlace = struct.unpack(">IIBBBBB", chunks[b"IHDR"])
+    assert depth == 8 and colour_type in (2, 6) and not interlace
+    channels = 3 if colour_type == 2 else 4
+    raw, stride = zlib.decompress(chunks[b"IDAT"]), width * channels
+    previous, counts = bytearray(stride), {}
+    for y in range(height):
+        kind, row = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        for x in range(stride):
+            left = row[x - channels] if x >= channels else 0
+            up, corner = previous[x], previous[x - channels] if x >= channels else 0
+            if kind == 1:
+                row[x] = (row[x] + left) & 0xFF
+            elif kind == 2:
+                row[x] = (row[x] + up) & 0xFF
+            elif kind == 3:
+                row[x] = (row[x] + (left + up) // 2) & 0xFF
+            elif kind == 4:
+                p = left + up - corner
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                row[x] = (row[x] + (left if pa <= pb and pa <= pc else up if pb <= pc else corner)) & 0xFF
+        for x in range(0, stride, channels):
+            pixel = tuple(row[x : x + 3])
+            counts[pixel] = counts.get(pixel, 0) + 1
+        previous = row
+    return counts
+
+
+browser = pytest.mark.skipif(not CHROMIUM.exists(), reason="headless Chromium (/usr/bin/chromium) is not installed")
+
+
+@pytest.mark.browser
+@browser
+def test_console_errors_are_detected(tmp_path: Path) -> None:
+    """The check below is not vacuous: a page with a script error shows up in Chromium's log."""
+    page = tmp_path / "broken.html"
+    page.write_text("<!DOCTYPE html><p>x</p><script>undefinedFunction()</script>")
+    done = chromium("--dump-dom", page.as_uri(), profile=tmp_path / "profile")
+    assert any("undefinedFunction" in line for line in console_messages(done.stderr))
+
+
+@pytest.mark.browser
+@browser
+def test_report_in_headless_chromium(report: Path, tmp_path: Path) -> None:
+    done = chromium("--dump-dom", report.as_uri(), profile=tmp_path / "profile")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert console_messages(done.stderr) == []
+    dom = done.stdout
+    assert "graph-kept-alive" in dom and "backward-through-freed-graph" in dom
+    assert dom.count('<svg class="chart"') == 9
+
+    shot = tmp_path / "report.png"
+    # half-size pixels of a 1280-pixel-wide layout: a quarter of the bytes for the pure-Python decoder
+    done = chromium(
+        f"--screenshot={shot}", "--force-device-scale-factor=0.5", report.as_uri(), profile=tmp_path / "profile"
+    )
+    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    assert console_messages(done.stderr) == []
+    counts = png_colours(shot)
+    background, most = max(counts.items(), key=lambda item: item[1])
+    assert len(counts) > 50, "the screenshot has almost no colours: is the page blank?"
+    assert most < 0.9 * sum(counts.values()), "nine tenths of the screenshot is one colour"
+    # the verdict's red and the saved-tensor chart's orange are on screen
+    assert any(r > 200 and g < 80 and b < 80 for r, g, b in counts)
+    assert any(r > 220 and 120 < g < 150 and b < 40 for r, g, b in counts)

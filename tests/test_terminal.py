@@ -1,0 +1,222 @@
+"""The terminal summary, from real training loops run under graphwatch, rendered into in-memory consoles."""
+
+from __future__ import annotations
+
+import doctest
+import io
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+from rich.panel import Panel
+
+import graphwatch
+from graphwatch.model import Trace
+from graphwatch.rendering import charts, sources, terminal
+from graphwatch.rendering.terminal import Summary, make_console, print_summary
+
+ANSI = re.compile(r"\x1b\[")
+HERE = Path(__file__).name
+
+
+def line_of(text: str) -> int:
+    """The number of the first line of this file that contains ``text``."""
+    return next(i for i, line in enumerate(Path(__file__).read_text().splitlines(), 1) if text in line)
+
+
+def render(renderable: object, terminal_: bool = False, width: int = 120) -> str:
+    console = Console(
+        file=io.StringIO(), width=width, force_terminal=terminal_, color_system="standard" if terminal_ else None
+    )
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+# ------------------------------------------------------------------------ real runs
+@pytest.fixture(scope="module")
+def rnn_leak() -> Trace:
+    """An RNN whose hidden state is never detached, backwarded with retain_graph=True: 30 steps."""
+    torch.manual_seed(0)
+    cell = torch.nn.RNNCell(4, 8)
+    h = torch.zeros(2, 8)
+    with graphwatch.watch(summary=False, snapshots="off") as gw:
+        for _ in range(30):
+            with gw.step():
+                h = cell(torch.randn(2, 4), h)  # the carried hidden state
+                loss = h.pow(2).sum()
+                loss.backward(retain_graph=True)
+    return gw.trace
+
+
+@pytest.fixture(scope="module")
+def clean() -> Trace:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with graphwatch.watch(summary=False, snapshots="off") as gw:
+        for _ in range(8):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            opt.step()
+    return gw.trace
+
+
+@pytest.fixture(scope="module")
+def backward_twice() -> Trace:
+    """The hidden state carried without retain_graph: the second step's backward fails."""
+    torch.manual_seed(0)
+    cell = torch.nn.RNNCell(4, 8)
+    opt = torch.optim.SGD(cell.parameters(), lr=0.01)
+    h = torch.zeros(2, 8)
+    with pytest.raises(graphwatch.BackwardTwiceError):
+        with graphwatch.watch(summary=False, snapshots="off") as gw:
+            for _ in range(5):
+                opt.zero_grad()
+                h = cell(torch.randn(2, 4), h)
+                h.pow(2).sum().backward()
+                opt.step()
+    return gw.trace
+
+
+@pytest.fixture(scope="module")
+def interrupted() -> Trace:
+    model = torch.nn.Linear(4, 1)
+    with pytest.raises(KeyboardInterrupt):
+        with graphwatch.watch(summary=False, snapshots="off") as gw:
+            for step in range(10):
+                model(torch.randn(8, 4)).sum().backward()
+                if step == 2:
+                    raise KeyboardInterrupt
+    return gw.trace
+
+
+# --------------------------------------------------------------------------- verdict
+def test_clean_run_says_no_leaks(clean: Trace) -> None:
+    out = render(Summary(clean))
+    assert out.splitlines()[0] == "graphwatch: no graph leaks in 8 steps"
+    assert "findings" not in out and "ended early" not in out
+    assert "per step" in out and "live saved tensors" in out and "nodes alive" in out
+
+
+def test_leak_verdict_counts_problems_first(rnn_leak: Trace) -> None:
+    out = render(Summary(rnn_leak))
+    problems = len(terminal.problems(rnn_leak))
+    assert problems >= 1
+    assert out.splitlines()[0] == f"graphwatch: {problems} problem{'s' * (problems > 1)} in 30 steps"
+
+
+def test_empty_trace(clean: Trace) -> None:
+    out = render(Summary(Trace()))
+    assert out.strip() == "graphwatch: no steps recorded"
+
+
+# -------------------------------------------------------------------------- findings
+def test_findings_panel_names_kind_steps_fix_and_lines(rnn_leak: Trace) -> None:
+    out = render(Summary(rnn_leak))
+    for finding in rnn_leak.findings:
+        assert f"{finding.kind}  {terminal.steps_text(terminal.finding_steps(finding))}" in out
+    assert "graph-carried-across-steps" in out
+    assert "steps 1–29" in out  # the carried graph, seen from step 1 on
+    assert "fix: `h = h.detach()`" in out
+    assert f"{HERE}:{line_of('# the carried hidden state')}" in out
+    assert f"{HERE}:{line_of('loss.backward(retain_graph=True)')}" in out
+
+
+def test_backward_twice_finding_and_early_end(backward_twice: Trace) -> None:
+    out = render(Summary(backward_twice))
+    assert "backward-through-freed-graph" in out
+    assert "the run ended early: BackwardTwiceError: Trying to backward through the graph a second time" in out
+    assert f"{HERE}:{line_of('h.pow(2).sum().backward()')}" in out
+
+
+def test_keyboard_interrupt_is_reported(interrupted: Trace) -> None:
+    out = render(Summary(interrupted))
+    assert "the run ended early: KeyboardInterrupt" in out.splitlines()
+
+
+# ------------------------------------------------------------------ table, sparklines
+def step_rows(out: str) -> list[int]:
+    """Step numbers of the per-step table's rows."""
+    return [int(m[1]) for m in re.finditer(r"^\s+(\d+)\s+\d+\s+\d+ · ", out, re.MULTILINE)]
+
+
+def test_long_run_table_is_sampled(rnn_leak: Trace) -> None:
+    out = render(Summary(rnn_leak))
+    marked = sorted(terminal.marked_steps(rnn_leak))
+    shown = step_rows(out)
+    assert shown[:5] == [0, 1, 2, 3, 4] and shown[-5:] == [25, 26, 27, 28, 29]
+    assert set(marked) <= set(shown) and len(shown) < 30
+    omitted = sum(int(n) for n in re.findall(r"(\d+) steps omitted", out))
+    assert omitted == 30 - len(shown)
+    assert f"{len(shown)} of 30 steps shown" in out
+
+
+def test_short_run_shows_every_step(clean: Trace) -> None:
+    out = render(Summary(clean))
+    assert step_rows(out) == list(range(8))
+    assert "omitted" not in out
+
+
+def test_sparklines_show_growing_memory(rnn_leak: Trace) -> None:
+    line = next(l for l in render(Summary(rnn_leak)).splitlines() if l.startswith("nodes alive"))
+    spark = line.split()[2]
+    assert spark[0] == "▁" and spark[-1] == "█"
+    assert f"{rnn_leak.steps[0].live_nodes} → {rnn_leak.steps[-1].live_nodes}" in line
+
+
+# ---------------------------------------------------------------- report, composing
+def test_report_location_is_printed(clean: Trace, tmp_path: Path) -> None:
+    console = Console(file=io.StringIO(), width=200)
+    print_summary(clean, console=console, report=tmp_path / "rep")
+    print_summary(clean, console=console, report=tmp_path / "rep" / "index.html")
+    lines = console.file.getvalue().splitlines()
+    assert lines.count(f"report: {tmp_path / 'rep' / 'index.html'}") == 2
+
+
+def test_summary_composes_with_other_renderables(clean: Trace) -> None:
+    out = render(Panel(Summary(clean, title="mlp"), title="example"))
+    assert "graphwatch: no graph leaks in 8 steps  (mlp)" in out and "example" in out
+
+
+# ------------------------------------------------------------------- colour or plain
+def test_terminal_gets_colour(rnn_leak: Trace) -> None:
+    assert ANSI.search(render(Summary(rnn_leak), terminal_=True))
+
+
+def test_plain_text_when_not_a_terminal(rnn_leak: Trace) -> None:
+    file = io.StringIO()
+    print_summary(rnn_leak, console=make_console(file))
+    assert "graph-carried-across-steps" in file.getvalue()
+    assert not ANSI.search(file.getvalue())
+
+
+@pytest.mark.parametrize("no_color", ["", "1"])
+def test_no_color_env_gives_plain_text_on_a_terminal(
+    rnn_leak: Trace, no_color: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FORCE_COLOR", "1")  # a terminal, as far as rich can tell
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.setenv("NO_COLOR", no_color)
+    print_summary(rnn_leak)
+    err = capsys.readouterr().err
+    assert "graphwatch: " in err and " in 30 steps" in err
+    assert bool(ANSI.search(err)) is not bool(no_color)
+
+
+def test_ascii_console_gets_ascii_text(rnn_leak: Trace) -> None:
+    console = Console(file=io.TextIOWrapper(io.BytesIO(), encoding="ascii"), width=120)
+    assert console.options.ascii_only
+    console.print(Summary(rnn_leak))
+    console.file.seek(0)
+    out = console.file.read()
+    assert out.isascii() and "graph-carried-across-steps" in out
+    spark = next(line for line in out.splitlines() if line.startswith("nodes alive")).split()[2]
+    assert spark[0] == "_" and spark[-1] == "@"
+
+
+@pytest.mark.parametrize("module", [terminal, charts, sources], ids=lambda m: m.__name__)
+def test_docstring_examples_run(module: object) -> None:
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted and not result.failed
