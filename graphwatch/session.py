@@ -27,6 +27,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -39,6 +40,7 @@ import torch
 
 from .analysis import LEAK_KINDS, FindingLog, explain_backward_twice, is_backward_twice, session_findings, step_findings
 from .capture import EnginePatch, Recorder, parse_engine_args, path_to, walk
+from .capture.call_mode import CallSiteMode
 from .capture.holders import find_holders
 from .capture.optimizer import GradResetTracker, OptimizerHooks
 from .capture.saved import make_chained_hooks, make_hooks
@@ -46,7 +48,7 @@ from .errors import BackwardTwiceError, GraphLeakError, UsageError
 from .rendering.dot import snapshot_dot
 from .model import BackwardRecord, Finding, NodeRecord, Snapshot, StepRecord, Trace, save_trace
 
-LEVELS = ("default", "light")
+LEVELS = ("default", "light", "precise")
 _CROSSING = "graph crosses steps"
 _OPTIONS = ("strict", "level", "summary", "out", "keep_steps", "snapshots", "max_snapshots")
 _lock = threading.Lock()
@@ -63,8 +65,9 @@ class Session:
 
     Options (keyword only):
       strict: raise :class:`~graphwatch.GraphLeakError` at the end of the first step with a leak finding.
-      level: ``"default"`` (saved tensors, graph walks, call sites) or ``"light"`` (backward calls and
-        steps only; the backward-twice error is still explained, with less detail).
+      level: ``"default"`` (saved tensors, graph walks, call sites), ``"light"`` (backward calls and
+        steps only; the backward-twice error is still explained, with less detail) or ``"precise"``
+        (default plus a TorchFunctionMode: the exact line of every node, at a higher cost).
       summary: print the terminal summary when the session ends.
       out: folder to write the HTML report, trace.json and SVG snapshots to when the session ends.
       keep_steps: per-node records are kept for this many recent steps (plus steps with findings).
@@ -104,7 +107,10 @@ class Session:
         self.out = Path(out) if out is not None else None
         if self.out is not None:
             _check_writable_folder(self.out)
-        self.snapshots = snapshots if isinstance(snapshots, str) else frozenset(int(s) for s in snapshots)
+        try:
+            self.snapshots = snapshots if isinstance(snapshots, str) else frozenset(int(s) for s in snapshots)
+        except (TypeError, ValueError):
+            raise UsageError(f"snapshots={snapshots!r}: use 'auto', 'off' or a list of step numbers") from None
         self.max_snapshots = max_snapshots
         self._recorder = Recorder(keep_steps)
         self._recorder.trace.options = {
@@ -190,7 +196,11 @@ class Session:
         try:
             if exc_type is not None:
                 self.trace.ended_early = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
-            self._finish_steps()
+            try:
+                self._finish_steps()
+            except GraphLeakError:
+                if exc_type is None:
+                    raise  # otherwise the user's exception propagates; the finding stays in gw.findings
         finally:
             self._uninstall()
         self._finalize()
@@ -198,12 +208,18 @@ class Session:
     def _install(self) -> None:
         recorder = self._recorder
         recorder.boundary_hook = self._pending_boundary
-        if self.level == "default":
+        if self.level == "precise":
+            recorder.precise = True
+            mode = CallSiteMode(recorder)
+            mode.__enter__()
+            self._installed.append(lambda: mode.__exit__(None, None, None))
+        if self.level != "light":
             outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
             hooks = make_chained_hooks(recorder, *outer) if outer is not None else make_hooks(recorder)
             context = torch.autograd.graph.saved_tensors_hooks(*hooks)
             context.__enter__()
             self._installed.append(lambda: context.__exit__(None, None, None))
+            self._installed.append(_step_aside_for_disable(hooks))
         patch = EnginePatch(self._on_engine).install()
         self._installed.append(patch.remove)
         optimizer_hooks = OptimizerHooks(self._before_optimizer, self._after_optimizer)
@@ -251,7 +267,7 @@ class Session:
         recorder = self._recorder
         current = recorder.current
         self._settle_retained(current)
-        if frame is not None and self.level == "default" and recorder.earlier_steps_alive():
+        if frame is not None and self.level != "light" and recorder.earlier_steps_alive():
             current.holders = find_holders(recorder, frame)
         record = recorder.end_step(source)
         new = [f for f in step_findings(self.trace, record) if self._log.add(f)]
@@ -301,8 +317,10 @@ class Session:
     # -------------------------------------------------------------- backward
     def _on_engine(self, run: Callable[..., Any], t_outputs: Any, args: tuple, kwargs: dict) -> Any:
         recorder = self._recorder
-        if not self._owns_thread() or recorder.backward is not None:
+        if not self._owns_thread() or recorder.backward is not None or _transforming():
             return run(t_outputs, *args, **kwargs)
+        if recorder.boundary_pending:  # a freeing backward ended the step and no pack hook has closed it
+            recorder.commit_boundary()
         roots, retain_graph, create_graph, accumulate = parse_engine_args(t_outputs, args, kwargs)
         record = BackwardRecord(
             id=len(self.trace.backwards),
@@ -312,7 +330,7 @@ class Session:
             retain_graph=retain_graph,
             create_graph=create_graph,
         )
-        freed = self._walk_before(record, roots, accumulate) if self.level == "default" else None
+        freed = self._walk_before(record, roots, accumulate) if self.level != "light" else None
         recorder.begin_backward(record)
         started = time.perf_counter()
         try:
@@ -386,6 +404,37 @@ class Session:
         self.trace.snapshots.append(Snapshot(step, reason, dot))
 
 
+def _transforming() -> bool:
+    """True while torch.compile traces (fake tensors) or a torch.func transform runs: no real backward."""
+    return torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def _step_aside_for_disable(hooks: tuple) -> Callable[[], None]:
+    """Make ``torch.autograd.graph.disable_saved_tensors_hooks`` (used by torch.func.grad, vjp, jacrev,
+    hessian) pop graphwatch's hooks for its block instead of failing; returns the undo."""
+    graph = torch.autograd.graph
+    original = graph.disable_saved_tensors_hooks
+
+    @contextmanager
+    def disable_saved_tensors_hooks(error_message: str) -> Iterator[None]:
+        ours = torch._C._autograd._top_saved_tensors_default_hooks(False) == hooks
+        if ours:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+        try:
+            with original(error_message):
+                yield
+        finally:
+            if ours:
+                torch._C._autograd._push_saved_tensors_default_hooks(*hooks)
+
+    graph.disable_saved_tensors_hooks = disable_saved_tensors_hooks
+
+    def undo() -> None:
+        graph.disable_saved_tensors_hooks = original
+
+    return undo
+
+
 def _root_records(roots: list[Any]) -> Iterator[Any]:
     from .capture.graph_walk import node_record
 
@@ -399,8 +448,15 @@ def _check_writable_folder(folder: Path) -> None:
     probe = folder
     while not probe.exists():
         probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK):
-        raise UsageError(f"cannot write the report to {folder}: {probe} is not a writable folder; pass out= a folder you can write")
+    try:
+        if not probe.is_dir():
+            raise NotADirectoryError
+        with tempfile.TemporaryFile(dir=probe):  # os.access says yes to root, even for /proc
+            pass
+    except OSError:
+        raise UsageError(
+            f"cannot write the report to {folder}: {probe} is not a writable folder; pass out= a folder you can write"
+        ) from None
 
 
 def watch(**options: Any) -> Session:

@@ -132,6 +132,9 @@ def _tag(recorder: Recorder, node: Any, info: _NodeType) -> NodeTag:
         record.saved.append(handle.record.id)
         if record.site is None:
             record.site = handle.record.site
+    if record.site is None:  # saves nothing: the line of the last pack at or before it
+        record.site = recorder.clock.site_of(record.seq)
+        record.site_inferred = record.site is not None
     tag = NodeTag(record, recorder)
     node.metadata[METADATA_KEY] = tag
     return tag
@@ -175,9 +178,6 @@ def walk(
         tag.mark = mark
         record = tag.record
         result.nodes_reached += 1
-        if record.site is None and parent is not None:
-            record.site = parent.site
-            record.site_inferred = True
         if reached is not None:
             reached.add(record.id)
         if record.step < step:

@@ -72,6 +72,7 @@ class Recorder:
         )
         self.sites = SiteTable(self.trace.sites)
         self.keep_steps = keep_steps
+        self.precise = False  # lines come from a CallSiteMode (the precise level)
         self.thread = threading.get_ident()
         self.clock = StepClock()
         self.step = 0
@@ -145,6 +146,8 @@ class Recorder:
 
     def saved_released(self, handle: SavedHandle) -> None:
         """Called by a handle's finalizer: autograd let go of the saved tensor."""
+        if self.closed:  # after the session: the trace keeps what was alive at its end
+            return
         record = handle.record
         record.freed_step = self.step
         backward = self.backward
@@ -170,6 +173,8 @@ class Recorder:
     # --------------------------------------------------------------- nodes
     def node_died(self, record: NodeRecord) -> None:
         """Called by a node tag's finalizer: the autograd node was destroyed."""
+        if self.closed:
+            return
         record.died_step = self.step
         self._live_nodes[record.step] -= 1
 
@@ -199,7 +204,7 @@ class Recorder:
             seq = self._pending_seq
         else:
             seq = self.clock.mark()
-        record.nodes_created = max(0, seq - self.step_seq - 1)
+        record.nodes_created = max(0, seq - self.step_seq)
         self._snapshot_live(record)
         self.trace.steps.append(record)
         self.step += 1
@@ -236,6 +241,7 @@ class Recorder:
         old = cutoff - 1
         if old < len(self.trace.steps):
             self.trace.steps[old].detail = False
+        self.clock.forget_before(self.clock.bounds[old + 1])
         for node_id in self._node_ids_by_step.pop(old, ()):
             self.trace.nodes.pop(node_id, None)
         saved = self.trace.saved

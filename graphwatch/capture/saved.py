@@ -85,10 +85,13 @@ def _new_handle(recorder: Recorder, tensor: torch.Tensor, dedupe: bool) -> Saved
     else:
         kind = "input"
     dtype = tensor.dtype
+    site = recorder.sites.here(3)
+    if not recorder.precise:  # the precise level notes lines per call instead
+        recorder.clock.note_site(site)
     record = SavedRecord(
         next(recorder.saved_ids),
         recorder.step,
-        recorder.sites.here(3),
+        site,
         size,
         kind,
         tensor.shape,

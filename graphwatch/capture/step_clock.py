@@ -1,10 +1,15 @@
-"""Which step created an autograd node, from its sequence number.
+"""Which step, and which line, created an autograd node: from its sequence number.
 
-Autograd numbers the nodes a thread creates in order (``node._sequence_nr()``).
-The clock creates one tiny probe node at each step boundary and remembers its
-number; a node's step is then the number of boundaries before it, found by
-bisection.  Nodes made before the session get step -1.  The numbers are per
-thread: the clock speaks for the thread that trains.
+Autograd numbers the nodes a thread creates in order (``node._sequence_nr()``)
+and ``torch._C._autograd._get_sequence_nr()`` reads the number the next node
+will get.  The clock notes that number at each step start; a node's step is
+the number of step starts at or before it, found by bisection (-1: made
+before the session).  The pack hook runs inside the op whose node was just
+numbered, so it also notes (number, line) whenever the line changes: a node
+that saves no tensor takes the line of the nearest pack at or before it.
+That is exact for the tensors a call returns (its last nodes); the first
+nodes of a composite call that saves nothing before them take the line of the
+call before.  The numbers are per thread: the clock speaks for the thread that trains.
 
 Example::
 
@@ -25,24 +30,51 @@ from bisect import bisect_right
 
 import torch
 
+next_sequence_nr = torch._C._autograd._get_sequence_nr
+_PRUNE_AT = 8192  # timeline entries before old ones are dropped
+
 
 class StepClock:
-    """Boundary sequence numbers, one per step start."""
+    """Step starts and line changes, both as node sequence numbers."""
 
     def __init__(self) -> None:
         self.bounds: list[int] = []
-        self._leaf = torch.zeros((), requires_grad=True)
+        self._line_seqs: list[int] = []
+        self._line_sites: list[int | None] = []
+        self._last_site: int | None = None
 
     def mark(self) -> int:
-        """Start a step: record (and return) the current sequence number."""
-        if torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
-            seq = self._leaf.view(()).grad_fn._sequence_nr()
-        else:
-            with torch.inference_mode(False), torch.enable_grad():
-                seq = self._leaf.view(()).grad_fn._sequence_nr()
+        """Start a step: record (and return) the sequence number its first node will get."""
+        seq = next_sequence_nr()
         self.bounds.append(seq)
         return seq
 
     def step_of(self, seq: int) -> int:
         """The step in which the node with sequence number ``seq`` was created (-1: before)."""
         return bisect_right(self.bounds, seq) - 1
+
+    def note_site(self, site: int | None) -> None:
+        """A pack hook at ``site`` runs inside the op whose node was numbered last."""
+        if site != self._last_site:
+            self._last_site = site
+            self._line_seqs.append(next_sequence_nr() - 1)
+            self._line_sites.append(site)
+
+    def note_call(self, first_seq: int, site: int | None) -> None:
+        """A torch call at ``site`` made the nodes numbered from ``first_seq`` on (the precise level)."""
+        self._line_seqs.append(first_seq)
+        self._line_sites.append(site)
+        self._last_site = site
+
+    def site_of(self, seq: int) -> int | None:
+        """The line of the last pack (or, at the precise level, call) at or before node ``seq``."""
+        i = bisect_right(self._line_seqs, seq) - 1
+        if i < 0:  # made before the first pack: the first line seen is the best guess
+            i = 0 if self._line_sites else -1
+        return self._line_sites[i] if i >= 0 else None
+
+    def forget_before(self, seq: int) -> None:
+        """Drop line changes older than ``seq`` once the timeline is long (nodes that old are pruned)."""
+        if len(self._line_seqs) > _PRUNE_AT:
+            cut = max(0, bisect_right(self._line_seqs, seq) - 1)
+            del self._line_seqs[:cut], self._line_sites[:cut]

@@ -71,19 +71,21 @@ def trace_to_dict(trace: Trace) -> dict:
 def _build(cls: type, row: dict, where: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     try:
+        if not isinstance(row, dict):
+            raise TypeError(f"expected an object, got {type(row).__name__}")
         record = cls(**{k: v for k, v in row.items() if k in names})
-    except TypeError as exc:
+        # JSON turns tuples into lists and int keys into strings: undo both.
+        for name in ("nodes_alive_by_step", "saved_alive_by_step"):
+            if hasattr(record, name):
+                setattr(record, name, {int(k): v for k, v in getattr(record, name).items()})
+        if isinstance(record, SavedRecord):
+            record.shape = tuple(record.shape)
+        if isinstance(record, BackwardRecord):
+            record.crossings = [tuple(c) for c in record.crossings]
+        if isinstance(record, StepRecord):
+            record.holders = [_build(Holder, h, where) for h in record.holders]
+    except (TypeError, ValueError, AttributeError) as exc:
         raise TraceFormatError(f"{where}: {exc}; the trace file is damaged - record the run again") from None
-    # JSON turns tuples into lists and int keys into strings: undo both.
-    for name in ("nodes_alive_by_step", "saved_alive_by_step"):
-        if hasattr(record, name):
-            setattr(record, name, {int(k): v for k, v in getattr(record, name).items()})
-    if isinstance(record, SavedRecord):
-        record.shape = tuple(record.shape)
-    if isinstance(record, BackwardRecord):
-        record.crossings = [tuple(c) for c in record.crossings]
-    if isinstance(record, StepRecord):
-        record.holders = [_build(Holder, h, where) for h in record.holders]
     return record
 
 
@@ -95,7 +97,11 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
             "pass a trace.json written by graphwatch (gw.save(path) or gw.report(dir))"
         )
     version = data.get("version")
-    if not isinstance(version, int) or version > VERSION:
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise TraceFormatError(
+            f"{source} has no valid trace version ({version!r}); the trace file is damaged - record the run again"
+        )
+    if version > VERSION:
         raise TraceFormatError(
             f"{source} has trace version {version!r}, newer than this graphwatch reads ({VERSION}); "
             "upgrade graphwatch (pip install -U graphwatch) to read it"
@@ -116,7 +122,7 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
 
 def _rows(value: Any, name: str, source: str) -> list[dict]:
     if not isinstance(value, list) or not all(isinstance(row, dict) for row in value):
-        raise TraceFormatError(f"{source}: field {name!r} should be a list of objects; the trace file is damaged")
+        raise TraceFormatError(f"{source}: field {name!r} should be a list of objects; the trace file is damaged - record the run again")
     return value
 
 

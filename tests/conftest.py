@@ -1,0 +1,60 @@
+"""Shared fixtures of graphwatch's own tests.
+
+Kept small on purpose.  Nothing here is autouse and nothing is named like the
+``graphwatch`` pytest plugin (fixture ``graphwatch_session``, marker
+``graphwatch``), so the plugin's tests can share this folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import graphwatch
+
+
+@pytest.fixture
+def no_session_left():
+    """Fail a test that leaves a graphwatch session active (and clean up after it)."""
+    yield
+    session = graphwatch.active_session()
+    if session is not None:
+        session.__exit__(None, None, None)
+        pytest.fail("the test left a graphwatch session active")
+
+
+@pytest.fixture
+def bare_and_watched() -> Callable[..., tuple[Any, Any, graphwatch.Session]]:
+    """``run(fn, **options)``: call ``fn()`` bare, then again inside ``graphwatch.watch(summary=False, **options)``.
+
+    ``fn`` must build everything it uses from a fixed seed (it is called
+    twice); the seed is reset before each call.  Returns (bare result,
+    watched result, session).
+    """
+
+    def run(fn: Callable[[], Any], **options: Any) -> tuple[Any, Any, graphwatch.Session]:
+        torch.manual_seed(0)
+        bare = fn()
+        torch.manual_seed(0)
+        with graphwatch.watch(summary=False, **options) as gw:
+            watched = fn()
+        return bare, watched, gw
+
+    return run
+
+
+def assert_all_equal(bare: dict[str, torch.Tensor], watched: dict[str, torch.Tensor]) -> None:
+    """Every named tensor bit-identical (torch.equal), and the same names on both sides."""
+    assert bare.keys() == watched.keys()
+    assert bare, "nothing was compared"
+    different = [name for name in bare if not torch.equal(bare[name], watched[name])]
+    assert not different, f"differ with graphwatch: {different}"
+
+
+@pytest.fixture
+def same_tensors() -> Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], None]:
+    """``check(bare, watched)``: every named tensor bit-identical on both sides."""
+    return assert_all_equal

@@ -1,0 +1,231 @@
+"""``gw.save(path)`` / ``graphwatch.load(path)``: a versioned JSON trace, written atomically.
+
+A file graphwatch cannot read raises :class:`graphwatch.TraceFormatError`
+whose message names the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+
+import pytest
+import torch
+import torch.nn as nn
+
+import graphwatch
+from graphwatch.model import FORMAT, VERSION
+
+pytestmark = pytest.mark.usefixtures("no_session_left")
+
+
+@pytest.fixture(scope="module")
+def rich_session() -> graphwatch.Session:
+    """A session whose trace has every kind of record: nodes, saved tensors, retained and failed
+    backwards, holders, crossings, snapshots and findings with evidence."""
+    torch.manual_seed(0)
+    w = torch.randn(4, 4, requires_grad=True)
+    head = nn.Linear(4, 1)
+    opt = torch.optim.SGD(head.parameters(), lr=0.01)
+    losses = []
+    with graphwatch.watch(summary=False) as gw:
+        h = torch.zeros(4)
+        for _ in range(6):
+            with gw.step():
+                h = torch.tanh(w @ h + torch.randn(4))  # carried across steps without detach
+                loss = head(h).sum()
+                losses.append(loss)  # keeps every graph alive
+                loss.backward(retain_graph=True)
+                opt.step()  # no zero_grad
+        with gw.step():
+            y = w.exp().sum()
+            y.backward()
+            with pytest.raises(RuntimeError):
+                y.backward()  # through the freed graph
+    return gw
+
+
+def _as_dicts(trace: graphwatch.Trace) -> dict:
+    return dataclasses.asdict(trace)
+
+
+def test_rich_session_has_every_kind_of_record(rich_session):
+    """Guards the round-trip test below against comparing empty traces."""
+    trace = rich_session.trace
+    assert trace.nodes and trace.saved and trace.sites and trace.snapshots
+    assert any(b.crossings for b in trace.backwards) and any(b.error for b in trace.backwards)
+    assert any(s.holders for s in trace.steps) and any(s.nodes_alive_by_step for s in trace.steps)
+    assert {f.kind for f in trace.findings} >= {"graph-carried-across-steps", "backward-through-freed-graph", "retained-graph"}
+
+
+def test_save_then_load_round_trips_every_record(rich_session, tmp_path):
+    path = tmp_path / "trace.json"
+    assert rich_session.save(path) == path
+    loaded = graphwatch.load(path)
+    assert isinstance(loaded, graphwatch.Trace)
+    assert loaded == rich_session.trace
+    assert _as_dicts(loaded) == _as_dicts(rich_session.trace)
+    # tuples and int keys come back as tuples and ints, not JSON's lists and strings
+    step = next(s for s in loaded.steps if s.nodes_alive_by_step)
+    assert all(type(k) is int for k in step.nodes_alive_by_step)
+    assert all(type(s.shape) is tuple for s in loaded.saved.values())
+    assert all(type(c) is tuple for b in loaded.backwards for c in b.crossings)
+    assert all(type(k) is int for k in loaded.nodes)
+
+
+def test_saved_file_is_versioned_json(rich_session, tmp_path):
+    path = rich_session.save(tmp_path / "trace.json")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert (data["format"], data["version"]) == (FORMAT, VERSION) == ("graphwatch-trace", 1)
+
+
+def test_save_of_a_loaded_trace_writes_the_same_file(rich_session, tmp_path):
+    first = rich_session.save(tmp_path / "a.json")
+    from graphwatch.model import save_trace
+
+    save_trace(graphwatch.load(first), tmp_path / "b.json")
+    assert (tmp_path / "b.json").read_bytes() == first.read_bytes()
+
+
+def test_save_leaves_no_temporary_file_and_replaces_an_existing_file_whole(rich_session, tmp_path):
+    path = tmp_path / "trace.json"
+    path.write_text("x" * 5_000_000)  # an older, much larger file
+    rich_session.save(path)
+    assert os.listdir(tmp_path) == ["trace.json"]
+    text = path.read_text(encoding="utf-8")
+    assert "x" * 100 not in text
+    assert graphwatch.load(path) == rich_session.trace
+
+
+def test_failed_save_keeps_the_old_file_and_leaves_no_temporary_file(rich_session, tmp_path, monkeypatch):
+    path = tmp_path / "trace.json"
+    rich_session.save(path)
+    before = path.read_bytes()
+
+    def replace_fails(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", replace_fails)  # the failure happens after the whole text was written
+    with pytest.raises(graphwatch.UsageError, match="No space left on device"):
+        rich_session.save(path)
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["trace.json"]
+    assert path.read_bytes() == before
+
+
+def test_unserialisable_trace_does_not_touch_the_old_file(tmp_path):
+    path = tmp_path / "trace.json"
+    with graphwatch.watch(summary=False) as gw:
+        pass
+    gw.save(path)
+    before = path.read_bytes()
+    gw.trace.options["bad"] = object()  # json cannot write this
+    with pytest.raises(TypeError):
+        gw.save(path)
+    assert os.listdir(tmp_path) == ["trace.json"]
+    assert path.read_bytes() == before
+
+
+def test_saved_trace_has_the_permissions_of_a_normally_written_file(rich_session, tmp_path):
+    umask = os.umask(0)
+    os.umask(umask)
+    normal = tmp_path / "normal.json"
+    normal.write_text("{}")
+    path = rich_session.save(tmp_path / "trace.json")
+    assert stat.S_IMODE(path.stat().st_mode) == stat.S_IMODE(normal.stat().st_mode) == 0o666 & ~umask
+
+
+# ------------------------------------------------------------ load errors
+def _load_error(path) -> str:
+    with pytest.raises(graphwatch.TraceFormatError) as raised:
+        graphwatch.load(path)
+    assert isinstance(raised.value, graphwatch.GraphwatchError)
+    return str(raised.value)
+
+
+def test_load_of_foreign_json_names_the_fix(tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"a": 1}))
+    message = _load_error(path)
+    assert "is not a graphwatch trace" in message and str(path) in message
+    assert "pass a trace.json written by graphwatch" in message
+
+
+def test_load_of_a_json_list_names_the_fix(tmp_path):
+    path = tmp_path / "list.json"
+    path.write_text("[1, 2, 3]")
+    assert "is not a graphwatch trace" in _load_error(path)
+
+
+def test_load_of_a_newer_version_names_the_fix(tmp_path):
+    path = tmp_path / "new.json"
+    path.write_text(json.dumps({"format": FORMAT, "version": 999}))
+    message = _load_error(path)
+    assert "999" in message and "newer" in message
+    assert "upgrade graphwatch" in message
+
+
+def test_load_of_truncated_json_names_the_fix(rich_session, tmp_path):
+    full = rich_session.save(tmp_path / "full.json").read_bytes()
+    path = tmp_path / "truncated.json"
+    path.write_bytes(full[: len(full) // 2])
+    message = _load_error(path)
+    assert "not valid JSON" in message and "truncated or corrupted" in message
+    assert "record the run again" in message
+
+
+def test_load_of_an_empty_file_names_the_fix(tmp_path):
+    path = tmp_path / "empty.json"
+    path.write_text("")
+    assert "record the run again" in _load_error(path)
+
+
+def test_load_of_a_missing_path_names_the_fix(tmp_path):
+    path = tmp_path / "nowhere" / "trace.json"
+    message = _load_error(path)
+    assert "does not exist" in message and str(path) in message
+    assert "pass the trace.json a session wrote" in message
+
+
+def test_load_of_a_binary_file_names_the_fix(tmp_path):
+    path = tmp_path / "model.pt"
+    torch.save({"w": torch.randn(64)}, path)  # a real binary file users might pass by mistake
+    message = _load_error(path)
+    assert str(path) in message
+    assert "pass the trace.json a session wrote" in message or "record the run again" in message
+
+
+def test_load_of_a_directory_names_the_fix(tmp_path):
+    assert "pass the trace.json a session wrote" in _load_error(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param({"steps": 5}, id="field-not-a-list"),
+        pytest.param({"steps": [{"index": 0}]}, id="record-missing-a-field"),
+        pytest.param({"steps": [{"index": 0, "source": "optimizer", "nodes_alive_by_step": 5}]}, id="mapping-not-an-object"),
+        pytest.param(
+            {"steps": [{"index": 0, "source": "optimizer", "saved_alive_by_step": {"x": 1}}]}, id="step-key-not-a-number"
+        ),
+        pytest.param(
+            {"saved": [{"id": 0, "step": 0, "site": None, "nbytes": 1, "kind": "activation", "shape": 5}]},
+            id="shape-not-a-list",
+        ),
+        pytest.param({"steps": [{"index": 0, "source": "optimizer", "holders": [5]}]}, id="holder-not-an-object"),
+    ],
+)
+def test_load_of_a_damaged_trace_names_the_fix(tmp_path, damage):
+    path = tmp_path / "damaged.json"
+    path.write_text(json.dumps({"format": FORMAT, "version": VERSION, **damage}))
+    message = _load_error(path)
+    assert "damaged" in message and "record the run again" in message
+
+
+def test_load_of_a_non_integer_version_is_not_called_newer(tmp_path):
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps({"format": FORMAT, "version": "1"}))
+    message = _load_error(path)
+    assert "newer" not in message and "upgrade" not in message
