@@ -16,7 +16,13 @@ from pathlib import Path
 
 from .analysis import FINDING_KINDS
 from .decorator import step
-from .errors import BackwardTwiceError, GraphLeakError, GraphwatchError, TraceFormatError, UsageError
+from .errors import (
+    BackwardTwiceError,
+    GraphLeakError,
+    GraphwatchError,
+    TraceFormatError,
+    UsageError,
+)
 from .model import Finding, Trace, load_trace
 from .rendering.dot import make_dot
 from .session import Session, active_session, watch

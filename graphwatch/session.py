@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -38,15 +39,31 @@ from typing import Any
 
 import torch
 
-from .analysis import LEAK_KINDS, FindingLog, explain_backward_twice, is_backward_twice, session_findings, step_findings
+from .analysis import (
+    LEAK_KINDS,
+    FindingLog,
+    explain_backward_twice,
+    is_backward_twice,
+    session_findings,
+    step_findings,
+)
 from .capture import EnginePatch, Recorder, parse_engine_args, path_to, walk
 from .capture.call_mode import CallSiteMode
 from .capture.holders import find_holders
 from .capture.optimizer import GradResetTracker, OptimizerHooks
 from .capture.saved import make_chained_hooks, make_hooks
 from .errors import BackwardTwiceError, GraphLeakError, UsageError
+from .model import (
+    BackwardRecord,
+    Finding,
+    NodeRecord,
+    Snapshot,
+    StepRecord,
+    Trace,
+    save_trace,
+)
 from .rendering.dot import snapshot_dot
-from .model import BackwardRecord, Finding, NodeRecord, Snapshot, StepRecord, Trace, save_trace
+from .signals import SignalGuard
 
 LEVELS = ("default", "light", "precise")
 _CROSSING = "graph crosses steps"
@@ -189,7 +206,8 @@ class Session:
         except BaseException:
             self._uninstall()
             raise
-        self._entered_at = self.trace.where(self._recorder.sites.here(2))
+        site = self._recorder.sites.here(2)
+        self._entered_at = self.trace.where(site) if site is not None else "graphwatch run (or @graphwatch.step)"
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
@@ -203,7 +221,7 @@ class Session:
                     raise  # otherwise the user's exception propagates; the finding stays in gw.findings
         finally:
             self._uninstall()
-        self._finalize()
+            self._finalize()  # session findings, report and summary, even when a strict step raised
 
     def _install(self) -> None:
         recorder = self._recorder
@@ -224,6 +242,9 @@ class Session:
         self._installed.append(patch.remove)
         optimizer_hooks = OptimizerHooks(self._before_optimizer, self._after_optimizer)
         self._installed.append(optimizer_hooks.remove)
+        interrupts = SignalGuard(signals=(signal.SIGINT,)).__enter__()  # a Ctrl-C in a finalizer is not lost
+        interrupts.arm()
+        self._installed.append(lambda: interrupts.__exit__(None, None, None))
 
     def _uninstall(self) -> None:
         global _active

@@ -1,0 +1,235 @@
+"""The ``graphwatch`` command (also ``python -m graphwatch``).
+
+Subcommands::
+
+    graphwatch run [--out DIR] [--strict] [--quiet] SCRIPT [ARGS...]   watch an unchanged training script
+    graphwatch demo [--out DIR]                                         the bundled bug examples, one report
+    graphwatch report TRACE.json [TRACE2.json ...] [--out DIR]          re-render saved traces
+
+Exit codes of ``graphwatch run``: the script's own (0, ``sys.exit(n)``, 1 for
+an uncaught exception, 130 for Ctrl-C); 143 when stopped by SIGTERM (the
+report is still written and says the run ended early); 3 with ``--strict``
+when the script succeeded but graphwatch found a leak (a kind in
+``graphwatch.analysis.LEAK_KINDS``).  Every subcommand exits 2 with a one-line
+``graphwatch: error: ...`` for a user error (missing script, unreadable or
+foreign trace, unwritable output folder, bad option).
+
+Example::
+
+    >>> from graphwatch.cli import main
+    >>> main(["report", "no-such-trace.json"])  # doctest: +SKIP
+    graphwatch: error: no-such-trace.json does not exist; pass the trace.json a session wrote
+    2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .errors import TraceFormatError, UsageError
+from .runner import (
+    EXIT_SIGTERM,
+    check_out_dir,
+    print_script_exception,
+    run_script,
+    write_report,
+)
+from .session import LEVELS
+from .signals import SignalGuard
+
+EXIT_USAGE = 2  # a user error: nothing ran, or the report could not be written
+EXIT_STRICT = 3  # --strict: the script succeeded but leaks a graph
+DEFAULT_RUN_OUT = "graphwatch-report"
+DEFAULT_DEMO_OUT = "graphwatch-demo"
+
+
+def error(message: str) -> int:
+    """Print ``graphwatch: error: MESSAGE`` on stderr; return the usage-error exit code."""
+    print(f"graphwatch: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+# ------------------------------------------------------------------ run
+def cmd_run(args: argparse.Namespace) -> int:
+    """``graphwatch run``: the script's exit code, 143 after SIGTERM, or 3 for --strict leaks."""
+    out = check_out_dir(args.out)
+    options = {"level": args.level}
+    show_progress = not (args.quiet or args.no_progress)
+    with SignalGuard() as guard:
+        run = run_script(
+            args.script, args.args, session_options=options, guard=guard,
+            progress=Path(args.script).name if show_progress else None,
+        )
+        if run.error is not None and not run.terminated:
+            print_script_exception(run.error)
+        sys.stdout.flush()
+        report = write_report(run.trace, out)
+        if not args.quiet:
+            from .rendering.terminal import print_summary
+
+            print_summary(run.trace, report=out)
+        if guard.terminated or run.terminated:
+            print(f"graphwatch: stopped by SIGTERM; the report (marked as ended early) is at {report}", file=sys.stderr)
+            return EXIT_SIGTERM
+    if run.exit_code == 0 and args.strict and run.leaks:
+        kinds = ", ".join(sorted({f.kind for f in run.leaks}))
+        print(f"graphwatch: --strict: {len(run.leaks)} leak finding(s) ({kinds}); exit {EXIT_STRICT}", file=sys.stderr)
+        return EXIT_STRICT
+    return run.exit_code
+
+
+# --------------------------------------------------------------- report
+def cmd_report(args: argparse.Namespace) -> int:
+    """``graphwatch report``: re-render one or more saved traces into one report."""
+    from . import load
+
+    loaded = [(label, load(path)) for label, path in zip(trace_labels(args.traces), args.traces)]
+    out = check_out_dir(args.out)
+    report = write_report(loaded[0][1] if len(loaded) == 1 else loaded, out)
+    if not args.quiet:
+        from .rendering.terminal import Summary, make_console
+
+        console = make_console(sys.stdout)
+        for label, trace in loaded:
+            console.print(Summary(trace, title=label if len(loaded) > 1 else None))
+    print(f"report: {report}")
+    return 0
+
+
+def trace_labels(paths: Sequence[str]) -> list[str]:
+    """Names for trace files in a combined report: each file's stem, or its folder's name for ``.../trace.json``.
+
+    Example::
+
+        >>> trace_labels(["runs/lstm/trace.json", "baseline.json", "old/baseline.json"])
+        ['lstm', 'baseline', 'baseline (2)']
+    """
+    labels: list[str] = []
+    for name in paths:
+        path = Path(name)
+        label = path.resolve().parent.name if path.stem == "trace" and path.resolve().parent.name else path.stem
+        count = sum(1 for seen in labels if seen == label or seen.startswith(f"{label} ("))
+        labels.append(f"{label} ({count + 1})" if count else label)
+    return labels
+
+
+# ----------------------------------------------------------------- demo
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``graphwatch demo``: see :func:`graphwatch.demo.run_demo`."""
+    from .demo import run_demo
+
+    return run_demo(check_out_dir(args.out), progress=not args.no_progress)
+
+
+# --------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``graphwatch`` command, with its three subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="graphwatch",
+        description="Watch the lifecycle of PyTorch autograd graphs: graphs kept across steps, retained graphs "
+        "never freed, backward through a freed graph.",
+        epilog="Run `graphwatch COMMAND --help` for each command's options.",
+    )
+    parser.add_argument("--version", action="version", version=version_text())
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = _add(commands, "run", cmd_run, "run an unchanged training script under graphwatch",
+               "Runs SCRIPT as `python SCRIPT ARGS...` would, inside a graphwatch session (a step ends at each "
+               "optimizer.step()), prints the summary on stderr and writes the HTML report. The script's output and "
+               "exit code are kept. Exit codes: the script's own; 143 when stopped by SIGTERM (the report is still "
+               "written); 3 with --strict when the script succeeded but leaks a graph; 2 for a usage error.")
+    run.add_argument("--out", metavar="DIR", default=DEFAULT_RUN_OUT, help=f"report folder (default: {DEFAULT_RUN_OUT})")
+    run.add_argument("--strict", action="store_true", help=f"exit {EXIT_STRICT} when graphwatch finds a leak, even if the script succeeded")
+    run.add_argument("--quiet", "-q", action="store_true", help="print no summary and no progress (errors only)")
+    run.add_argument("--no-progress", action="store_true", help="no status line while the script runs")
+    run.add_argument("--level", choices=LEVELS, default="default", help="what to record (default: %(default)s; 'light': backward calls and steps only)")
+    run.add_argument("script", metavar="SCRIPT", help="the Python script to run")
+    run.add_argument("args", metavar="ARGS", nargs="*", default=[], help="arguments for the script, passed on as they are (`--` too)")
+
+    demo = _add(commands, "demo", cmd_demo, "run the bundled bug examples and their fixes; write one report",
+                "Runs each bundled example (examples/*_bug.py and its *_fixed.py twin) in its own session, prints "
+                "what graphwatch found in each bug and whether each fix is clean, and writes one HTML report. "
+                "Exit 1 if a bug went undetected or a fix was not clean.")
+    demo.add_argument("--out", metavar="DIR", default=DEFAULT_DEMO_OUT, help=f"report folder (default: {DEFAULT_DEMO_OUT})")
+    demo.add_argument("--no-progress", action="store_true", help="no status line while the examples run")
+
+    report = _add(commands, "report", cmd_report, "re-render saved traces (trace.json) into an HTML report",
+                  "Reads traces written by gw.save(path) or a report's trace.json and writes the HTML report again; "
+                  "several traces go into one report.")
+    report.add_argument("traces", metavar="TRACE.json", nargs="+", help="trace file(s) to render")
+    report.add_argument("--out", metavar="DIR", default=DEFAULT_RUN_OUT, help=f"report folder (default: {DEFAULT_RUN_OUT})")
+    report.add_argument("--quiet", "-q", action="store_true", help="print only where the report is")
+    return parser
+
+
+def _add(
+    commands: Any, name: str, handler: Callable[[argparse.Namespace], int], summary: str, description: str
+) -> argparse.ArgumentParser:
+    sub = commands.add_parser(name, help=summary, description=description)
+    sub.set_defaults(handler=handler)
+    return sub
+
+
+def version_text() -> str:
+    """``graphwatch X.Y.Z (torch A.B.C, Python D.E.F)``."""
+    import platform
+
+    import torch
+
+    return f"graphwatch {__version__} (torch {torch.__version__}, Python {platform.python_version()})"
+
+
+# Options of `graphwatch run` followed by a value (checked against the parser by the tests).
+RUN_VALUE_OPTIONS = frozenset({"--out", "--level"})
+
+
+def split_script_args(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """Split a command line at ``run``'s SCRIPT: (what graphwatch parses, the script's arguments verbatim).
+
+    argparse would drop a ``--`` meant for the script; ``python SCRIPT ARGS`` keeps it, and so does this.
+    The second item is None when the command is not ``run``.
+
+    Example::
+
+        >>> split_script_args(["run", "--out", "r", "train.py", "--", "--lr", "1"])
+        (['run', '--out', 'r', 'train.py'], ['--', '--lr', '1'])
+        >>> split_script_args(["report", "trace.json"])
+        (['report', 'trace.json'], None)
+    """
+    argv = list(argv)
+    command = next((i for i, token in enumerate(argv) if not token.startswith("-")), None)
+    if command is None or argv[command] != "run":
+        return argv, None
+    i = command + 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return argv[: i + 2], argv[i + 2 :]
+        if not token.startswith("-"):
+            return argv[: i + 1], argv[i + 1 :]
+        i += 2 if token in RUN_VALUE_OPTIONS else 1
+    return argv, []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``graphwatch`` console script; returns the process exit code."""
+    parser = build_parser()
+    own, script_args = split_script_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(own)
+    if script_args is not None:
+        args.args = script_args
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(args.handler(args))
+    except (UsageError, TraceFormatError) as exc:
+        return error(str(exc))
+    except KeyboardInterrupt:
+        print("graphwatch: interrupted", file=sys.stderr)
+        return 130
