@@ -206,6 +206,7 @@ class Session:
         except BaseException:
             self._uninstall()
             raise
+        self.trace.rank, self.trace.world_size = _rank_and_world_size()
         site = self._recorder.sites.here(2)
         self._entered_at = self.trace.where(site) if site is not None else "graphwatch run (or @graphwatch.step)"
         return self
@@ -269,12 +270,17 @@ class Session:
         self._recorder.close()
         for finding in session_findings(self.trace):
             self._log.add(finding)
-        if self.out is not None:
-            self.report(self.out)
-        if self.print_summary:
+        trace = self.trace
+        trace.rank, trace.world_size = _rank_and_world_size(trace.rank, trace.world_size)
+        out = self.out
+        if out is not None:
+            if (trace.world_size or 1) > 1:  # one folder per rank: no two ranks write one file
+                out = out / f"rank{trace.rank}"
+            self.report(out)
+        if self.print_summary and not trace.rank:  # rank 0 (or no distributed job) prints
             from .rendering.terminal import print_summary
 
-            print_summary(self.trace, report=self.out)
+            print_summary(trace, report=out)
 
     def _require_active(self, what: str) -> None:
         if not self.active:
@@ -454,6 +460,17 @@ def _step_aside_for_disable(hooks: tuple) -> Callable[[], None]:
         graph.disable_saved_tensors_hooks = original
 
     return undo
+
+
+def _rank_and_world_size(rank: int | None = None, world_size: int | None = None) -> tuple[int | None, int | None]:
+    """This process's rank in a torch.distributed job (initialised, or launched by torchrun), else as given."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    try:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return rank, world_size
 
 
 def _root_records(roots: list[Any]) -> Iterator[Any]:

@@ -1,7 +1,15 @@
-"""Analysis: pure functions from recorded steps to :class:`~graphwatch.model.Finding` s."""
+"""Analysis: pure functions from recorded steps to :class:`~graphwatch.model.Finding` s.
 
-from .detectors import FINDING_KINDS, LEAK_KINDS, FindingLog, step_findings
+Example::
+
+    >>> from graphwatch.analysis import FINDING_KINDS
+    >>> FINDING_KINDS[0]
+    'backward-through-freed-graph'
+"""
+
+from .detectors import FINDING_KINDS, LEAK_KINDS, step_findings
 from .explain import explain_backward_twice, is_backward_twice
+from .findings import FindingLog
 from .growth import session_findings
 
 __all__ = [

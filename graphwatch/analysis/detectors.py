@@ -1,9 +1,8 @@
-"""Detectors: pure functions from recorded steps to findings.
+"""Detectors: pure functions from a finished step's records to findings.
 
-``step_findings`` runs at each step end on that step's records;
-``session_findings`` runs once at the end on the whole trace.  A
-:class:`FindingLog` merges repeats of one problem (same kind, same line) into
-one finding whose evidence lists every step it was seen in.
+``step_findings`` runs at each step end on that step's records (and the trace
+so far); :func:`graphwatch.analysis.session_findings` runs once at the end.
+Repeats of one problem merge into one finding (see :mod:`.findings`).
 
 Example::
 
@@ -16,7 +15,19 @@ Example::
 from __future__ import annotations
 
 from ..model import BackwardRecord, Finding, StepRecord, Trace
-from .evidence import describe_site, human_bytes, outermost_assignment
+from .evidence import (
+    backwards_of,
+    carrier_line,
+    describe,
+    describe_site,
+    detach_line,
+    human_bytes,
+    line_runs_in,
+    optimizer_name,
+    step_name,
+)
+from .findings import make_finding, renderer
+from .leaks import graph_kept_alive, retained_graph
 
 FINDING_KINDS = (
     "backward-through-freed-graph",
@@ -28,186 +39,146 @@ FINDING_KINDS = (
 )
 # Kinds that mean a graph outlives the step that made it: a strict session fails on them.
 LEAK_KINDS = frozenset({"graph-carried-across-steps", "retained-graph", "graph-kept-alive", "memory-growth"})
-_MAX_STEPS_LISTED = 50
+
+__all__ = ["FINDING_KINDS", "LEAK_KINDS", "carried_across_steps", "loops_back", "missing_zero_grad", "step_findings"]
 
 
-class FindingLog:
-    """Findings of a session, one per (kind, key line), in the order first seen."""
+def loops_back(trace: Trace, backward: BackwardRecord) -> bool:
+    """True if the earlier-step nodes ``backward`` reached were made after a backward on the same line.
 
-    def __init__(self, findings: list[Finding]) -> None:
-        self.findings = findings
-        self._index = {(f.kind, f.evidence.get("key")): f for f in findings}
-
-    def add(self, finding: Finding) -> bool:
-        """Add ``finding``; True if it is new, False if it merged into an earlier one."""
-        key = (finding.kind, finding.evidence.get("key"))
-        old = self._index.get(key)
-        if old is None:
-            self._index[key] = finding
-            self.findings.append(finding)
-            return True
-        steps = sorted(set(old.evidence.get("steps", [])) | set(finding.evidence.get("steps", [])))
-        per_step = (old.evidence.get("per_step", []) + finding.evidence.get("per_step", []))[-_MAX_STEPS_LISTED:]
-        old.message, old.fix = finding.message, finding.fix
-        old.evidence.update(finding.evidence)
-        old.evidence["steps"] = steps[:_MAX_STEPS_LISTED] + steps[-1:] if len(steps) > _MAX_STEPS_LISTED else steps
-        old.evidence["occurrences"] = old.evidence.get("occurrences", 1) + 1
-        if per_step:
-            old.evidence["per_step"] = per_step
+    That is a training loop coming round with a graph from its previous
+    iteration (an RNN state, a cached tensor); two different backwards
+    sharing one forward across an optimizer step (a GAN's D and G steps) is not.
+    """
+    earlier = [s for s in backward.earlier_steps if s < backward.step]
+    if not earlier:
         return False
-
-
-def _backwards_of(trace: Trace, step: StepRecord) -> list[BackwardRecord]:
-    return [trace.backwards[i] for i in step.backwards]
+    where, first = trace.where(backward.site), min(earlier)
+    for index in range(backward.id - 1, -1, -1):
+        earlier_backward = trace.backwards[index]
+        if earlier_backward.step < first:
+            return False
+        if earlier_backward.step < backward.step and trace.where(earlier_backward.site) == where:
+            return True
+    return False
 
 
 def carried_across_steps(trace: Trace, step: StepRecord) -> list[Finding]:
-    """A backward of this step ran through nodes an earlier step's backward already ran through."""
+    """A backward of this step ran through nodes that a backward of an earlier iteration already ran through."""
     findings = []
-    for bw in _backwards_of(trace, step):
-        if not bw.earlier_nodes_reached:
+    for bw in backwards_of(trace, step):
+        if not bw.earlier_nodes_reached or not loops_back(trace, bw):
             continue
-        carriers = [trace.nodes.get(child) for _, child in bw.crossings]
-        carrier = next((c for c in carriers if c is not None), None)
-        site, name = outermost_assignment(trace, carrier.site if carrier else None)
-        where = f"{site.where} (`{site.source}`)" if site else "<unknown line>"
-        tensor = f"`{name}`" if name else "a tensor"
-        share = bw.earlier_nodes_reached / max(bw.nodes_reached, 1)
-        steps_back = sorted(s for s in bw.earlier_steps if s < bw.step)
-        message = (
-            f"the backward at {describe_site(trace, bw.site)} in step {bw.step} runs through "
-            f"{bw.earlier_nodes_reached} nodes of earlier steps ({share:.0%} of the {bw.nodes_reached} it "
-            f"reaches, about {share * bw.seconds * 1e3:.2f} ms of its {bw.seconds * 1e3:.2f} ms), back to "
-            f"{'before the session' if steps_back and steps_back[0] < 0 else f'step {steps_back[0]}' if steps_back else 'an earlier step'}: "
-            f"{tensor} produced at {where} carries the graph from one step into the next, so every "
-            "backward is slower than the last"
-        )
-        target = name or "the tensor"
-        fix = f"`{target} = {target}.detach()` at the start of each step (after {site.where if site else 'the line that makes it'})"
-        findings.append(
-            Finding(
-                "graph-carried-across-steps",
-                "error" if bw.error else "warning",
-                bw.step,
-                message,
-                fix,
-                {
-                    "key": site.where if site else None,
-                    "sites": [trace.where(bw.site)] + ([site.where] if site else []),
-                    "steps": [bw.step],
-                    "per_step": [[bw.step, bw.earlier_nodes_reached, bw.nodes_reached, round(bw.seconds, 6)]],
-                    "carrier": name,
-                },
-            )
-        )
+        pairs = [(trace.nodes.get(p), trace.nodes.get(c)) for p, c in bw.crossings]
+        user, carrier = next(((p, c) for p, c in pairs if c is not None), (None, None))
+        site, name = carrier_line(trace, carrier) if carrier else (None, None)
+        earliest = min(s for s in bw.earlier_steps if s < bw.step)
+        used = trace.site(user.site) if user is not None else None
+        recurrent = site is not None and line_runs_in(trace, site.where, bw.step)
+        evidence = {
+            "key": site.where if site else trace.where(bw.site),
+            "sites": list(dict.fromkeys(w.where for w in (site, used, trace.site(bw.site)) if w is not None)),
+            "steps": [bw.step],
+            "backward": describe_site(trace, bw.site),
+            "carrier": name,
+            "detach": detach_line(site.source, name) if site and name else None,
+            "carrier_at": describe(site) if site else None,
+            "carrier_where": site.where if site else None,
+            "carrier_step": carrier.step if carrier else earliest,
+            "used_at": describe(used) if used and used is not site else None,
+            "pattern": "recurrent" if recurrent else "cached",
+            "per_step": [[bw.step, bw.earlier_nodes_reached, bw.nodes_reached, round(bw.seconds, 6), earliest]],
+            "failed": bw.error is not None,
+            "bytes": sum(b for s, b in step.saved_alive_by_step.items() if s < step.index),
+        }
+        severity = "error" if bw.error else "warning"
+        findings.append(make_finding("graph-carried-across-steps", severity, bw.step, evidence))
     return findings
 
 
-def retained_graph(trace: Trace, step: StepRecord) -> list[Finding]:
-    """``retain_graph=True`` on a backward whose graph no later backward used."""
-    findings = []
-    for bw in _backwards_of(trace, step):
-        if not bw.retain_graph or bw.graph_reused or not bw.held_bytes or bw.error:
-            continue
-        where = describe_site(trace, bw.site)
-        findings.append(
-            Finding(
-                "retained-graph",
-                "warning",
-                bw.step,
-                f"the backward at {where} passes retain_graph=True, but no later backward in step {bw.step} "
-                f"runs through that graph: {human_bytes(bw.held_bytes)} of saved tensors stay alive past the "
-                "step instead of being freed",
-                f"drop retain_graph=True at {trace.where(bw.site)}: keep it only on a backward that another "
-                "backward of the same graph follows; the last backward must not retain",
-                {"key": trace.where(bw.site), "sites": [trace.where(bw.site)], "steps": [bw.step], "bytes": bw.held_bytes},
-            )
-        )
-    return findings
-
-
-def graph_kept_alive(trace: Trace, step: StepRecord) -> list[Finding]:
-    """Graphs of earlier steps alive at this step's end that its backwards did not use."""
-    used = {s for bw in _backwards_of(trace, step) for s in bw.earlier_steps}
-    findings = []
-    for holder in step.holders:
-        kept = [s for s in holder.steps if s not in used]
-        if not kept:
-            continue
-        site = trace.site(holder.site)
-        made = f"made at {site.where} (`{site.source}`)" if site else f"in {holder.scope}"
-        live = sum(b for s, b in step.saved_alive_by_step.items() if s in kept)
-        findings.append(
-            Finding(
-                "graph-kept-alive",
-                "warning",
-                step.index,
-                f"`{holder.name}` ({made}) keeps the graphs of {_steps_text(kept)} alive at the end of step "
-                f"{step.index}: {holder.nodes} nodes"
-                + (f" and {human_bytes(live)} of saved tensors" if live else "")
-                + " that no backward will use",
-                f"keep a number, not the graph: `{holder.name.split('[')[0]} += loss.item()` (or `.detach()`) "
-                f"at {site.where if site else holder.scope}; run evaluation under `torch.no_grad()`",
-                {
-                    "key": site.where if site else holder.name,
-                    "sites": [site.where] if site else [],
-                    "steps": [step.index],
-                    "holder": holder.name,
-                    "bytes": live,
-                    "nodes": holder.nodes,
-                },
-            )
-        )
-    if not step.holders:
-        findings.extend(_unnamed_kept(trace, step, used))
-    return findings
-
-
-def _unnamed_kept(trace: Trace, step: StepRecord, used: set[int]) -> list[Finding]:
-    kept = sorted(
-        s for s in set(step.saved_alive_by_step) | set(step.nodes_alive_by_step) if s < step.index and s not in used
+def _share(row: list) -> str:
+    step, earlier, total, seconds = row[:4]
+    share = earlier / max(total, 1)
+    return (
+        f"step {step}: {earlier} of its {total} nodes ({share:.0%}, about {share * seconds * 1e3:.2f} ms "
+        f"of {seconds * 1e3:.2f} ms)"
     )
-    if not kept:
-        return []
-    live = sum(step.saved_alive_by_step.get(s, 0) for s in kept)
-    nodes = sum(step.nodes_alive_by_step.get(s, 0) for s in kept)
-    sites = sorted({trace.where(r.site) for r in trace.saved.values() if r.alive and r.step in kept})[:5]
-    return [
-        Finding(
-            "graph-kept-alive",
-            "warning",
-            step.index,
-            f"graphs of {_steps_text(kept)} are still alive at the end of step {step.index} ({nodes} nodes, "
-            f"{human_bytes(live)} of saved tensors) and no backward used them; something outside the "
-            "training loop's frames holds them (a list, an attribute, a global)"
-            + (f"; their tensors were saved at {', '.join(sites)}" if sites else ""),
-            "keep numbers (`loss.item()`) or detached tensors (`.detach()`) across steps; run evaluation "
-            "under `torch.no_grad()`",
-            {"key": sites[0] if sites else None, "sites": sites, "steps": [step.index], "bytes": live, "nodes": nodes},
+
+
+@renderer("graph-carried-across-steps")
+def _render_carried(ev: dict) -> tuple[str, str]:
+    name = ev["carrier"]
+    tensor = f"`{name}`" if name else "a tensor"
+    made = f" produced at {ev['carrier_at']}" if ev["carrier_at"] else ""
+    used = f" (used at {ev['used_at']})" if ev["used_at"] else ""
+    if ev["pattern"] == "recurrent":
+        how = f"{tensor}{made} in one step is fed into the next{used} without `.detach()`"
+    else:
+        how = f"{tensor}{made} in {step_name(ev['carrier_step'])} is kept and used again in later steps{used}"
+    rows = ev["per_step"]
+    spent = _share(rows[0]) if len(rows) == 1 else f"{_share(rows[0])}; ... {_share(rows[-1])}"
+    growth = ""
+    if len(rows) > 1 and rows[-1][1] > rows[0][1]:
+        per = (rows[-1][1] - rows[0][1]) / max(rows[-1][0] - rows[0][0], 1)
+        growth = f": it grows by about {per:.1f} nodes per step, so every backward is slower than the last"
+    tail = "; the backward failed because an earlier step's backward had freed that graph" if ev["failed"] else ""
+    if ev.get("bytes"):
+        tail += f"; up to {human_bytes(ev['bytes'])} of earlier steps' saved tensors stay alive with it"
+    message = (
+        f"the backward at {ev['backward']} runs on into the graphs of earlier steps: {how}, so each step's graph "
+        f"stays attached to the ones before it. Time spent in earlier steps' nodes, {spent}{growth}{tail}"
+    )
+    target = name or "the tensor"
+    where = ev["carrier_where"] or "the line that makes it"
+    if ev["pattern"] == "recurrent":
+        fix = (
+            f"`{ev.get('detach') or f'{target} = {target}.detach()'}` at the start of each step, before {where} "
+            "(the value is kept, the graph is cut: truncated backpropagation through time); then no "
+            "`retain_graph=True` is needed"
         )
-    ]
+    else:
+        fix = (
+            f"compute {tensor} inside the step that uses it instead of keeping it from {step_name(ev['carrier_step'])} "
+            f"({where}); if no gradient should flow into what made it, keep `{target}.detach()` instead"
+        )
+    return message, fix
 
 
 def missing_zero_grad(trace: Trace, step: StepRecord) -> list[Finding]:
     """``optimizer.step()`` ran on gradients that were never reset since its previous step."""
     if not step.stale_grads:
         return []
-    backward_sites = [trace.where(bw.site) for bw in _backwards_of(trace, step) if bw.api == "backward"]
+    backward_sites = [trace.where(bw.site) for bw in backwards_of(trace, step) if bw.api == "backward"]
     where = trace.where(step.optimizer_site)
-    before = backward_sites[0] if backward_sites else "the backward"
-    return [
-        Finding(
-            "missing-zero-grad",
-            "warning",
-            step.index,
-            f"optimizer.step() at {where} in step {step.index} used gradients of {step.stale_grads} parameters "
-            "that still held the sum of every earlier step's gradients: nothing reset them after the previous "
-            "optimizer step",
-            f"call `optimizer.zero_grad()` before the backward at {before} (for intended accumulation over "
-            "micro-batches, zero once every N steps, after optimizer.step())",
-            {"key": where, "sites": [where] + backward_sites[:1], "steps": [step.index], "parameters": step.stale_grads},
-        )
-    ]
+    site = trace.site(step.optimizer_site)
+    evidence = {
+        "key": where,
+        "sites": [where] + backward_sites[:1],
+        "steps": [step.index],
+        "parameters": step.stale_grads,
+        "optimizer_at": describe(site),
+        "optimizer": optimizer_name(site.source) if site else "optimizer",
+        "backward_at": backward_sites[0] if backward_sites else None,
+    }
+    return [make_finding("missing-zero-grad", "warning", step.index, evidence)]
+
+
+@renderer("missing-zero-grad")
+def _render_zero_grad(ev: dict) -> tuple[str, str]:
+    steps = ev["steps"]
+    count = max(len(steps), ev.get("occurrences", 1))
+    when = f"in step {steps[0]}" if count == 1 else f"in {count} steps from step {steps[0]} on"
+    message = (
+        f"optimizer.step() at {ev['optimizer_at']} {when} used the gradients of {ev['parameters']} parameters "
+        "that still held the sum of every earlier step's gradients: nothing reset them after the previous "
+        "optimizer step, so each update uses stale gradients"
+    )
+    before = f"before the backward at {ev['backward_at']}" if ev["backward_at"] else "before each backward"
+    fix = (
+        f"call `{ev['optimizer']}.zero_grad()` {before} (to accumulate over micro-batches on purpose, step and "
+        "zero once every N backwards)"
+    )
+    return message, fix
 
 
 def step_findings(trace: Trace, step: StepRecord) -> list[Finding]:
@@ -216,10 +187,3 @@ def step_findings(trace: Trace, step: StepRecord) -> list[Finding]:
     for detector in (carried_across_steps, retained_graph, graph_kept_alive, missing_zero_grad):
         findings.extend(detector(trace, step))
     return findings
-
-
-def _steps_text(steps: list[int]) -> str:
-    named = ["before the session" if s < 0 else str(s) for s in steps]
-    if len(named) == 1:
-        return "the session's start" if steps[0] < 0 else f"step {named[0]}"
-    return f"steps {named[0]}..{named[-1]}" if len(named) > 3 else "steps " + ", ".join(named)

@@ -1,27 +1,60 @@
-"""Small helpers the detectors share: naming a site, its variable, and sizes.
+"""Small helpers the detectors share: naming a site, its variable, a backward's tensor, sizes, steps.
 
 Example::
 
-    >>> from graphwatch.analysis.evidence import assigned_name, human_bytes
+    >>> from graphwatch.analysis.evidence import assigned_name, backward_target, human_bytes, steps_text
     >>> assigned_name("h, c = cell(x, (h, c))"), assigned_name("total_loss += loss")
     ('h', 'total_loss')
-    >>> human_bytes(3 * 1024 * 1024)
-    '3.0 MiB'
+    >>> backward_target("loss2.backward(retain_graph=True)"), backward_target("torch.autograd.grad(out, x)")
+    ('loss2', 'out')
+    >>> human_bytes(3 * 1024 * 1024), steps_text([0, 1, 2, 3, 6])
+    ('3.0 MiB', 'steps 0..6')
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
-from ..model import CallSite, Trace
+from ..model import BackwardRecord, CallSite, NodeRecord, StepRecord, Trace
 
 _TARGET = re.compile(r"^\s*([A-Za-z_][\w.]*(?:\[[^\]]*\])?)\s*(?:,[^=]*)?(?:[-+*/@]?=)(?!=)")
+_TUPLE = re.compile(r"^\s*([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)+)\s*=(?!=)")
+_NEAR = 512  # records of other steps read in a row before giving up: a step's nodes are recorded together
+_BACKWARD_ON = re.compile(r"([A-Za-z_][\w.]*(?:\[[^\]]*\])?)\s*\.backward\(")
+_BACKWARD_OF = re.compile(r"(?:autograd\.backward|autograd\.grad|\bgrad)\(\s*\[?\s*([A-Za-z_][\w.]*)")
+_CALL_ON = re.compile(r"([A-Za-z_][\w.]*)\.step\(")
 
 
 def assigned_name(source: str) -> str | None:
     """The first variable a line of source assigns to, if it is an assignment."""
     match = _TARGET.match(source)
     return match.group(1) if match else None
+
+
+def detach_line(source: str, name: str) -> str:
+    """The statement that detaches ``name``, and its siblings when the line assigns a flat tuple.
+
+    >>> detach_line("h, c = cell(x, (h, c))", "h"), detach_line("h = cell(x, h)", "h")
+    ('h, c = h.detach(), c.detach()', 'h = h.detach()')
+    """
+    match = _TUPLE.match(source)
+    names = [n.strip() for n in match.group(1).split(",")] if match else []
+    if name in names and len(names) > 1:
+        return f"{', '.join(names)} = {', '.join(f'{n}.detach()' for n in names)}"
+    return f"{name} = {name}.detach()"
+
+
+def backward_target(source: str) -> str | None:
+    """The tensor a line calls backward on: ``loss`` in ``loss.backward()`` or ``autograd.grad(loss, ...)``."""
+    match = _BACKWARD_ON.search(source) or _BACKWARD_OF.search(source)
+    return match.group(1) if match else None
+
+
+def optimizer_name(source: str) -> str:
+    """``opt`` in ``opt.step()``; ``optimizer`` when the line does not say."""
+    match = _CALL_ON.search(source)
+    return match.group(1) if match else "optimizer"
 
 
 def human_bytes(n: float) -> str:
@@ -33,9 +66,29 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def steps_text(steps: Iterable[int]) -> str:
+    """'step 3', 'steps 1, 2', 'steps 0..6' or "the session's start" (step -1)."""
+    named = sorted(set(steps))
+    if not named:
+        return "no step"
+    words = ["before the session" if s < 0 else str(s) for s in named]
+    if len(named) == 1:
+        return "the session's start" if named[0] < 0 else f"step {words[0]}"
+    return f"steps {words[0]}..{words[-1]}" if len(named) > 3 else "steps " + ", ".join(words)
+
+
+def step_name(step: int) -> str:
+    """'step 3', or 'before the session' for step -1."""
+    return "before the session" if step < 0 else f"step {step}"
+
+
 def describe_site(trace: Trace, site_id: int | None) -> str:
     """'train.py:18 (`h = cell(x, h)`)' or '<unknown line>'."""
-    site = trace.site(site_id)
+    return describe(trace.site(site_id))
+
+
+def describe(site: CallSite | None) -> str:
+    """Like :func:`describe_site`, for a CallSite."""
     if site is None:
         return "<unknown line>"
     return f"{site.where} (`{site.source}`)" if site.source else site.where
@@ -62,3 +115,56 @@ def outermost_assignment(trace: Trace, site_id: int | None) -> tuple[CallSite | 
         if name is not None:
             return site, name
     return trace.site(site_id), None
+
+
+def backwards_of(trace: Trace, step: StepRecord) -> list[BackwardRecord]:
+    """The backward calls made during ``step``."""
+    return [trace.backwards[i] for i in step.backwards]
+
+
+def backward_name(trace: Trace, backward: BackwardRecord, default: str) -> str:
+    """The tensor ``backward`` was called on, as the user's line spells it, else ``default``."""
+    site = trace.site(backward.site)
+    return (backward_target(site.source) if site else None) or default
+
+
+def same_line(trace: Trace, a: int | None, b: int | None) -> bool:
+    """True when two site ids are the same line of the same file."""
+    return a is not None and b is not None and trace.where(a) == trace.where(b)
+
+
+def line_runs_in(trace: Trace, where: str, step: int) -> bool:
+    """True if some node created in ``step`` was made at ``where`` (a line the loop runs again).
+
+    Only nodes whose line was seen (not inferred from a neighbour) count.  The
+    newest records are read, until ``_NEAR`` in a row belong to other steps.
+    """
+    others = 0
+    for node in reversed(trace.nodes.values()):
+        if node.step != step:
+            others += 1
+            if others > _NEAR:
+                return False
+            continue
+        others = 0
+        if not node.site_inferred and node.site is not None:
+            site, _ = outermost_assignment(trace, node.site)
+            if site is not None and site.where == where:
+                return True
+    return False
+
+
+def carrier_line(trace: Trace, carrier: NodeRecord) -> tuple[CallSite | None, str | None]:
+    """Where the tensor whose graph crosses steps was made, and its variable name (if the line says)."""
+    return outermost_assignment(trace, carrier.site)
+
+
+def alive_graph_sites(trace: Trace, steps: Iterable[int], limit: int = 3) -> list[str]:
+    """'file:line' of the lines whose saved tensors from ``steps`` are still alive, most first."""
+    wanted = set(steps)
+    counts: dict[str, int] = {}
+    for record in trace.saved.values():
+        if record.alive and record.step in wanted and record.site is not None:
+            where = trace.where(record.site)
+            counts[where] = counts.get(where, 0) + max(record.nbytes, 1)
+    return sorted(counts, key=lambda w: -counts[w])[:limit]

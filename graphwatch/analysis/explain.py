@@ -2,7 +2,14 @@
 
 Given the failing backward, the first stale node it reached (whose saved
 tensors an earlier backward freed) and the path to it, say which node, which
-backward freed it, which tensor carried the graph there, and how to fix it.
+backward freed it, how the graph reaches it, and the fixes, best first.  Five
+shapes of the bug get their own words and fixes:
+
+- ``same-tensor``: one tensor backwarded twice in a step (``y.backward(); y.backward()``);
+- ``same-step``: two outputs of one graph (``d.backward(); e.backward()``);
+- ``recurrent``: a loop feeds a tensor into the next step without ``.detach()`` (an RNN state);
+- ``cached``: a tensor made in one step is kept and reused (a cache of a parameter's function);
+- ``handoff``: two different backwards across an optimizer step share a graph (a GAN's D and G steps).
 
 Example::
 
@@ -14,7 +21,16 @@ Example::
 from __future__ import annotations
 
 from ..model import BackwardRecord, Finding, NodeRecord, Trace
-from .evidence import describe_site, outermost_assignment
+from .evidence import (
+    backward_name,
+    carrier_line,
+    describe,
+    describe_site,
+    detach_line,
+    line_runs_in,
+    same_line,
+    step_name,
+)
 
 KIND = "backward-through-freed-graph"
 _MARKER = "backward through the graph a second time"
@@ -25,8 +41,93 @@ def is_backward_twice(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and _MARKER in str(error)
 
 
-def _step_name(step: int) -> str:
-    return "before the session" if step < 0 else f"step {step}"
+def _pattern(trace: Trace, backward: BackwardRecord, freeing: BackwardRecord | None, carrier: NodeRecord | None) -> str:
+    if carrier is None:
+        same_roots = freeing is not None and freeing.roots and freeing.roots == backward.roots
+        return "same-tensor" if same_roots else "same-step"
+    if freeing is not None and not same_line(trace, freeing.site, backward.site):
+        return "handoff"
+    site, _ = carrier_line(trace, carrier)
+    return "recurrent" if site is not None and line_runs_in(trace, site.where, backward.step) else "cached"
+
+
+def _crossing(
+    path: list[NodeRecord], stale: NodeRecord, backward: BackwardRecord
+) -> tuple[NodeRecord | None, NodeRecord | None]:
+    """(the first node of an earlier step on the path, the newer node that uses it), or (None, None).
+
+    When the backward's own root is old (nothing was computed on top of the
+    graph since), the graph is simply backwarded again: no tensor carries it,
+    whichever step boundary fell between the two backwards.
+    """
+    if not path:
+        return (stale, None) if stale.step < backward.step else (None, None)
+    index = next((i for i, node in enumerate(path) if node.step < backward.step), None)
+    if not index:  # None: all of this step; 0: the root itself is old
+        return None, None
+    return path[index], path[index - 1]
+
+
+def _fixes(pattern: str, names: dict[str, str]) -> list[str]:
+    """The ranked fixes for one shape of the bug; ``names`` fills in the user's own words."""
+    retain_earlier = (
+        "`retain_graph=True` on the earlier backward at {freeing_where}; the last backward, at {backward_where}, "
+        "must not retain"
+    )
+    not_retain = (
+        "not `retain_graph=True` at {freeing_where}: the graph would then grow with every step, and every "
+        "backward would be slower than the last"
+    )
+    table = {
+        "same-tensor": [
+            "backward once: drop the second `{second}.backward()` at {backward_where} (it would add the same "
+            "gradients to `.grad` again)",
+            "if you mean to backward twice, " + retain_earlier,
+        ],
+        "same-step": [
+            "backward once through the sum: `({first} + {second}).backward()` in place of the backwards at "
+            "{freeing_where} and {backward_where}",
+            "if the backwards must stay separate, " + retain_earlier,
+        ],
+        "recurrent": [
+            "`{detach}` at the start of each step, before {carrier_where} (keeps the value, cuts the graph: "
+            "truncated backpropagation through time)",
+            "or start each step from a fresh {carrier_text} made inside the step",
+            not_retain,
+        ],
+        "cached": [
+            "compute {carrier_text} inside the step that uses it ({used_where}) instead of keeping it from "
+            "{carrier_step}",
+            "or keep a detached copy (`{carrier}.detach()`) if no gradient should flow into what made it",
+            not_retain,
+        ],
+        "handoff": [
+            "if the backward at {freeing_where} should not reach what made {carrier_text} (a GAN's discriminator "
+            "step), detach it in that loss: `{carrier}.detach()` where the loss of that backward uses it (as in "
+            "`D({carrier}.detach())`)",
+            "if both backwards need that graph, " + retain_earlier,
+            "or recompute {carrier_text} before the backward at {backward_where}",
+        ],
+    }
+    return [fix.format(**names) for fix in table[pattern]]
+
+
+def _how(pattern: str, names: dict[str, str]) -> str:
+    table = {
+        "same-tensor": "`{second}` is backwarded twice in {step}: the backward at {freeing_where} freed its graph, "
+        "and the one at {backward_where} needs it again.",
+        "same-step": "`{first}` and `{second}` share one graph in {step}: the backward at {freeing_where} freed the "
+        "shared part, and the one at {backward_where} runs through it again.",
+        "recurrent": "The graph of {carrier_step} is carried into {step} by {carrier_text} produced at {carrier_at}: "
+        "each step feeds it into the next without `.detach()`{used}, so this backward runs on into the previous "
+        "step's graph, which that step's backward freed.",
+        "cached": "{carrier_text} made at {carrier_at} in {carrier_step} is kept and used again in {step}{used}: "
+        "its graph was freed by {carrier_step}'s backward.",
+        "handoff": "{carrier_text} produced at {carrier_at} in {carrier_step} is used by two backwards: the one at "
+        "{freeing_where} ran through its graph first and freed it; the one at {backward_where} ({step}) needs it "
+        "again.",
+    }
+    return table[pattern].format(**names)
 
 
 def explain_backward_twice(
@@ -36,66 +137,73 @@ def explain_backward_twice(
     path: list[NodeRecord],
 ) -> Finding:
     """The finding for a failed backward; its ``message`` is what the error says after torch's text."""
+    where = trace.where(backward.site)
     if stale is None:
         return Finding(
             KIND,
             "error",
             backward.step,
-            f"backward at {describe_site(trace, backward.site)} reached a graph whose saved tensors were "
-            "freed before graphwatch saw them (made before the session or under hooks it cannot see)",
-            "detach tensors kept from an earlier iteration (x = x.detach()), or pass retain_graph=True to the "
+            f"graphwatch: the backward at {describe_site(trace, backward.site)} reached a graph whose saved tensors "
+            "were freed before graphwatch saw them (made before the session, or under saved-tensor hooks it cannot "
+            "see, or at level='light')",
+            "detach tensors kept from an earlier iteration (`x = x.detach()`), or pass retain_graph=True to the "
             "earlier backward if both backwards truly need the graph",
-            {"sites": [trace.where(backward.site)], "steps": [backward.step]},
+            {"key": where, "sites": [where], "steps": [backward.step], "pattern": None, "fixes": []},
         )
     freeing = trace.backwards[stale.freed_by] if stale.freed_by is not None else None
-    carrier = next((node for node in path if node.step < backward.step), None)
+    carrier, used = _crossing(path, stale, backward)
+    pattern = _pattern(trace, backward, freeing, carrier)
+    carrier_site, carrier_name = carrier_line(trace, carrier) if carrier else (None, None)
+    used_site = trace.site(used.site) if used is not None else None
+    names = {
+        "step": step_name(path[0].step if path and carrier is None else backward.step),
+        "backward_where": where,
+        "freeing_where": trace.where(freeing.site) if freeing else "the earlier backward",
+        "first": backward_name(trace, freeing, "loss_a") if freeing else "loss_a",
+        "second": backward_name(trace, backward, "loss_b"),
+        "carrier": carrier_name or "the tensor",
+        "carrier_text": f"`{carrier_name}`" if carrier_name else "the tensor",
+        "detach": detach_line(carrier_site.source, carrier_name) if carrier_site and carrier_name else "x = x.detach()",
+        "carrier_at": describe(carrier_site),
+        "carrier_where": carrier_site.where if carrier_site else "the line that makes it",
+        "carrier_step": step_name(carrier.step) if carrier else "",
+        "used_where": used_site.where if used_site else where,
+        "used": f" (it is used at {describe(used_site)})" if used_site and used_site is not carrier_site else "",
+    }
+    freed = (
+        f"the backward at {describe_site(trace, freeing.site)} ({step_name(freeing.step)}, "
+        f"retain_graph={freeing.retain_graph}) had already freed"
+        if freeing
+        else "something had already freed"
+    )
+    fixes = _fixes(pattern, names)
     lines = [
-        f"graphwatch: the backward at {describe_site(trace, backward.site)} (step {backward.step}) reached "
-        f"{stale.op}, created at {describe_site(trace, stale.site)} in {_step_name(stale.step)}, "
-        + (
-            f"whose saved tensors were freed by the backward at {describe_site(trace, freeing.site)} "
-            f"(step {freeing.step}, retain_graph=False)."
-            if freeing
-            else "whose saved tensors were already freed."
-        )
+        f"graphwatch: the backward at {describe_site(trace, backward.site)} ({step_name(backward.step)}) reached "
+        f"{stale.op}, created at {describe_site(trace, stale.site)} in {step_name(stale.step)}, whose saved "
+        f"tensors {freed}.",
+        _how(pattern, names),
+        "Fixes, best first:",
+        *(f"  {i}. {fix}" for i, fix in enumerate(fixes, 1)),
     ]
-    fixes: list[str] = []
-    sites = [trace.where(backward.site), trace.where(stale.site)]
-    if freeing:
-        sites.append(trace.where(freeing.site))
-    if carrier is not None:
-        site, name = outermost_assignment(trace, carrier.site)
-        where = describe_site(trace, carrier.site) if site is None else f"{site.where} (`{site.source}`)"
-        tensor = f"`{name}`" if name else "the tensor"
-        lines.append(
-            f"The graph of {_step_name(carrier.step)} is carried into step {backward.step} by {tensor} "
-            f"produced at {where}: step {backward.step} uses it without detaching it."
-        )
-        target = name or "the tensor"
-        fixes.append(
-            f"detach {tensor} where it is produced so each step's graph ends there: "
-            f"`{target} = {target}.detach()` after {site.where if site else where}"
-            + (" (or `.detach()` the cached value)" if carrier.step < 0 else "")
-        )
-        fixes.append(f"or compute {tensor} inside the step instead of keeping it from {_step_name(carrier.step)}")
-        if site is not None:
-            sites.append(site.where)
-    else:
-        lines.append(f"Both backwards run in step {backward.step} through the same graph: the first freed it.")
-        fixes.append("backward once through the sum of the losses: `(loss_a + loss_b).backward()`")
-    if freeing:
-        fixes.append(
-            f"only if both backwards truly need the graph: `retain_graph=True` on the earlier backward at "
-            f"{trace.where(freeing.site)}; the last backward must not retain it"
-        )
-    lines.append("Fixes, best first:")
-    lines.extend(f"  {i}. {fix}" for i, fix in enumerate(fixes, 1))
+    sites = [where, trace.where(stale.site)]
+    sites += [w for w in (names["freeing_where"] if freeing else None, carrier_site and carrier_site.where) if w]
+    sites += [used_site.where] if used_site else []
     evidence = {
-        "sites": sites,
+        "key": f"{where} -> {trace.where(stale.site)}",
+        "sites": list(dict.fromkeys(sites)),
         "steps": sorted({backward.step, stale.step} | ({freeing.step} if freeing else set())),
         "stale_op": stale.op,
+        "stale_at": trace.where(stale.site),
+        "stale_step": stale.step,
         "freed_by": stale.freed_by,
-        "carrier": None if carrier is None else carrier.id,
+        "freeing_at": trace.where(freeing.site) if freeing else None,
+        "freeing_step": freeing.step if freeing else None,
+        "freeing_retain_graph": freeing.retain_graph if freeing else None,
+        "carrier": carrier_name,
+        "carrier_at": carrier_site.where if carrier_site else None,
+        "carrier_node": None if carrier is None else carrier.id,
+        "pattern": pattern,
+        "fixes": fixes,
         "path": [node.id for node in path],
     }
     return Finding(KIND, "error", backward.step, "\n".join(lines), fixes[0], evidence)

@@ -1,5 +1,10 @@
 """Steady growth of live graph memory over steps: a least-squares line through the steps.
 
+One ``memory-growth`` finding per session covers both series graphwatch
+keeps per step (live saved-tensor bytes, autograd nodes alive), with the
+fitted slope, the projection at ten times the steps, and the findings that
+explain it.
+
 Example::
 
     >>> from graphwatch.analysis.growth import fit_line
@@ -12,11 +17,15 @@ from __future__ import annotations
 
 from ..model import Finding, Trace
 from .evidence import human_bytes
+from .findings import make_finding, renderer
+from .leaks import final_retained
 
 MIN_STEPS = 5  # fewer steps than this say nothing about a trend
 MIN_R2 = 0.8  # how straight the rise must be
-MIN_RISE = 2.0  # the last value at least this many times the first (plus MIN_BYTES)
+MIN_RISE = 2.0  # the last value at least this many times the first (plus the minimum below)
 MIN_BYTES = 16 * 1024
+MIN_NODES = 8
+EXPLAINS = ("graph-carried-across-steps", "retained-graph", "graph-kept-alive")
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
@@ -32,56 +41,79 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     return slope, intercept, r2
 
 
-def _growth(xs: list[float], ys: list[float], minimum: float) -> tuple[float, float, float] | None:
+def growth(xs: list[float], ys: list[float], minimum: float) -> tuple[float, float, float] | None:
+    """(slope, value projected at 10x the steps, r²) when ``ys`` rises steadily, else None."""
     if len(xs) < MIN_STEPS:
         return None
     slope, intercept, r2 = fit_line(xs, ys)
     if slope <= 0 or r2 < MIN_R2 or ys[-1] < MIN_RISE * ys[0] + minimum:
         return None
-    return slope, intercept, r2
+    return slope, intercept + slope * 10 * (xs[-1] + 1), r2
 
 
-def memory_growth(trace: Trace, explained_by: list[str]) -> list[Finding]:
-    """Live saved bytes or live nodes that rise steadily step after step."""
+def memory_growth(trace: Trace, explained_by: list[Finding]) -> list[Finding]:
+    """Live saved bytes or live nodes that rise steadily step after step (one finding for both)."""
     steps = [s for s in trace.steps if s.source != "session-end"] or trace.steps
     xs = [float(s.index) for s in steps]
-    findings = []
-    for label, values, minimum, fmt in (
-        ("live saved-tensor memory", [float(s.live_activation_bytes) for s in steps], MIN_BYTES, human_bytes),
-        ("autograd nodes alive", [float(s.live_nodes) for s in steps], 8, lambda v: f"{v:,.0f} nodes"),
-    ):
-        fitted = _growth(xs, values, minimum)
-        if fitted is None:
-            continue
-        slope, intercept, r2 = fitted
-        horizon = 10 * (xs[-1] + 1)
-        cause = f"; explained by: {', '.join(explained_by)}" if explained_by else ""
-        findings.append(
-            Finding(
-                "memory-growth",
-                "warning",
-                steps[-1].index,
-                f"{label} grows by {fmt(slope)} per step (fit over {len(xs)} steps, r²={r2:.2f}): from "
-                f"{fmt(values[0])} to {fmt(values[-1])}, about {fmt(intercept + slope * horizon)} at step "
-                f"{horizon:.0f} if the run goes on ten times as long{cause}",
-                "fix the findings above that keep graphs alive"
-                if explained_by
-                else "find what keeps each step's graph: detach tensors kept across steps, keep `loss.item()`",
-                {
-                    "key": label,
-                    "steps": [steps[0].index, steps[-1].index],
-                    "per_step_slope": slope,
-                    "r2": r2,
-                    "projected": intercept + slope * horizon,
-                    "bytes": int(values[-1]) if "memory" in label else None,
-                    "explained_by": explained_by,
-                },
-            )
+    saved = [float(s.live_activation_bytes) for s in steps]
+    nodes = [float(s.live_nodes) for s in steps]
+    by_bytes, by_nodes = growth(xs, saved, MIN_BYTES), growth(xs, nodes, MIN_NODES)
+    if by_bytes is None and by_nodes is None:
+        return []
+    causes = [f for f in explained_by if f.kind in EXPLAINS]
+    evidence = {
+        "key": "memory-growth",
+        "sites": list(dict.fromkeys(site for f in causes for site in f.evidence.get("sites", [])[:1])),
+        "steps": [steps[0].index, steps[-1].index],
+        "fitted_steps": len(steps),
+        "unit": "bytes" if by_bytes else "nodes",
+        "per_step_slope": (by_bytes or by_nodes)[0],
+        "projected": (by_bytes or by_nodes)[1],
+        "r2": (by_bytes or by_nodes)[2],
+        "bytes": int(saved[-1]),
+        "bytes_first": int(saved[0]),
+        "bytes_per_step": by_bytes[0] if by_bytes else None,
+        "projected_bytes": by_bytes[1] if by_bytes else None,
+        "nodes": int(nodes[-1]),
+        "nodes_first": int(nodes[0]),
+        "nodes_per_step": by_nodes[0] if by_nodes else None,
+        "projected_nodes": by_nodes[1] if by_nodes else None,
+        "explained_by": [f"{f.kind} at {f.evidence['sites'][0]}" if f.evidence["sites"] else f.kind for f in causes],
+    }
+    return [make_finding("memory-growth", "warning", steps[-1].index, evidence)]
+
+
+@renderer("memory-growth")
+def _render_growth(ev: dict) -> tuple[str, str]:
+    first, last = ev["steps"]
+    horizon = 10 * (last + 1)
+    parts = []
+    if ev["bytes_per_step"] is not None:
+        parts.append(
+            f"live saved-tensor memory grows by {human_bytes(ev['bytes_per_step'])} per step, from "
+            f"{human_bytes(ev['bytes_first'])} to {human_bytes(ev['bytes'])}: about "
+            f"{human_bytes(ev['projected_bytes'])} by step {horizon}"
         )
-    return findings
+    if ev["nodes_per_step"] is not None:
+        parts.append(
+            f"autograd nodes alive grow by {ev['nodes_per_step']:.1f} per step, from {ev['nodes_first']:,} to "
+            f"{ev['nodes']:,}: about {ev['projected_nodes']:,.0f} by step {horizon}"
+        )
+    cause = f"; explained by {', '.join(ev['explained_by'])}" if ev["explained_by"] else ""
+    message = (
+        f"{' and '.join(parts)} (a straight-line fit over the {ev['fitted_steps']} steps {first}..{last}, "
+        f"r²={ev['r2']:.2f}; the projection is for a run ten times as long){cause}"
+    )
+    fix = (
+        "fix the findings that keep graphs alive: " + "; ".join(ev["explained_by"])
+        if ev["explained_by"]
+        else "find what keeps each step's graph: detach tensors kept across steps, keep `loss.item()`, "
+        "evaluate under `torch.no_grad()`"
+    )
+    return message, fix
 
 
 def session_findings(trace: Trace) -> list[Finding]:
-    """Findings that need the whole run: memory growth, attributed to the leaks already found."""
-    explained = sorted({f.kind for f in trace.findings if f.kind not in ("memory-growth", "missing-zero-grad")})
-    return memory_growth(trace, explained)
+    """Findings that need the whole run: the last step's unused retains, then memory growth, attributed."""
+    found = final_retained(trace)
+    return found + memory_growth(trace, trace.findings + found)

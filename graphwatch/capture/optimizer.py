@@ -29,7 +29,10 @@ from collections.abc import Iterable
 from typing import Any, Callable
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
 Hook = Callable[[torch.optim.Optimizer, tuple, dict], None]
 

@@ -38,7 +38,6 @@ import torch
 from ..model import SavedRecord
 
 if TYPE_CHECKING:
-    from ..model import NodeRecord
     from .recorder import Recorder
 
 PackHook = Callable[[torch.Tensor], Any]

@@ -13,7 +13,15 @@ from .records import (
     StepRecord,
     Trace,
 )
-from .trace_io import FORMAT, VERSION, load_trace, save_trace, trace_from_dict, trace_to_dict, write_atomically
+from .trace_io import (
+    FORMAT,
+    VERSION,
+    load_trace,
+    save_trace,
+    trace_from_dict,
+    trace_to_dict,
+    write_atomically,
+)
 
 __all__ = [
     "FORMAT",

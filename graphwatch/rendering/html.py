@@ -34,7 +34,15 @@ from ..model import Finding, Snapshot, StepRecord, Trace, save_trace, write_atom
 from .charts import NODES_COLOR, bar_chart, byte_unit, line_chart
 from .sources import SourceExcerpt, cited_excerpts
 from .svg import DOT_MISSING_NOTICE, DotError, render_svg
-from .terminal import ended_early_text, finding_steps, marked_steps, sample_steps, seconds_text, steps_text, verdict
+from .terminal import (
+    ended_early_text,
+    finding_steps,
+    marked_steps,
+    sample_steps,
+    seconds_text,
+    steps_text,
+    verdict,
+)
 
 Section = tuple[str, Trace]
 
