@@ -212,17 +212,19 @@ class Session:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        leak: GraphLeakError | None = None
         try:
             if exc_type is not None:
                 self.trace.ended_early = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
             try:
                 self._finish_steps()
-            except GraphLeakError:
-                if exc_type is None:
-                    raise  # otherwise the user's exception propagates; the finding stays in gw.findings
+            except GraphLeakError as error:
+                leak = error  # raised below, unless the user's own exception is propagating
         finally:
             self._uninstall()
-            self._finalize()  # session findings, report and summary, even when a strict step raised
+            self._finalize(raise_leaks=exc_type is None and leak is None)
+        if leak is not None and exc_type is None:
+            raise leak
 
     def _install(self) -> None:
         recorder = self._recorder
@@ -263,13 +265,12 @@ class Session:
         elif current.saved_packed or current.backwards or not self.trace.steps:
             self._end_step("session-end", None)
 
-    def _finalize(self) -> None:
+    def _finalize(self, raise_leaks: bool = False) -> None:
         if self._finished:
             return
         self._finished = True
         self._recorder.close()
-        for finding in session_findings(self.trace):
-            self._log.add(finding)
+        new = [f for f in session_findings(self.trace) if self._log.add(f)]
         trace = self.trace
         trace.rank, trace.world_size = _rank_and_world_size(trace.rank, trace.world_size)
         out = self.out
@@ -281,6 +282,9 @@ class Session:
             from .rendering.terminal import print_summary
 
             print_summary(trace, report=out)
+        leaks = [f for f in new if f.kind in LEAK_KINDS]
+        if self.strict and leaks and raise_leaks:
+            raise GraphLeakError("graphwatch strict mode: the session leaks a graph:\n" + "\n".join(map(str, leaks)), leaks)
 
     def _require_active(self, what: str) -> None:
         if not self.active:
@@ -346,9 +350,9 @@ class Session:
         recorder = self._recorder
         if not self._owns_thread() or recorder.backward is not None or _transforming():
             return run(t_outputs, *args, **kwargs)
-        if recorder.boundary_pending:  # a freeing backward ended the step and no pack hook has closed it
-            recorder.commit_boundary()
         roots, retain_graph, create_graph, accumulate = parse_engine_args(t_outputs, args, kwargs)
+        if recorder.boundary_pending and recorder.made_since_boundary(roots):
+            recorder.commit_boundary()  # a new graph, though its forward saved nothing: a new step
         record = BackwardRecord(
             id=len(self.trace.backwards),
             step=recorder.step,

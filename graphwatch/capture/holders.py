@@ -20,8 +20,10 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import linecache
 import re
+import sys
 from collections.abc import Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -35,8 +37,10 @@ from .graph_walk import walk
 if TYPE_CHECKING:
     from .recorder import Recorder
 
+_SNAPSHOT_LOCALS = sys.version_info < (3, 13)
 _CONTAINER_LIMIT = 64  # items looked at per list/tuple/dict
 _ASSIGNMENT = r"^\s*{name}\s*(?:[-+*/]?=[^=]|\.(?:add_|append|extend)\()"
+_GROWING = r"^\s*{name}\s*(?:[-+*/]=|\.(?:add_|append|extend)\()"
 
 
 def _tensors_in(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
@@ -62,13 +66,20 @@ def _tensors_in(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, to
 
 def tensors_in_frame(frame: FrameType, include_globals: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every tensor with a grad_fn a frame can reach by name."""
-    scopes = [frame.f_locals]
-    if include_globals and frame.f_globals is not frame.f_locals:
+    local_names = frame.f_locals
+    scopes = [local_names]
+    if include_globals and frame.f_globals is not local_names:
         scopes.append(frame.f_globals)
-    for scope in scopes:
-        for name, value in list(scope.items()):
-            if not name.startswith("__"):
-                yield from _tensors_in(name, value)
+    try:
+        for scope in scopes:
+            for name, value in list(scope.items()):
+                if not name.startswith("__"):
+                    yield from _tensors_in(name, value)
+    finally:
+        if _SNAPSHOT_LOCALS and frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+            # Before 3.13 a function frame's f_locals is a snapshot dict kept on the frame: it would
+            # keep the values it saw alive after the function rebinds them. Empty it.
+            local_names.clear()
 
 
 def user_frames(start: FrameType | None) -> Iterator[FrameType]:
@@ -81,15 +92,25 @@ def user_frames(start: FrameType | None) -> Iterator[FrameType]:
 
 
 def assignment_line(frame: FrameType, name: str) -> int | None:
-    """The last line of the frame's function (up to the current line) that assigns ``name``."""
+    """The line of the frame's function that makes ``name`` hold a graph.
+
+    A line that adds to it (``name += ...``, ``name.append(...)``) wins over a
+    plain assignment (``name = []``); the whole function is read, since in a loop
+    that line may lie below the current one (``total += loss`` after ``optimizer.step()``).
+    """
     base = re.escape(name.split("[")[0])
     pattern = re.compile(_ASSIGNMENT.format(name=base))
+    growing = re.compile(_GROWING.format(name=base))
     code = frame.f_code
-    found = None
-    for line in range(code.co_firstlineno, frame.f_lineno + 1):
-        if pattern.match(linecache.getline(code.co_filename, line)):
+    last = max((line for _, _, line in code.co_lines() if line is not None), default=frame.f_lineno)
+    found = grown = None
+    for line in range(code.co_firstlineno, last + 1):
+        text = linecache.getline(code.co_filename, line)
+        if pattern.match(text):
             found = line
-    return found
+            if growing.match(text):
+                grown = line
+    return grown or found
 
 
 def find_holders(recorder: Recorder, start: FrameType | None) -> list[Holder]:

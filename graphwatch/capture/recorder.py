@@ -131,6 +131,10 @@ class Recorder:
             if entry is not None:
                 entry[0] += 1
                 record.nbytes = 0  # the storage is already counted
+                if entry[2] < record.step:  # a newer graph keeps it alive now: count it there
+                    self._count_live(-entry[1], entry[2], entry[3])
+                    entry[2] = record.step
+                    self._count_live(entry[1], record.step, entry[3])
                 return
             self._storages[key] = [1, record.nbytes, record.step, record.kind != "parameter"]
         current.saved_bytes_packed += record.nbytes
@@ -189,6 +193,10 @@ class Recorder:
             self.boundary_pending = True
             self._pending_seq = self.clock.mark()
         self.pending_source = source
+
+    def made_since_boundary(self, roots: list) -> bool:
+        """Whether any of these nodes was made after the pending step boundary."""
+        return any(root._sequence_nr() >= self._pending_seq for root in roots)
 
     def commit_boundary(self) -> None:
         """End the pending step (called from the pack hook of the next forward op)."""

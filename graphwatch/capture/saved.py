@@ -77,7 +77,8 @@ def _new_handle(recorder: Recorder, tensor: torch.Tensor, dedupe: bool) -> Saved
             size = tensor.nbytes
     except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested or storage-less tensors
         size = 0
-    if tensor.grad_fn is not None:
+    base = tensor._base  # a view of a parameter (linear saves weight.t()) is the parameter
+    if tensor.grad_fn is not None and (base is None or base.grad_fn is not None):
         kind = "activation"
     elif tensor.requires_grad:
         kind = "parameter"

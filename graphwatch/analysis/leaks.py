@@ -1,0 +1,243 @@
+"""Graphs that outlive their step: ``retain_graph=True`` for nothing, and graphs kept by a Python value.
+
+Both are judged one step late, on purpose: only the next step shows whether
+a retained graph was backwarded again (an RNN state carried on is another
+finding), and a variable that is reassigned once per iteration legitimately
+holds the previous iteration's graph until then (in a GAN, the generator's
+loss survives the discriminator's step).
+
+Example::
+
+    >>> from graphwatch.analysis.leaks import steps_per_iteration, suggest_number
+    >>> from graphwatch.model import Trace
+    >>> steps_per_iteration(Trace())
+    1
+    >>> suggest_number("total_loss += loss"), suggest_number("losses.append(loss)  # log")
+    ('total_loss += loss.item()', 'losses.append(loss.item())')
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..model import BackwardRecord, Finding, Holder, StepRecord, Trace
+from .evidence import (
+    alive_graph_sites,
+    backward_name,
+    backwards_of,
+    describe,
+    describe_site,
+    human_bytes,
+    steps_text,
+)
+from .findings import make_finding, renderer
+
+_RECENT = 64  # steps looked at to count optimizer steps per iteration
+_ADDS = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*\+=\s*(.+?)\s*(?:#.*)?$")
+_APPENDS = re.compile(r"^\s*([A-Za-z_][\w.]*)\.append\((.+)\)\s*(?:#.*)?$")
+
+
+# ------------------------------------------------------------------ retained
+def _reused_later(backward: BackwardRecord, later: list[BackwardRecord]) -> bool:
+    return any(b.earlier_nodes_reached and backward.step in b.earlier_steps for b in later)
+
+
+def _unused_retains(trace: Trace, step: StepRecord, later: list[BackwardRecord]) -> list[Finding]:
+    findings = []
+    for bw in backwards_of(trace, step):
+        if not bw.retain_graph or bw.graph_reused or not bw.held_bytes or bw.error or _reused_later(bw, later):
+            continue
+        where = trace.where(bw.site)
+        in_a_loop = any(
+            other.graph_reused and other.retain_graph and trace.where(other.site) == where
+            for other in backwards_of(trace, step)
+        )
+        evidence = {
+            "key": where,
+            "sites": [where],
+            "steps": [bw.step],
+            "bytes": bw.held_bytes,
+            "backward": describe_site(trace, bw.site),
+            "backward_where": where,
+            "tensor": backward_name(trace, bw, "the loss"),
+            "same_line_reused": in_a_loop,
+        }
+        findings.append(make_finding("retained-graph", "warning", bw.step, evidence))
+    return findings
+
+
+def retained_graph(trace: Trace, step: StepRecord) -> list[Finding]:
+    """``retain_graph=True`` on a backward of the previous step whose graph no later backward used.
+
+    Judged at the end of the next step that runs a backward: if that one ran
+    into the retained graph, the graph was carried on (a different finding).
+    """
+    later = backwards_of(trace, step)
+    if not later:
+        return []
+    previous = next((s for s in reversed(trace.steps[: step.index]) if s.backwards), None)
+    return _unused_retains(trace, previous, later) if previous is not None else []
+
+
+def final_retained(trace: Trace) -> list[Finding]:
+    """At the session's end: the retains of the last step with backwards, which no later step could judge.
+
+    Skipped when an earlier retain on the same line was backwarded again by a
+    later step (a loop carrying its graph on; the last iteration is no different).
+    """
+    last = next((s for s in reversed(trace.steps) if s.backwards), None)
+    if last is None:
+        return []
+    reentered = {s for b in trace.backwards if b.earlier_nodes_reached for s in b.earlier_steps if s < b.step}
+    carried = {
+        trace.where(bw.site)
+        for bw in trace.backwards
+        if bw.retain_graph and bw.step < last.index and bw.step in reentered
+    }
+    return [f for f in _unused_retains(trace, last, []) if f.evidence["backward_where"] not in carried]
+
+
+@renderer("retained-graph")
+def _render_retained(ev: dict) -> tuple[str, str]:
+    steps = ev["steps"]
+    when = f"step {steps[0]}" if len(steps) == 1 else f"each of {steps_text(steps)}"
+    message = (
+        f"the backward at {ev['backward']} passes retain_graph=True, but no later backward ran through its "
+        f"graph: up to {human_bytes(ev['bytes'])} of saved tensors outlived {when} for nothing, until "
+        f"`{ev['tensor']}` and its graph were dropped"
+    )
+    if ev.get("same_line_reused"):
+        fix = (
+            f"the last backward through a graph must free it: at {ev['backward_where']} pass retain_graph=True "
+            "only to the calls that another backward follows (e.g. `retain_graph=i < len(losses) - 1`), or sum "
+            "the losses and call `.backward()` once"
+        )
+    else:
+        fix = (
+            f"drop retain_graph=True at {ev['backward_where']}: it is the last backward through this graph; keep "
+            "it only on a backward that another backward of the same graph follows"
+        )
+    return message, fix
+
+
+# --------------------------------------------------------------- kept alive
+def steps_per_iteration(trace: Trace) -> int:
+    """How many steps one loop iteration spans: the distinct ``optimizer.step()`` lines (a GAN has two)."""
+    recent = [s.optimizer_site for s in trace.steps[-_RECENT:] if s.source == "optimizer"]
+    return max(1, len({trace.where(site) for site in recent if site is not None}))
+
+
+def suggest_number(source: str) -> str | None:
+    """The line rewritten to keep a number instead of a graph, when it adds or appends a tensor."""
+    for pattern, form in ((_ADDS, "{} += {}.item()"), (_APPENDS, "{}.append({}.item())")):
+        match = pattern.match(source)
+        if match:
+            return form.format(match.group(1), match.group(2))
+    return None
+
+
+def _leaks(kept: list[int], step: StepRecord, cycle: int) -> bool:
+    """A graph of one step, once an iteration has passed, or graphs of several steps: not a variable's last value."""
+    return len(kept) > 1 or (bool(kept) and kept[0] <= step.index - cycle)
+
+
+def graph_kept_alive(trace: Trace, step: StepRecord) -> list[Finding]:
+    """Graphs of earlier steps alive at this step's end that its backwards did not use."""
+    used = {s for bw in backwards_of(trace, step) for s in bw.earlier_steps}
+    groups: dict[tuple, list[Holder]] = {}
+    for holder in step.holders:
+        groups.setdefault((holder.name.split("[")[0], holder.site), []).append(holder)
+    cycle = steps_per_iteration(trace) if groups or step.saved_alive_by_step or step.nodes_alive_by_step else 1
+    findings = []
+    for (name, site_id), holders in groups.items():
+        kept = sorted({s for h in holders for s in h.steps if s not in used})
+        if not _leaks(kept, step, cycle):
+            continue
+        site = trace.site(site_id)
+        live = sum(b for s, b in step.saved_alive_by_step.items() if s in kept)
+        graph = alive_graph_sites(trace, kept)
+        evidence = {
+            "key": site.where if site else f"{holders[0].scope}: {name}",
+            "sites": list(dict.fromkeys(([site.where] if site else []) + graph)),
+            "steps": [step.index],
+            "kept_steps": kept,
+            "holder": name,
+            "items": len(holders) if "[" in holders[0].name else None,
+            "holder_at": describe(site) if site else f"in {holders[0].scope}",
+            "bytes": live,
+            "nodes": sum(h.nodes for h in holders),
+            "graph_at": graph,
+            "never_backwarded": live > 0 and not any(h.nodes for h in holders),
+            "suggestion": suggest_number(site.source) if site else None,
+        }
+        findings.append(make_finding("graph-kept-alive", "warning", step.index, evidence))
+    if not step.holders:  # a named holder's walk stops at freed nodes: what lies below it is its, too
+        findings.extend(_unnamed_kept(trace, step, used, cycle))
+    return findings
+
+
+def _alive_in(trace: Trace, step: StepRecord, s: int) -> bool:
+    """Is a graph of step ``s`` really alive (not just bytes of a shared storage counted under ``s``)?"""
+    if step.nodes_alive_by_step.get(s):
+        return True
+    detail = s < 0 or (s < len(trace.steps) and trace.steps[s].detail)
+    return not detail or any(r.alive and r.step == s for r in trace.saved.values())
+
+
+def _unnamed_kept(trace: Trace, step: StepRecord, explained: set[int], cycle: int) -> list[Finding]:
+    candidates = set(step.saved_alive_by_step) | set(step.nodes_alive_by_step)
+    kept = sorted(s for s in candidates if s < step.index and s not in explained and _alive_in(trace, step, s))
+    if not _leaks(kept, step, cycle):
+        return []
+    graph = alive_graph_sites(trace, kept)
+    evidence = {
+        "key": graph[0] if graph else None,
+        "sites": graph,
+        "steps": [step.index],
+        "kept_steps": kept,
+        "holder": None,
+        "holder_at": None,
+        "bytes": sum(step.saved_alive_by_step.get(s, 0) for s in kept),
+        "nodes": sum(step.nodes_alive_by_step.get(s, 0) for s in kept),
+        "graph_at": graph,
+        "never_backwarded": False,
+        "suggestion": None,
+    }
+    return [make_finding("graph-kept-alive", "warning", step.index, evidence)]
+
+
+@renderer("graph-kept-alive")
+def _render_kept(ev: dict) -> tuple[str, str]:
+    end = ev["steps"][-1]
+    size = ", ".join(
+        part
+        for part in (
+            f"{ev['nodes']} autograd nodes" if ev["nodes"] else "",
+            f"{human_bytes(ev['bytes'])} of saved tensors" if ev["bytes"] else "",
+        )
+        if part
+    )
+    made = f" (their tensors were saved at {', '.join(ev['graph_at'])})" if ev["graph_at"] else ""
+    if ev["holder"] is None:
+        who = "something outside the training loop's frames (a list, an attribute, a global) keeps"
+    else:
+        items = f", through {ev['items']} of its items" if ev.get("items") else ""
+        who = f"`{ev['holder']}` ({ev['holder_at']}{items}) keeps"
+    message = (
+        f"{who} the graphs of {steps_text(ev['kept_steps'])} alive at the end of step {end}"
+        + (f": {size}" if size else "")
+        + f" that no backward will use{made}"
+    )
+    if ev["never_backwarded"]:
+        forward = ev["graph_at"][0] if ev["graph_at"] else "the forward no backward uses"
+        fix = f"run the forward at {forward} under `with torch.no_grad():` (evaluation builds no graph then)"
+        if ev["suggestion"]:
+            fix += f", or keep numbers: `{ev['suggestion']}`"
+    elif ev["suggestion"]:
+        fix = f"keep a number, not the graph: `{ev['suggestion']}` at {ev['holder_at'].split(' ')[0]}"
+    else:
+        fix = (
+            "keep numbers (`loss.item()`) or detached tensors (`.detach()`) across steps; run evaluation under "
+            "`torch.no_grad()`"
+        )
+    return message, fix
