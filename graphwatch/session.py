@@ -50,6 +50,7 @@ from .analysis import (
 from .capture import EnginePatch, Recorder, parse_engine_args, path_to, walk
 from .capture.call_mode import CallSiteMode
 from .capture.holders import find_holders
+from .capture.stack_limit import raise_stack_limit
 from .capture.optimizer import GradResetTracker, OptimizerHooks
 from .capture.saved import make_chained_hooks, make_hooks
 from .errors import BackwardTwiceError, GraphLeakError, UsageError
@@ -245,6 +246,8 @@ class Session:
         self._installed.append(patch.remove)
         optimizer_hooks = OptimizerHooks(self._before_optimizer, self._after_optimizer)
         self._installed.append(optimizer_hooks.remove)
+        restore_stack = raise_stack_limit()
+        self._installed.append(lambda: self._recorder.has_live_nodes() or restore_stack())
         interrupts = SignalGuard(signals=(signal.SIGINT,)).__enter__()  # a Ctrl-C in a finalizer is not lost
         interrupts.arm()
         self._installed.append(lambda: interrupts.__exit__(None, None, None))

@@ -75,7 +75,8 @@ def retained_graph(trace: Trace, step: StepRecord) -> list[Finding]:
     later = backwards_of(trace, step)
     if not later:
         return []
-    previous = next((s for s in reversed(trace.steps[: step.index]) if s.backwards), None)
+    steps = trace.steps  # walked back by index: a slice would copy every step, at every step end
+    previous = next((steps[i] for i in range(step.index - 1, -1, -1) if steps[i].backwards), None)
     return _unused_retains(trace, previous, later) if previous is not None else []
 
 

@@ -272,6 +272,10 @@ class Recorder:
         self.closed = True
         self._rss.close()
 
+    def has_live_nodes(self) -> bool:
+        """Whether any node a walk touched is still alive."""
+        return any(self._live_nodes.values())
+
     def earlier_steps_alive(self) -> bool:
         """Whether nodes or saved tensors of an earlier step are still alive."""
         step = self.step

@@ -77,8 +77,11 @@ def _new_handle(recorder: Recorder, tensor: torch.Tensor, dedupe: bool) -> Saved
             size = tensor.nbytes
     except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested or storage-less tensors
         size = 0
-    base = tensor._base  # a view of a parameter (linear saves weight.t()) is the parameter
-    if tensor.grad_fn is not None and (base is None or base.grad_fn is not None):
+    # is_leaf, not grad_fn: a grad_fn read makes a Python object for the node, which deepens the
+    # C++ recursion that frees a long chain of nodes.  A view of a parameter (linear saves weight.t())
+    # counts as the parameter.
+    base = tensor._base
+    if not tensor.is_leaf and (base is None or not base.is_leaf):
         kind = "activation"
     elif tensor.requires_grad:
         kind = "parameter"
@@ -136,6 +139,7 @@ def make_chained_hooks(recorder: Recorder, outer_pack: PackHook, outer_unpack: U
 
     def pack(tensor: torch.Tensor) -> SavedHandle:
         handle = _new_handle(recorder, tensor, False)
+        handle.alias = None  # the outer hooks decide where the tensor lives
         handle.inner = outer_pack(tensor)
         return handle
 
