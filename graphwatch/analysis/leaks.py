@@ -125,7 +125,8 @@ def _render_retained(ev: dict) -> tuple[str, str]:
 def steps_per_iteration(trace: Trace) -> int:
     """How many steps one loop iteration spans: the distinct ``optimizer.step()`` lines (a GAN has two)."""
     recent = [s.optimizer_site for s in trace.steps[-_RECENT:] if s.source == "optimizer"]
-    return max(1, len({trace.where(site) for site in recent if site is not None}))
+    lines = {(trace.sites[site].file, trace.sites[site].line) for site in recent if site is not None}
+    return max(1, len(lines))
 
 
 def suggest_number(source: str) -> str | None:
@@ -148,7 +149,8 @@ def graph_kept_alive(trace: Trace, step: StepRecord) -> list[Finding]:
     groups: dict[tuple, list[Holder]] = {}
     for holder in step.holders:
         groups.setdefault((holder.name.split("[")[0], holder.site), []).append(holder)
-    cycle = steps_per_iteration(trace) if groups or step.saved_alive_by_step or step.nodes_alive_by_step else 1
+    older = any(s < step.index for s in step.saved_alive_by_step) or any(s < step.index for s in step.nodes_alive_by_step)
+    cycle = steps_per_iteration(trace) if groups or older else 1
     findings = []
     for (name, site_id), holders in groups.items():
         kept = sorted({s for h in holders for s in h.steps if s not in used})
