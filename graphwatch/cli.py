@@ -6,6 +6,12 @@ Subcommands::
     graphwatch demo [--out DIR]                                         the bundled bug examples, one report
     graphwatch report TRACE.json [TRACE2.json ...] [--out DIR]          re-render saved traces
 
+Under ``torchrun --nproc-per-node N -m graphwatch run --out DIR train.py`` each
+rank writes ``DIR/rank{r}/`` and keeps its own exit code; rank 0 prints the
+summary of all ranks and writes their joint report to ``DIR/index.html``.
+``graphwatch report DIR/rank*/trace.json`` joins rank traces again: a column
+per rank, and findings marked when only some ranks show them.
+
 Exit codes of ``graphwatch run``: the script's own (0, ``sys.exit(n)``, 1 for
 an uncaught exception, 130 for Ctrl-C); 143 when stopped by SIGTERM (the
 report is still written and says the run ended early); 3 with ``--strict``
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +42,8 @@ from .errors import TraceFormatError, UsageError
 from .runner import (
     EXIT_SIGTERM,
     check_out_dir,
+    finish_report,
+    in_distributed_job,
     print_script_exception,
     run_script,
     write_report,
@@ -56,10 +65,11 @@ def error(message: str) -> int:
 
 # ------------------------------------------------------------------ run
 def cmd_run(args: argparse.Namespace) -> int:
-    """``graphwatch run``: the script's exit code, 143 after SIGTERM, or 3 for --strict leaks."""
+    """``graphwatch run``: the script's exit code, 143 after SIGTERM, or 3 for --strict leaks (per rank under torchrun)."""
+    since = time.time()
     out = check_out_dir(args.out)
     options = {"level": args.level}
-    show_progress = not (args.quiet or args.no_progress)
+    show_progress = not (args.quiet or args.no_progress or in_distributed_job())  # ranks share one terminal
     with SignalGuard() as guard:
         run = run_script(
             args.script, args.args, session_options=options, guard=guard,
@@ -68,11 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if run.error is not None and not run.terminated:
             print_script_exception(run.error)
         sys.stdout.flush()
-        report = write_report(run.trace, out)
-        if not args.quiet:
-            from .rendering.terminal import print_summary
-
-            print_summary(run.trace, report=out)
+        report = finish_report(run, out, summary=not args.quiet, since=since, stop=lambda: guard.terminated)
         if guard.terminated or run.terminated:
             print(f"graphwatch: stopped by SIGTERM; the report (marked as ended early) is at {report}", file=sys.stderr)
             return EXIT_SIGTERM
@@ -87,16 +93,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     """``graphwatch report``: re-render one or more saved traces into one report."""
     from . import load
+    from .rendering.ranks import RankSummary, is_rank_set
+    from .rendering.terminal import Summary, make_console
 
     loaded = [(label, load(path)) for label, path in zip(trace_labels(args.traces), args.traces)]
+    ranks = is_rank_set([trace for _, trace in loaded])
+    if ranks:  # the ranks of one distributed job: one column each, in rank order
+        loaded = sorted(((f"rank {t.rank}", t) for _, t in loaded), key=lambda section: section[1].rank or 0)
     out = check_out_dir(args.out)
     report = write_report(loaded[0][1] if len(loaded) == 1 else loaded, out)
     if not args.quiet:
-        from .rendering.terminal import Summary, make_console
-
         console = make_console(sys.stdout)
-        for label, trace in loaded:
-            console.print(Summary(trace, title=label if len(loaded) > 1 else None))
+        if ranks:
+            console.print(RankSummary([trace for _, trace in loaded]))
+        else:
+            for label, trace in loaded:
+                console.print(Summary(trace, title=label if len(loaded) > 1 else None))
     print(f"report: {report}")
     return 0
 
@@ -141,8 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = _add(commands, "run", cmd_run, "run an unchanged training script under graphwatch",
                "Runs SCRIPT as `python SCRIPT ARGS...` would, inside a graphwatch session (a step ends at each "
                "optimizer.step()), prints the summary on stderr and writes the HTML report. The script's output and "
-               "exit code are kept. Exit codes: the script's own; 143 when stopped by SIGTERM (the report is still "
-               "written); 3 with --strict when the script succeeded but leaks a graph; 2 for a usage error.")
+               "exit code are kept. Under torchrun each rank writes DIR/rankR/; rank 0 prints the summary of all "
+               "ranks and writes their joint report to DIR/index.html. Exit codes: the script's own; 143 when stopped "
+               "by SIGTERM (the report is still written); 3 with --strict when the script succeeded but leaks a graph; "
+               "2 for a usage error.")
     run.add_argument("--out", metavar="DIR", default=DEFAULT_RUN_OUT, help=f"report folder (default: {DEFAULT_RUN_OUT})")
     run.add_argument("--strict", action="store_true", help=f"exit {EXIT_STRICT} when graphwatch finds a leak, even if the script succeeded")
     run.add_argument("--quiet", "-q", action="store_true", help="print no summary and no progress (errors only)")
@@ -160,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = _add(commands, "report", cmd_report, "re-render saved traces (trace.json) into an HTML report",
                   "Reads traces written by gw.save(path) or a report's trace.json and writes the HTML report again; "
-                  "several traces go into one report.")
+                  "several traces go into one report. The traces of the ranks of one torchrun job (DIR/rank*/trace.json) "
+                  "get a section across ranks, and findings seen on only some ranks are marked.")
     report.add_argument("traces", metavar="TRACE.json", nargs="+", help="trace file(s) to render")
     report.add_argument("--out", metavar="DIR", default=DEFAULT_RUN_OUT, help=f"report folder (default: {DEFAULT_RUN_OUT})")
     report.add_argument("--quiet", "-q", action="store_true", help="print only where the report is")

@@ -10,6 +10,11 @@ with a :class:`SignalGuard`, gives 143).  The session ends whatever
 the script does, so the trace is complete up to where the script stopped, and
 ``trace.ended_early`` says why when it stopped early.
 
+Under ``torchrun`` (``torchrun --nproc-per-node 2 -m graphwatch run --out DIR
+train.py``) each rank runs the script in its own session and
+:func:`finish_report` writes ``DIR/rank{r}/``; rank 0 alone prints, after
+gathering the other ranks' traces into one report (``DIR/index.html``).
+
 Example::
 
     >>> import pathlib, tempfile
@@ -36,7 +41,7 @@ import signal
 import sys
 import tempfile
 import traceback
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import (
     ExitStack,
     contextmanager,
@@ -49,14 +54,16 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .analysis import LEAK_KINDS
-from .errors import UsageError
+from .errors import TraceFormatError, UsageError
 from .model import Finding, Trace
-from .session import Session, watch
+from .session import Session, rank_and_world_size, watch
 from .signals import SignalGuard, Terminated
 
 EXIT_ERROR = 1  # an uncaught exception in the script, as with `python SCRIPT`
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130: Ctrl-C
 EXIT_SIGTERM = 128 + signal.SIGTERM  # 143: what a shell reports for a process ended by SIGTERM
+RANK_WAIT_SECONDS = 60.0  # how long rank 0 waits for the other ranks' traces when all run on this machine
+REMOTE_RANK_WAIT_SECONDS = 5.0  # ... when some run elsewhere (their folders may not be visible from here)
 _HIDDEN_FRAMES = frozenset(
     {os.path.normcase(os.path.abspath(__file__)), os.path.normcase(os.path.abspath(runpy.__file__)), "<frozen runpy>"}
 )
@@ -185,6 +192,75 @@ def write_report(traces: Trace | list[tuple[str, Trace]], out: Path) -> Path:
         return Path(render(traces, out))
     except OSError as exc:
         raise UsageError(f"cannot write the report to {out}: {exc.strerror or exc}; pass --out a folder you can write") from None
+
+
+def in_distributed_job() -> bool:
+    """True in a process that torchrun (or an initialised torch.distributed) made one of several ranks.
+
+    >>> in_distributed_job()  # a plain ``python`` process
+    False
+    """
+    return (rank_and_world_size()[1] or 1) > 1
+
+
+def finish_report(
+    run: ScriptRun, out: Path, *, summary: bool = True, since: float = 0.0, stop: Callable[[], bool] = lambda: False
+) -> Path:
+    """Write this process's report and print the summary; return this process's index.html.
+
+    One process: the report goes to ``out``.  A rank of a distributed job:
+    to ``out/rank{r}``; ranks other than 0 print nothing, and rank 0 waits
+    (a bounded time; until ``stop()``) for the other ranks' ``trace.json``
+    written since ``since`` (a ``time.time()``), writes one report of all of
+    them to ``out/index.html`` and prints their summary, each problem marked
+    with the ranks that show it.  ``summary=False`` prints nothing.
+    """
+    from .rendering.ranks import RankSummary, rank_folder
+    from .rendering.terminal import make_console, print_summary
+
+    trace = run.trace
+    folder = rank_folder(out, trace)
+    own = write_report(trace, folder)
+    if trace.rank:  # rank 1, 2, ...: rank 0 speaks for the job
+        return own
+    traces = _other_ranks(trace, out, since, stop) if folder != out else []
+    if traces:
+        combined = write_report([(f"rank {t.rank}", t) for t in [trace, *traces]], out)
+        if summary:
+            make_console().print(RankSummary([trace, *traces], report=combined))
+    elif summary:
+        print_summary(trace, report=folder)
+    return own
+
+
+def _other_ranks(trace: Trace, out: Path, since: float, stop: Callable[[], bool]) -> list[Trace]:
+    """The traces the other ranks of rank 0's job wrote under ``out`` (those that came in time and read well)."""
+    from .model import load_trace
+    from .rendering.ranks import wait_for_ranks
+
+    world = trace.world_size or 1
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    timeout = RANK_WAIT_SECONDS if local is None or int(local) >= world else REMOTE_RANK_WAIT_SECONDS
+
+    def notify(missing: list[int]) -> None:
+        ranks = ", ".join(map(str, missing))
+        print(f"graphwatch: waiting up to {timeout:.0f} s for the traces of rank(s) {ranks}, to report all ranks "
+              "together", file=sys.stderr, flush=True)
+
+    found = wait_for_ranks(out, world, since=since, timeout=timeout, stop=stop, notify=notify)
+    traces = []
+    for rank, path in found.items():
+        if rank == trace.rank:
+            continue
+        try:
+            traces.append(load_trace(path))
+        except (TraceFormatError, UsageError) as exc:  # a damaged trace costs its rank's column, not the summary
+            print(f"graphwatch: skipping rank {rank}'s trace {path}: {exc}", file=sys.stderr)
+    missing = sorted(set(range(world)) - {trace.rank, *(t.rank for t in traces)})
+    if missing:
+        print(f"graphwatch: no trace from rank(s) {', '.join(map(str, missing))} under {out} in time; "
+              "the summary covers the ranks that wrote one", file=sys.stderr)
+    return traces
 
 
 class _StatusLine:

@@ -50,9 +50,9 @@ from .analysis import (
 from .capture import EnginePatch, Recorder, parse_engine_args, path_to, walk
 from .capture.call_mode import CallSiteMode
 from .capture.holders import find_holders
-from .capture.stack_limit import raise_stack_limit
 from .capture.optimizer import GradResetTracker, OptimizerHooks
 from .capture.saved import make_chained_hooks, make_hooks
+from .capture.stack_limit import raise_stack_limit
 from .errors import BackwardTwiceError, GraphLeakError, UsageError
 from .model import (
     BackwardRecord,
@@ -64,6 +64,7 @@ from .model import (
     save_trace,
 )
 from .rendering.dot import snapshot_dot
+from .rendering.ranks import rank_folder
 from .signals import SignalGuard
 
 LEVELS = ("default", "light", "precise")
@@ -207,7 +208,7 @@ class Session:
         except BaseException:
             self._uninstall()
             raise
-        self.trace.rank, self.trace.world_size = _rank_and_world_size()
+        self.trace.rank, self.trace.world_size = rank_and_world_size()
         site = self._recorder.sites.here(2)
         self._entered_at = self.trace.where(site) if site is not None else "graphwatch run (or @graphwatch.step)"
         return self
@@ -275,11 +276,9 @@ class Session:
         self._recorder.close()
         new = [f for f in session_findings(self.trace) if self._log.add(f)]
         trace = self.trace
-        trace.rank, trace.world_size = _rank_and_world_size(trace.rank, trace.world_size)
-        out = self.out
+        trace.rank, trace.world_size = rank_and_world_size(trace.rank, trace.world_size)
+        out = None if self.out is None else rank_folder(self.out, trace)  # no two ranks write one file
         if out is not None:
-            if (trace.world_size or 1) > 1:  # one folder per rank: no two ranks write one file
-                out = out / f"rank{trace.rank}"
             self.report(out)
         if self.print_summary and not trace.rank:  # rank 0 (or no distributed job) prints
             from .rendering.terminal import print_summary
@@ -469,7 +468,7 @@ def _step_aside_for_disable(hooks: tuple) -> Callable[[], None]:
     return undo
 
 
-def _rank_and_world_size(rank: int | None = None, world_size: int | None = None) -> tuple[int | None, int | None]:
+def rank_and_world_size(rank: int | None = None, world_size: int | None = None) -> tuple[int | None, int | None]:
     """This process's rank in a torch.distributed job (initialised, or launched by torchrun), else as given."""
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():

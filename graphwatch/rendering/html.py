@@ -5,6 +5,8 @@ remote resource): the verdict first, then per run (one run, or one section
 per labelled trace for the demo or the ranks of a distributed job) each
 finding with the source lines it cites, per-step charts of live saved bytes,
 nodes alive and backward time, the per-step table and the snapshot gallery.
+The ranks of one job (:func:`~graphwatch.rendering.ranks.is_rank_set`) get an
+"across ranks" section first, and findings seen on only some ranks are marked.
 Every user-derived string is HTML-escaped.  Files are written atomically and
 ``index.html`` last, so a crash never leaves a half-written page.
 
@@ -32,6 +34,7 @@ from ..analysis.evidence import human_bytes
 from ..errors import UsageError
 from ..model import Finding, Snapshot, StepRecord, Trace, save_trace, write_atomically
 from .charts import NODES_COLOR, bar_chart, byte_unit, line_chart
+from .ranks import RANKS_CSS, is_rank_set, rank_notes, ranks_html, report_verdict
 from .sources import SourceExcerpt, cited_excerpts
 from .svg import DOT_MISSING_NOTICE, DotError, render_svg
 from .terminal import (
@@ -41,7 +44,6 @@ from .terminal import (
     sample_steps,
     seconds_text,
     steps_text,
-    verdict,
 )
 
 Section = tuple[str, Trace]
@@ -165,7 +167,7 @@ def _excerpt_html(excerpt: SourceExcerpt) -> str:
     return f'<figure class="source"><figcaption>{escape(excerpt.where)}</figcaption><pre>{rows}</pre></figure>'
 
 
-def _finding_html(finding: Finding, roots: Sequence[str]) -> str:
+def _finding_html(finding: Finding, roots: Sequence[str], note: str = "") -> str:
     excerpts = cited_excerpts(finding, roots=roots)
     shown = {site for e in excerpts for site in e.sites}
     unread = [s for s in dict.fromkeys(finding.evidence.get("sites") or []) if s not in shown and s != "<unknown>"]
@@ -176,7 +178,8 @@ def _finding_html(finding: Finding, roots: Sequence[str]) -> str:
     return (
         f'<article class="finding {severity}"><header><span class="badge">{severity}</span>'
         f'<code class="kind">{escape(finding.kind)}</code>'
-        f'<span class="steps">{escape(steps_text(finding_steps(finding)))}</span></header>'
+        + (f'<span class="ranks">{escape(note)}</span>' if note else "")  # "only on rank 1"
+        + f'<span class="steps">{escape(steps_text(finding_steps(finding)))}</span></header>'
         f'<p class="message">{_code_spans(finding.message)}</p>'
         f'<p class="fix"><strong>Fix:</strong> {_code_spans(finding.fix)}</p>'
         + "".join(map(_excerpt_html, excerpts))
@@ -274,7 +277,7 @@ def _gallery_html(pictures: list[_Picture], slug: str) -> str:
 # ------------------------------------------------------------------------------- page
 def _verdict_html(traces: Sequence[Trace], tag: str = "div") -> str:
     """The verdict; inside a run's section (any tag but the page's h1) without the ``graphwatch:`` prefix."""
-    text, good = verdict(traces)
+    text, good = report_verdict(traces)
     if tag != "h1":
         text = text.removeprefix("graphwatch: ")
     return f'<{tag} class="verdict {"good" if good else "bad"}">{escape(text)}</{tag}>'
@@ -301,7 +304,7 @@ def _meta_html(trace: Trace, trace_file: str) -> str:
     return f'<p class="meta">{" · ".join(facts)}</p>' + "".join(notes)
 
 
-def _section_html(run: _Run, multi: bool) -> str:
+def _section_html(run: _Run, multi: bool, notes: dict[int, str]) -> str:
     trace = run.trace
     roots = [str(trace.options["cwd"])] if trace.options.get("cwd") else []
     parts = [f'<section class="run" id="{run.slug}">']
@@ -311,7 +314,7 @@ def _section_html(run: _Run, multi: bool) -> str:
         parts.append(_verdict_html([trace]))
     parts.append(_meta_html(trace, run.trace_file))
     parts.append("<h3>Findings</h3>")
-    parts += [_finding_html(f, roots) for f in trace.findings] or ['<p class="empty">No findings.</p>']
+    parts += [_finding_html(f, roots, notes.get(id(f), "")) for f in trace.findings] or ['<p class="empty">No findings.</p>']
     parts.append("<h3>Per step</h3>")
     if trace.steps:
         parts += [_charts_html(trace), _table_html(trace)]
@@ -321,24 +324,27 @@ def _section_html(run: _Run, multi: bool) -> str:
     return "".join(parts)
 
 
-def _contents_html(runs: Sequence[_Run]) -> str:
+def _contents_html(runs: Sequence[_Run], heading: str) -> str:
     items = "".join(
         f'<li><a href="#{run.slug}">{escape(run.label)}</a> {_verdict_html([run.trace], "span")}</li>' for run in runs
     )
-    return f'<nav class="contents"><h2>Runs</h2><ul>{items}</ul></nav>'
+    return f'<nav class="contents"><h2>{heading}</h2><ul>{items}</ul></nav>'
 
 
 def _page(runs: Sequence[_Run]) -> str:
     from .. import __version__
 
     traces = [run.trace for run in runs]
-    multi = len(runs) > 1
-    body = [_verdict_html(traces, "h1")] + ([_contents_html(runs)] if multi else [])
-    body += [_section_html(run, multi) for run in runs]
+    multi, ranks = len(runs) > 1, is_rank_set(traces)
+    body = [_verdict_html(traces, "h1")] + ([_contents_html(runs, "Ranks" if ranks else "Runs")] if multi else [])
+    if ranks:  # the ranks of one distributed job: a cross-rank section, findings marked "only on rank r"
+        body.append(ranks_html(traces, [run.slug for run in runs]))
+    notes = rank_notes(traces) if ranks else {}
+    body += [_section_html(run, multi, notes) for run in runs]
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{escape(verdict(traces)[0])}</title><style>{CSS}</style></head>"
+        f"<title>{escape(report_verdict(traces)[0])}</title><style>{CSS}{RANKS_CSS if ranks else ''}</style></head>"
         f'<body><main>{"".join(body)}</main><footer>graphwatch {escape(__version__)}</footer></body></html>\n'
     )
 

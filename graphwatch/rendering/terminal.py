@@ -170,6 +170,44 @@ def ended_early_text(reason: str, limit: int = 100) -> str:
 
 
 # ------------------------------------------------------------------------- rich output
+def finding_lines(finding: Finding, note: str = "") -> Iterator[RenderableType]:
+    """One finding as the summary shows it: kind and steps (and ``note``, e.g. ``only on rank 1``), message, fix, lines.
+
+    >>> [type(part).__name__ for part in finding_lines(Finding("retained-graph", "warning", 3, "m", "f"))]
+    ['Text', 'Padding', 'Padding']
+    """
+    mark = _SEVERITY_MARK.get(finding.severity, "●")
+    yield Text.assemble(
+        (f"{mark} {finding.kind}", _SEVERITY_STYLE.get(finding.severity, "bold")),
+        (f"  {note}", "bold magenta") if note else "",
+        (f"  {steps_text(finding_steps(finding))}", "dim"),
+    )
+    yield Padding(Text(finding.message), (0, 0, 0, 2))
+    yield Padding(Text.assemble(("fix: ", "bold green"), finding.fix), (0, 0, 0, 2))
+    sites = cited_sites(finding)
+    if sites:
+        yield Padding(Text.assemble(("at: ", "bold"), (", ".join(sites), "cyan")), (0, 0, 0, 2))
+
+
+def cited_sites(finding: Finding) -> list[str]:
+    """The ``file:line`` places a finding cites, each once, in order (unknown places left out).
+
+    >>> cited_sites(Finding("k", "warning", 0, "m", "f", {"sites": ["a.py:3", "<unknown>", "a.py:3"]}))
+    ['a.py:3']
+    """
+    return [str(s) for s in dict.fromkeys(finding.evidence.get("sites") or []) if s != "<unknown>"]
+
+
+def ascii_safe(console: Console, options: ConsoleOptions, parts: Sequence[RenderableType]) -> RenderResult:
+    """Render ``parts``; on a console that cannot encode unicode, as ASCII (rich already draws boxes in ASCII there)."""
+    if not options.ascii_only:
+        yield from parts
+        return
+    for segment in console.render(Group(*parts), options):
+        text = segment.text.translate(_ASCII).encode("ascii", "replace").decode("ascii")
+        yield Segment(text, segment.style, segment.control)
+
+
 class Summary:
     """A rich renderable: the summary of one trace.
 
@@ -184,22 +222,19 @@ class Summary:
         self.title = title
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        parts = list(self._parts(options.max_width))
-        if not options.ascii_only:
-            yield from parts
-            return
-        # a console that cannot encode unicode (rich already draws its boxes in ASCII there)
-        for segment in console.render(Group(*parts), options):
-            text = segment.text.translate(_ASCII).encode("ascii", "replace").decode("ascii")
-            yield Segment(text, segment.style, segment.control)
+        yield from ascii_safe(console, options, list(self._parts(options.max_width)))
 
     def _parts(self, max_width: int) -> Iterator[RenderableType]:
         trace = self.trace
         text, good = verdict([trace])
         line = Text(text, style="bold green" if good else "bold red")
-        if self.title:
-            line.append(f"  ({self.title})", style="dim")
+        one_of_ranks = self.title is None and (trace.world_size or 1) > 1
+        title = f"rank {trace.rank} of {trace.world_size}" if one_of_ranks else self.title
+        if title:
+            line.append(f"  ({title})", style="dim")
         yield line
+        if one_of_ranks:
+            yield Text(other_ranks_hint(self.report), style="dim")
         if trace.ended_early:
             yield Text(f"the run ended early: {ended_early_text(trace.ended_early)}", style="yellow")
         if trace.untracked_saved:
@@ -226,16 +261,7 @@ class Summary:
         for i, finding in enumerate(self.trace.findings):
             if i:
                 yield Text("")
-            mark = _SEVERITY_MARK.get(finding.severity, "●")
-            yield Text.assemble(
-                (f"{mark} {finding.kind}", _SEVERITY_STYLE.get(finding.severity, "bold")),
-                (f"  {steps_text(finding_steps(finding))}", "dim"),
-            )
-            yield Padding(Text(finding.message), (0, 0, 0, 2))
-            yield Padding(Text.assemble(("fix: ", "bold green"), finding.fix), (0, 0, 0, 2))
-            sites = [s for s in dict.fromkeys(finding.evidence.get("sites") or []) if s != "<unknown>"]
-            if sites:
-                yield Padding(Text.assemble(("at: ", "bold"), (", ".join(sites), "cyan")), (0, 0, 0, 2))
+            yield from finding_lines(finding)
 
     def _table(self) -> Table:
         steps = self.trace.steps
@@ -285,6 +311,20 @@ class Summary:
         for label, values, span in rows:
             grid.add_row(label, sparkline(values, width), span)
         return grid
+
+
+def other_ranks_hint(report: Path | None) -> str:
+    """What a one-rank summary says about the other ranks of its job (their findings are in their own traces).
+
+    >>> other_ranks_hint(Path("out/rank0"))
+    'other ranks record their own traces; one report of all ranks: graphwatch report out/rank*/trace.json --out out'
+    """
+    folder = None if report is None else Path(report)
+    if folder is not None and folder.suffix == ".html":
+        folder = folder.parent
+    base = folder.parent if folder is not None and folder.name.startswith("rank") else None
+    where = f"{base}/rank*/trace.json --out {base}" if base is not None else "RANK0.json RANK1.json ..."
+    return f"other ranks record their own traces; one report of all ranks: graphwatch report {where}"
 
 
 def make_console(file: IO[str] | None = None) -> Console:
