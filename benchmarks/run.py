@@ -1,0 +1,150 @@
+"""graphwatch overhead benchmark: one command, one process, interleaved configurations.
+
+    cd /work/main && PYTHONPATH=. python benchmarks/run.py           # full run, writes benchmarks/RESULTS.md
+    cd /work/main && PYTHONPATH=. python benchmarks/run.py --quick   # a few minutes
+
+Per workload (``workloads.py``) every round runs each configuration
+(``configs.py``) for the same number of training steps, one context (session,
+profiler, anomaly mode) spanning the round's steps as in real use; the order
+of the configurations rotates from round to round (``measure.py``).
+Reported: the median over rounds of ms/step, and the median over rounds of
+the *paired* ratio (configuration / bare of the same round).  Also: cost per
+step of 10k vs 100k-node graphs under a low recursion limit
+(``deep_graph.py``); a long run of a tiny loop for graphwatch's own memory
+and trace size (``longrun.py``); a cProfile attribution of the MLP loop
+(``profile_hot_path.py``).  RESULTS.md is written by ``results.py``.
+Benchmarks are not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import gc
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import workloads as W
+from configs import CONFIGS
+from longrun import long_run
+from measure import Log, Shape, WorkloadResult, measure
+from results import fmt_x, machine, write_results
+
+warnings.filterwarnings("ignore")  # detect_anomaly warns on every entry; numpy-less torch warns once
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--quick", action="store_true", help="fewer rounds and steps, a 5,000-step long run (a few minutes)")
+    add("--only", default="", help="comma-separated workloads (" + ",".join(W.all_workloads()) + ")")
+    add("--configs", default=",".join(CONFIGS), help="comma-separated configurations")
+    add("--rounds", type=int, default=0, help="override the rounds of every workload")
+    add("--long-steps", type=int, default=None, help="steps of the long run (default 100000; --quick 5000; 0 skips it)")
+    add("--long-budget", type=float, default=600.0, help="stop the long run after this many seconds")
+    add(
+        "--profile-steps",
+        type=int,
+        default=None,
+        help="steps of the cProfile'd MLP loop for RESULTS.md (default 1000; --quick 300; 0 skips it)",
+    )
+    add("--headroom", type=int, default=120, help="recursion limit on deep graphs = current depth + this")
+    add("--out", default=str(HERE / "RESULTS.md"), help="where to write the results")
+    return parser, parser.parse_args(argv)
+
+
+def plan(args: argparse.Namespace, only: set[str]) -> list[list[Shape]]:
+    """The groups of workloads to measure (a group is measured together, interleaved), with steps and rounds."""
+    groups: dict[str, list[Shape]] = {}
+    for name, make in W.all_workloads().items():
+        if only and name not in only:
+            continue
+        workload = make()
+        steps, rounds = workload.steps_per_round, workload.rounds
+        if args.quick:
+            steps, rounds = max(1, steps // 2), max(2 if workload.deep else 3, rounds // 4)
+        groups.setdefault(workload.group or name, []).append((workload, steps, args.rounds or rounds))
+    return list(groups.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, args = parse_args(argv)
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown configurations {unknown}; choose from {list(CONFIGS)}")
+    if "bare" not in configs:
+        configs.insert(0, "bare")
+    only = {w for w in args.only.split(",") if w}
+    unknown = sorted(only - set(W.all_workloads()))
+    if unknown:
+        parser.error(f"unknown workloads {unknown}; choose from {list(W.all_workloads())}")
+    faulthandler.enable()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    wall = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - wall:7.1f}s] {msg}", flush=True)
+
+    info = machine()
+    for k, v in info.items():
+        log(f"{k}: {v}")
+    results: dict[str, WorkloadResult] = {}
+    for group in plan(args, only):
+        for workload, steps, rounds in group:
+            log(f"{workload.name}: {workload.description}; {workload.nodes:,} nodes; {steps} steps x {rounds} rounds")
+        if len(group) > 1:
+            log(f"  measured together, interleaved: {', '.join(w.name for w, _, _ in group)}")
+        for name, r in measure(group, configs, args.headroom, log).items():
+            results[name] = r
+            ratios = ", ".join(f"{c} {fmt_x(r.ratio(c))}" for c in r.configs if c != "bare")
+            log(f"  {name} done in {r.seconds:.0f} s: {ratios}")
+        del group
+        gc.collect()
+    long = None
+    long_steps = args.long_steps if args.long_steps is not None else (5000 if args.quick else 100_000)
+    if long_steps > 0:
+        log(f"long run: {long_steps:,} steps of a tiny loop")
+        config = "gw" if not any("gw" in r.errors for r in results.values()) else "gw_nosnap"
+        long = long_run(long_steps, config, args.long_budget, log)
+    profile_steps = args.profile_steps if args.profile_steps is not None else (300 if args.quick else 1000)
+    prof = _profile(profile_steps, log) if profile_steps > 0 else None
+    text = write_results(
+        Path(args.out),
+        info,
+        results,
+        long,
+        prof,
+        quick=args.quick,
+        wall=time.perf_counter() - wall,
+        headroom=args.headroom,
+    )
+    print()
+    print(text)
+    log(f"wrote {args.out}")
+    return 0
+
+
+def _profile(steps: int, log: Log) -> dict[str, Any] | None:
+    log(f"profiling the MLP loop under graphwatch defaults ({steps:,} steps)")
+    import profile_hot_path
+
+    try:
+        return profile_hot_path.profile("mlp", steps, "default")
+    except Exception as exc:  # noqa: BLE001 - the results must still be written
+        log(f"  ! profile failed: {type(exc).__name__}: {exc}")
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
