@@ -45,12 +45,33 @@ _LIST_FIELDS: dict[str, type] = {
 _DICT_FIELDS: dict[str, type] = {"nodes": NodeRecord, "saved": SavedRecord}
 
 
+_DEFAULTS: dict[type, dict[str, Any]] = {}
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    """Each field's default value (fields without one are always written)."""
+    found = _DEFAULTS.get(cls)
+    if found is None:
+        found = _DEFAULTS[cls] = {
+            f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        }
+    return found
+
+
 def _plain(record: Any) -> dict:
+    """A record as a dict, leaving out fields at their default value (a long run writes many steps)."""
+    defaults = _defaults(type(record))
     out = {}
     for f in dataclasses.fields(record):
         value = getattr(record, f.name)
+        if f.name in defaults and value == defaults[f.name]:
+            continue
         if f.name == "holders":
             value = [_plain(h) for h in value]
+        elif type(value) is float:
+            value = round(value, 7)  # seconds to the tenth of a microsecond: enough, and shorter
         out[f.name] = value
     return out
 
