@@ -70,8 +70,6 @@ def _plain(record: Any) -> dict:
             continue
         if f.name == "holders":
             value = [_plain(h) for h in value]
-        elif type(value) is float:
-            value = round(value, 7)  # seconds to the tenth of a microsecond: enough, and shorter
         out[f.name] = value
     return out
 
