@@ -176,6 +176,8 @@ class Session:
         """Print the terminal summary (rich; plain text when not a TTY or NO_COLOR is set)."""
         from .rendering.terminal import print_summary
 
+        if console is not None and not callable(getattr(console, "print", None)):
+            raise TypeError(f"gw.summary(console=...) takes a rich Console or None, got {type(console).__name__}")
         print_summary(self.trace, console=console, report=None)
 
     @contextmanager
@@ -224,7 +226,7 @@ class Session:
                 leak = error  # raised below, unless the user's own exception is propagating
         finally:
             self._uninstall()
-            self._finalize(raise_leaks=exc_type is None and leak is None)
+            self._finalize(raise_leaks=exc_type is None and leak is None, failing=exc_type is not None)
         if leak is not None and exc_type is None:
             raise leak
 
@@ -269,7 +271,12 @@ class Session:
         elif current.saved_packed or current.backwards or not self.trace.steps:
             self._end_step("session-end", None)
 
-    def _finalize(self, raise_leaks: bool = False) -> None:
+    def _finalize(self, raise_leaks: bool = False, failing: bool = False) -> None:
+        """Close the trace, add session findings, write ``out`` and print the summary.
+
+        ``failing``: the user's own exception is propagating; a report that cannot be written is then
+        a warning, so that the user sees their exception rather than graphwatch's.
+        """
         if self._finished:
             return
         self._finished = True
@@ -279,7 +286,13 @@ class Session:
         trace.rank, trace.world_size = rank_and_world_size(trace.rank, trace.world_size)
         out = None if self.out is None else rank_folder(self.out, trace)  # no two ranks write one file
         if out is not None:
-            self.report(out)
+            try:
+                self.report(out)
+            except UsageError as error:
+                if not failing:
+                    raise
+                warnings.warn(f"graphwatch: {error}; the trace is still in gw.trace (gw.save(path))", stacklevel=3)
+                out = None
         if self.print_summary and not trace.rank:  # rank 0 (or no distributed job) prints
             from .rendering.terminal import print_summary
 

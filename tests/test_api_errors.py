@@ -88,26 +88,10 @@ CASES: list[tuple[str, str, tuple[str, ...], tuple[str, ...], Call]] = [
      lambda gw, y, v: gw.summary(v)),
 ]
 
-# Calls that give an internal error (or silently accept the wrong value) until the lead applies the fixes.
-_DOT_FIX = "waiting for the lead: /tmp/gwrepro/fix_make_dot_option_types.diff"
-_SUMMARY_FIX = "waiting for the lead: /tmp/gwrepro/fix_summary_console_type.diff"
-PENDING: dict[tuple[str, str], str] = {
-    ("make_dot", "params"): _DOT_FIX + " (AttributeError: 'int' object has no attribute 'items')",
-    ("make_dot", "max_attr_chars"): _DOT_FIX + " (TypeError: '>' not supported between instances of 'int' and ...)",
-    ("make_dot", "max_nodes"): _DOT_FIX + " (TypeError: '>' not supported between instances of 'int' and ...)",
-    ("make_dot", "trace"): _DOT_FIX + " (a wrong trace= is silently ignored)",
-    ("make_dot", "current_step"): _DOT_FIX + " (TypeError: '<' not supported ..., or silently accepted)",
-    ("make_dot", "retained"): _DOT_FIX + " (TypeError: argument of type 'int' is not iterable, ...)",
-    ("Session.summary", "console"): _SUMMARY_FIX + " (AttributeError: 'int' object has no attribute 'print')",
-}
-
-
 def _params():
     for what, argument, kinds, words, call in CASES:
-        pending = PENDING.get((what, argument))
         for kind in kinds:
-            marks = [pytest.mark.xfail(strict=True, reason=pending)] if pending else []
-            yield pytest.param(call, WRONG[kind], words, id=f"{what}({argument}={kind})", marks=marks)
+            yield pytest.param(call, WRONG[kind], words, id=f"{what}({argument}={kind})")
 
 
 @pytest.mark.parametrize(("call", "value", "words"), list(_params()))

@@ -343,8 +343,6 @@ def test_full_folder_as_out_fails_at_the_end_with_a_clear_error_after_training(f
     gw.save(tmp_path / "trace.json")
 
 
-@pytest.mark.xfail(strict=True, reason="waiting for the lead: /tmp/gwrepro/fix_session_report_error_keeps_user_exception.diff "
-                   "(the UsageError of the report written at exit replaces the user's exception)")
 def test_full_folder_does_not_hide_the_users_own_exception(full_folder):
     """The training failed and the report cannot be written: the user must still see their exception."""
     with pytest.warns(UserWarning, match="No space left on device"), pytest.raises(Boom):
@@ -513,8 +511,6 @@ def _mutations(data: dict) -> Iterator[tuple[str, dict]]:
                     yield f"{field}[{i}].{name}={wrong!r}", {**data, field: rows}
 
 
-@pytest.mark.xfail(strict=True, reason="waiting for the lead: /tmp/gwrepro/fix_trace_io_validate.diff (load_trace "
-                   "does not check field types; report then crashes with AttributeError/TypeError)")
 def test_fields_of_the_wrong_type_are_named_not_a_traceback(good_trace, tmp_path, capsys):
     data = json.loads(good_trace.read_text())
     path = tmp_path / "trace.json"
@@ -531,8 +527,6 @@ def test_fields_of_the_wrong_type_are_named_not_a_traceback(good_trace, tmp_path
     assert tried > 150
 
 
-@pytest.mark.xfail(strict=True, reason="waiting for the lead: /tmp/gwrepro/fix_trace_io_validate.diff "
-                   "(json.loads raises RecursionError, which load_trace does not catch)")
 def test_absurdly_nested_json_says_what_is_wrong(tmp_path, capsys):
     path = tmp_path / "trace.json"
     path.write_text("[" * 100_000 + "]" * 100_000)

@@ -688,8 +688,6 @@ def _replace_data_of_a_saved_output() -> torch.Tensor:
     return a.grad
 
 
-@pytest.mark.xfail(strict=True, reason="waiting for the lead: /tmp/gwrepro/fix_saved_detach_and_set_data.diff "
-                   "(saved-tensor hooks switch off torch's detach_() check; graphwatch returns a gradient)")
 @pytest.mark.parametrize("fn", [_detach_saved_input, _detach_saved_input_of_a_retained_graph])
 def test_detach_inplace_of_a_saved_tensor_raises_torchs_error_with_graphwatch_too(fn):
     bare, watched = _outcome(fn, False), _outcome(fn, True)
@@ -697,8 +695,6 @@ def test_detach_inplace_of_a_saved_tensor_raises_torchs_error_with_graphwatch_to
     assert watched == bare
 
 
-@pytest.mark.xfail(strict=True, reason="waiting for the lead: /tmp/gwrepro/fix_saved_detach_and_set_data.diff "
-                   "(the pack hook's detached alias does not see `.data = ...` on the saved tensor: wrong gradients)")
 @pytest.mark.parametrize("fn", [_replace_data_of_a_saved_input, _replace_data_of_a_saved_parameter])
 def test_data_replaced_on_a_saved_tensor_gives_torchs_gradient_with_graphwatch_too(fn):
     bare, watched = _outcome(fn, False), _outcome(fn, True)

@@ -103,8 +103,6 @@ def test_the_periodic_leak_is_one_merged_finding(long_run):
     assert len(long_run.kept) == STEPS // LEAK_EVERY
 
 
-@pytest.mark.xfail(strict=True, reason="waiting for the lead: /tmp/gwrepro/fix_recorder_compact_old_steps.diff "
-                   "(each step record lists every leaked step alive and every holder: the trace grows quadratically)")
 def test_the_trace_grows_linearly_by_a_few_hundred_bytes_per_step(long_run):
     sizes = long_run.sizes
     first, second = (sizes[1500] - sizes[1000]) / 500, (sizes[2000] - sizes[1500]) / 500
@@ -113,8 +111,6 @@ def test_the_trace_grows_linearly_by_a_few_hundred_bytes_per_step(long_run):
     assert second <= first * 1.2, f"bytes per step grow: {first:.0f} then {second:.0f}"
 
 
-@pytest.mark.xfail(strict=True, reason="waiting for the lead: /tmp/gwrepro/fix_recorder_compact_old_steps.diff "
-                   "(a step record holds one entry per leaked graph alive at its end)")
 def test_a_step_record_does_not_grow_with_the_graphs_leaked_so_far(long_run):
     trace = long_run.session.trace
     data = trace_to_dict(trace)["steps"]

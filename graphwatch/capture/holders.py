@@ -20,12 +20,13 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import inspect
 import linecache
 import re
 import sys
 from collections.abc import Iterator
-from types import FrameType
+from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -67,19 +68,25 @@ def _tensors_in(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, to
 def tensors_in_frame(frame: FrameType, include_globals: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every tensor with a grad_fn a frame can reach by name."""
     local_names = frame.f_locals
-    scopes = [local_names]
+    items = list(local_names.items())
     if include_globals and frame.f_globals is not local_names:
-        scopes.append(frame.f_globals)
-    try:
-        for scope in scopes:
-            for name, value in list(scope.items()):
-                if not name.startswith("__"):
-                    yield from _tensors_in(name, value)
-    finally:
-        if _SNAPSHOT_LOCALS and frame.f_code.co_flags & inspect.CO_OPTIMIZED:
-            # Before 3.13 a function frame's f_locals is a snapshot dict kept on the frame: it would
-            # keep the values it saw alive after the function rebinds them. Empty it.
-            local_names.clear()
+        items += frame.f_globals.items()
+    _drop_locals_snapshot(frame, local_names)
+    del local_names
+    pairs = [pair for name, value in items if not name.startswith("__") for pair in _tensors_in(name, value)]
+    del items
+    return iter(pairs)
+
+
+def _drop_locals_snapshot(frame: FrameType, local_names: dict) -> None:
+    """Before 3.13 a function frame's f_locals is a snapshot dict kept on the frame: it would keep the
+    values it saw alive after the function rebinds them.  Empty it, unless someone else holds it: it is
+    also what ``locals()`` returned to the user's code (or what a debugger shows), and theirs to keep."""
+    if not (_SNAPSHOT_LOCALS and frame.f_code.co_flags & inspect.CO_OPTIMIZED and type(local_names) is dict):
+        return
+    # the references: the frame's, the caller's variable, this parameter, getrefcount's argument
+    if sys.getrefcount(local_names) <= 4:
+        local_names.clear()  # the next f_locals or locals() fills it again from the frame
 
 
 def user_frames(start: FrameType | None) -> Iterator[FrameType]:
@@ -98,11 +105,16 @@ def assignment_line(frame: FrameType, name: str) -> int | None:
     plain assignment (``name = []``); the whole function is read, since in a loop
     that line may lie below the current one (``total += loss`` after ``optimizer.step()``).
     """
-    base = re.escape(name.split("[")[0])
+    return _assignment_line(frame.f_code, name.split("[")[0])
+
+
+@functools.lru_cache(maxsize=1024)
+def _assignment_line(code: CodeType, name: str) -> int | None:
+    """assignment_line for a code object: the same at every step end (read once, not per holder per step)."""
+    base = re.escape(name)
     pattern = re.compile(_ASSIGNMENT.format(name=base))
     growing = re.compile(_GROWING.format(name=base))
-    code = frame.f_code
-    last = max((line for _, _, line in code.co_lines() if line is not None), default=frame.f_lineno)
+    last = max((line for _, _, line in code.co_lines() if line is not None), default=code.co_firstlineno)
     found = grown = None
     for line in range(code.co_firstlineno, last + 1):
         text = linecache.getline(code.co_filename, line)

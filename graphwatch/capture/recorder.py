@@ -248,7 +248,13 @@ class Recorder:
             return
         old = cutoff - 1
         if old < len(self.trace.steps):
-            self.trace.steps[old].detail = False
+            record = self.trace.steps[old]
+            record.detail = False
+            # What grows with the number of graphs alive (a leak keeps more each step) goes with the
+            # step's detail, so that every step past the window costs the same few bytes: the totals stay.
+            record.nodes_alive_by_step = {}
+            record.saved_alive_by_step = {}
+            record.holders = []
         self.clock.forget_before(self.clock.bounds[old + 1])
         for node_id in self._node_ids_by_step.pop(old, ()):
             self.trace.nodes.pop(node_id, None)

@@ -31,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -43,6 +44,13 @@ if TYPE_CHECKING:
 PackHook = Callable[[torch.Tensor], Any]
 UnpackHook = Callable[[Any], torch.Tensor]
 
+# torch's own text (SavedVariable::unpack); saved-tensor hooks switch that check off, like the version check
+DETACHED_MESSAGE = (
+    "Trying to use a saved tensor that has been detached in-place, i.e. with .detach_()."
+    "This is not supported, please use out-of-place `.detach()` instead"
+)
+_next_sequence_nr = torch._C._autograd._get_sequence_nr
+
 _INPLACE_MESSAGE = (
     "one of the variables needed for gradient computation has been modified by an inplace operation: "
     "[{type} {shape}], which was saved at {where} (step {step}), is at version {now}; "
@@ -54,7 +62,7 @@ _INPLACE_MESSAGE = (
 class SavedHandle:
     """What autograd stores for one saved tensor while graphwatch watches."""
 
-    __slots__ = ("alias", "version", "record", "node", "storage", "recorder", "inner")
+    __slots__ = ("alias", "version", "record", "node", "storage", "recorder", "inner", "original")
 
     def __del__(self) -> None:
         try:
@@ -116,16 +124,32 @@ def make_hooks(recorder: Recorder) -> tuple[PackHook, UnpackHook]:
 
     def pack(tensor: torch.Tensor) -> SavedHandle:
         handle = _new_handle(recorder, tensor, True)
-        handle.alias = tensor.detach()
         handle.version = tensor._version
+        handle.original = None
+        # Without hooks torch keeps a saved input itself, not a copy: a later `.data = ...` on it shows
+        # in the backward, and a `.detach_()` of it is an error.
+        if tensor.is_leaf:  # a leaf cannot lead back to the graph: keep it, as torch does
+            handle.alias = tensor
+            return handle
+        handle.alias = tensor.detach()  # never the tensor itself: a saved output would keep its graph forever
+        # An output of the op saving it has the node being made, numbered last, as grad_fn: torch keeps a
+        # copy of those, as the alias is.  For the others a weak reference gives torch's behaviour without
+        # keeping anything alive (a custom Function that makes nodes in its forward is taken for an input).
+        if tensor.grad_fn._sequence_nr() != _next_sequence_nr() - 1:
+            handle.original = weakref.ref(tensor)
         return handle
 
     def unpack(handle: SavedHandle) -> torch.Tensor:
-        alias = handle.alias
-        if alias._version != handle.version:
-            raise RuntimeError(inplace_message(recorder, handle))
+        original = handle.original
+        tensor = original() if original is not None else None
+        if tensor is None:
+            tensor = handle.alias
+        elif tensor.grad_fn is None:
+            raise RuntimeError(DETACHED_MESSAGE)
+        if tensor._version != handle.version:
+            raise RuntimeError(inplace_message(recorder, handle, tensor))
         handle.record.unpacked += 1
-        return alias
+        return tensor
 
     return pack, unpack
 
@@ -140,6 +164,7 @@ def make_chained_hooks(recorder: Recorder, outer_pack: PackHook, outer_unpack: U
     def pack(tensor: torch.Tensor) -> SavedHandle:
         handle = _new_handle(recorder, tensor, False)
         handle.alias = None  # the outer hooks decide where the tensor lives
+        handle.original = None
         handle.inner = outer_pack(tensor)
         return handle
 
@@ -150,9 +175,9 @@ def make_chained_hooks(recorder: Recorder, outer_pack: PackHook, outer_unpack: U
     return pack, unpack
 
 
-def inplace_message(recorder: Recorder, handle: SavedHandle) -> str:
+def inplace_message(recorder: Recorder, handle: SavedHandle, tensor: torch.Tensor | None = None) -> str:
     """torch's "modified by an inplace operation" message, with the line that saved the tensor."""
-    alias = handle.alias
+    alias = handle.alias if tensor is None else tensor
     record = handle.record
     return _INPLACE_MESSAGE.format(
         type=alias.type(),

@@ -16,6 +16,8 @@ import dataclasses
 import json
 import os
 import tempfile
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -88,24 +90,89 @@ def trace_to_dict(trace: Trace) -> dict:
 
 
 def _build(cls: type, row: dict, where: str) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
     try:
-        if not isinstance(row, dict):
-            raise TypeError(f"expected an object, got {type(row).__name__}")
-        record = cls(**{k: v for k, v in row.items() if k in names})
-        # JSON turns tuples into lists and int keys into strings: undo both.
-        for name in ("nodes_alive_by_step", "saved_alive_by_step"):
-            if hasattr(record, name):
-                setattr(record, name, {int(k): v for k, v in getattr(record, name).items()})
-        if isinstance(record, SavedRecord):
-            record.shape = tuple(record.shape)
-        if isinstance(record, BackwardRecord):
-            record.crossings = [tuple(c) for c in record.crossings]
-        if isinstance(record, StepRecord):
-            record.holders = [_build(Holder, h, where) for h in record.holders]
+        return _record(cls, row)
     except (TypeError, ValueError, AttributeError) as exc:
         raise TraceFormatError(f"{where}: {exc}; the trace file is damaged - record the run again") from None
+
+
+def _record(cls: type, row: Any) -> Any:
+    """One record from its JSON object; a TypeError naming the field when a value has the wrong type."""
+    if not isinstance(row, dict):
+        raise TypeError(f"expected an object, got {type(row).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    record = cls(**{k: v for k, v in row.items() if k in names})
+    # JSON turns tuples into lists and int keys into strings: undo both (wrong types are caught below).
+    for name in ("nodes_alive_by_step", "saved_alive_by_step"):
+        value = getattr(record, name, None)
+        if isinstance(value, dict):
+            try:
+                setattr(record, name, {int(k): v for k, v in value.items()})
+            except ValueError:
+                raise TypeError(f"{cls.__name__} field {name!r} has a key that is not a step number") from None
+    if isinstance(record, SavedRecord) and isinstance(record.shape, list):
+        record.shape = tuple(record.shape)
+    if isinstance(record, BackwardRecord) and isinstance(record.crossings, list):
+        record.crossings = [tuple(c) if isinstance(c, list) else c for c in record.crossings]
+    if isinstance(record, StepRecord) and isinstance(record.holders, list):
+        if not all(isinstance(h, dict) for h in record.holders):
+            raise TypeError("StepRecord field 'holders' should be a list of objects")
+        record.holders = [_record(Holder, h) for h in record.holders]
+    _check_fields(record, cls.__name__)
     return record
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _check_fields(record: Any, what: str) -> None:
+    """A TypeError naming the first field whose value is not of its declared type (JSON loads anything)."""
+    cls = type(record)
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if not _is_a(value, hints[f.name]):
+            shown = repr(value)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            raise TypeError(f"{what} field {f.name!r} is {shown}, expected {_type_name(hints[f.name])}")
+
+
+def _is_a(value: Any, hint: Any) -> bool:
+    """Whether ``value`` (as JSON loads it) fits the field type ``hint``; ints pass for floats, bools not for ints."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_is_a(value, h) for h in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if hint in (list, tuple) or origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False
+        return not args or all(_is_a(v, args[0]) for v in value)  # list[X], tuple[X, ...], tuple[X, X]
+    if hint is dict or origin is dict:
+        if not isinstance(value, dict):
+            return False
+        return not args or all(_is_a(k, args[0]) and _is_a(v, args[1]) for k, v in value.items())
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _type_name(hint: Any) -> str:
+    if isinstance(hint, type) and not typing.get_args(hint):
+        return hint.__name__
+    return str(hint).replace("typing.", "").replace("graphwatch.model.records.", "")
 
 
 def trace_from_dict(data: Any, source: str = "trace") -> Trace:
@@ -136,6 +203,10 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
             rows = [_build(_DICT_FIELDS[f.name], row, f"{source}: {f.name}") for row in _rows(value, f.name, source)]
             value = {r.id: r for r in rows}
         setattr(trace, f.name, value)
+    try:
+        _check_fields(trace, "the trace's")
+    except TypeError as exc:
+        raise TraceFormatError(f"{source}: {exc}; the trace file is damaged - record the run again") from None
     return trace
 
 
@@ -200,5 +271,9 @@ def load_trace(path: str | os.PathLike) -> Trace:
         raise TraceFormatError(
             f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}): "
             "the file is truncated or corrupted; record the run again"
+        ) from None
+    except RecursionError:  # json recurses once per nesting level: "[[[[..." raises this, not JSONDecodeError
+        raise TraceFormatError(
+            f"{path} nests JSON too deeply to be a graphwatch trace: the file is corrupted; record the run again"
         ) from None
     return trace_from_dict(data, str(path))

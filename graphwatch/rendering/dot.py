@@ -467,11 +467,31 @@ def make_dot(var: torch.Tensor | Sequence[torch.Tensor], params: Mapping[str, to
         >>> [line.split('"')[1] for line in make_dot(h, max_nodes=100).body if "nodes (" in line]
         ['… 5,976 nodes (TanhBackward0 ×2,988, MulBackward0 ×2,988) …']
     """
+    _check_options(params, max_attr_chars, trace, current_step, retained, max_nodes)
     with _gc_paused():
         graph = _GraphBuilder(params, show_attrs, show_saved, max_attr_chars)
         for tensor in var if isinstance(var, (tuple, list)) else [var]:
             graph.add_output(tensor)
         return _finish(graph, trace, current_step, retained, legend, max_nodes)
+
+
+def _check_options(params: Any, max_attr_chars: Any, trace: Any, current_step: Any, retained: Any, max_nodes: Any) -> None:
+    """A TypeError naming the make_dot option that has the wrong type, before anything is drawn."""
+
+    def wrong(name: str, expected: str, value: Any) -> TypeError:
+        return TypeError(f"make_dot({name}=...) takes {expected}, got {type(value).__name__}")
+
+    if params is not None and not isinstance(params, Mapping):
+        raise wrong("params", "a dict of names to tensors, e.g. dict(model.named_parameters())", params)
+    for name, value in (("max_attr_chars", max_attr_chars), ("max_nodes", max_nodes)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise wrong(name, "a number", value)
+    if trace is not None and not isinstance(trace, Trace):
+        raise wrong("trace", "a session's trace (gw.trace) or None", trace)
+    if current_step is not None and (isinstance(current_step, bool) or not isinstance(current_step, int)):
+        raise wrong("current_step", "a step number or None", current_step)
+    if retained is not None and (isinstance(retained, (str, bytes, torch.Tensor)) or not isinstance(retained, Collection)):
+        raise wrong("retained", "a collection of node record ids or None", retained)
 
 
 def snapshot_dot(roots: Iterable[Any], trace: Trace, step: int, *, retained: Collection[int] | None = None,
