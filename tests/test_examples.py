@@ -17,7 +17,6 @@ import contextlib
 import io
 import re
 import runpy
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -220,11 +219,3 @@ def test_outcome_is_the_same_without_graphwatch(name: str, level: str) -> None:
     else:
         assert bare_error is None and watched_error is None
     assert bare_out == watched_out, "the script prints the same numbers with graphwatch"
-
-
-@pytest.mark.parametrize("name", BUGS + CLEAN)
-def test_example_is_fast(name: str) -> None:
-    cached_run(name, None)  # warm: imports and first-call setup are not the example's cost
-    started = time.perf_counter()
-    run_example(name, None)
-    assert time.perf_counter() - started < 2.0
