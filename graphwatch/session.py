@@ -47,7 +47,7 @@ from .analysis import (
     session_findings,
     step_findings,
 )
-from .capture import EnginePatch, Recorder, parse_engine_args, path_to, walk
+from .capture import EnginePatch, Recorder, parse_engine_args, path_to, quick_walk, root_records, walk
 from .capture.call_mode import CallSiteMode
 from .capture.holders import find_holders
 from .capture.optimizer import GradResetTracker, OptimizerHooks
@@ -234,7 +234,7 @@ class Session:
         recorder = self._recorder
         recorder.boundary_hook = self._pending_boundary
         if self.level == "precise":
-            recorder.precise = True
+            recorder.precise = recorder.detail_always = True
             mode = CallSiteMode(recorder)
             mode.__enter__()
             self._installed.append(lambda: mode.__exit__(None, None, None))
@@ -344,13 +344,15 @@ class Session:
         if not self._owns_thread():
             return
         current = self._recorder.current
-        current.stale_grads += self._grads.before_step(optimizer)
+        if self.level != "light":  # the light level does not walk graphs, so it cannot tell accumulations
+            current.stale_grads += self._grads.before_step(optimizer)
         current.optimizer_site = self._recorder.sites.here(2)
 
     def _after_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._owns_thread():
             return
-        self._grads.after_step(optimizer)
+        if self.level != "light":
+            self._grads.after_step(optimizer)
         recorder = self._recorder
         recorder.current.optimizer_steps += 1
         self._optimizer_steps = True
@@ -393,14 +395,33 @@ class Session:
         return result
 
     def _walk_before(self, record: BackwardRecord, roots: list[Any], accumulate: bool) -> list[NodeRecord]:
-        """Tag and count the graph the backward is about to run; return the nodes already freed."""
+        """Tag and count the graph the backward is about to run; return the nodes already freed.
+
+        Record cheaply, look closer on suspicion: a graph made entirely in this
+        step by a backward that frees it gets a quick walk (tags and counts, no
+        records).  The first backward, a retained graph, a snapshot, the
+        precise level, and any graph that reaches nodes an earlier walk or step
+        made get the full walk, which builds the records the analysis reads.
+        """
+        recorder = self._recorder
+        if not (
+            record.retain_graph or record.create_graph or self._retained or recorder.detail_always
+            or recorder.boundary_pending or self._wants_snapshot(record, False)
+        ):  # fmt: skip
+            quick = quick_walk(recorder, roots, record.id, collect_params=accumulate)
+            if quick is not None:
+                record.nodes_reached = quick.nodes_reached
+                record.roots = root_records(recorder, roots)  # a backward-twice error compares them
+                if accumulate:
+                    self._grads.accumulated(quick.params_reached)
+                return []
         reached: set[int] | None = set() if (record.retain_graph or self._retained) else None
         result = walk(self._recorder, roots, record.id, collect_params=accumulate, reached=reached)
         record.nodes_reached = result.nodes_reached
         record.earlier_nodes_reached = result.earlier_nodes_reached
         record.earlier_steps = sorted(result.earlier_steps)
         record.crossings = result.crossings[:16]
-        record.roots = [r.id for r in _root_records(roots)]
+        record.roots = root_records(self._recorder, roots)
         if accumulate:
             self._grads.accumulated(result.params_reached)
         if reached is not None:
@@ -490,15 +511,6 @@ def rank_and_world_size(rank: int | None = None, world_size: int | None = None) 
         return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     except (KeyError, ValueError):
         return rank, world_size
-
-
-def _root_records(roots: list[Any]) -> Iterator[Any]:
-    from .capture.graph_walk import node_record
-
-    for root in roots:
-        record = node_record(root)
-        if record is not None:
-            yield record
 
 
 def _check_writable_folder(folder: Path) -> None:

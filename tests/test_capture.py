@@ -188,7 +188,7 @@ def test_saved_views_of_one_storage_count_the_storage_once():
 
 def test_freed_by_names_the_backward_and_collected_graphs_have_freed_step_only():
     x = torch.randn(5, requires_grad=True)
-    with _watch() as gw:
+    with _watch(level="precise") as gw:  # records for every saved tensor and node (the default builds them on suspicion)
         with gw.step():
             a = x.exp()  # <mark: freed by backward>
             a.sum().backward()
@@ -360,7 +360,7 @@ def test_nodes_of_a_composite_op_that_save_tensors_have_its_exact_line(kind):
 # ----------------------------------------------------------------- steps
 def test_each_node_belongs_to_the_step_that_created_it():
     x = torch.randn(4, requires_grad=True)
-    with _watch() as gw:
+    with _watch(level="precise") as gw:  # a record for every node, not only where the default looks closer
         with gw.step():
             kept = x.exp()  # made in step 0, backwarded in step 2
             x.sin().sum().backward()
@@ -404,7 +404,7 @@ def test_trace_memory_is_bounded_with_keep_steps():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with _watch(keep_steps=5) as gw:
+    with _watch(keep_steps=5, level="precise") as gw:  # the level that builds every step's records
         for _ in range(50):
             opt.zero_grad()
             model(torch.randn(8, 4)).pow(2).mean().backward()  # 7 nodes, 5 saved tensors per step
@@ -418,3 +418,32 @@ def test_trace_memory_is_bounded_with_keep_steps():
     assert Counter(n.step for n in trace.nodes.values()) == Counter({s: 7 for s in recent | {0}})
     assert Counter(s.step for s in trace.saved.values()) == Counter({s: 5 for s in recent | {0}})
     assert [s.index for s in trace.steps if not s.detail] == list(range(1, 45))
+
+
+def test_default_level_builds_records_only_where_it_looks_closer():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with _watch() as gw:
+        for i in range(6):
+            opt.zero_grad()
+            loss = model(torch.randn(8, 4)).pow(2).mean()  # 7 nodes, 5 saved tensors per step
+            loss.backward(retain_graph=i == 3)  # step 3 keeps its graph: the full walk, and records
+            opt.step()
+        kept = model(torch.randn(8, 4)).sum()  # <mark: outlives its step>
+        opt.step()  # ends step 6 with kept's saved tensors alive
+    trace = gw.trace
+    assert all(s.nodes_created == 7 and s.saved_packed == 5 for s in trace.steps[:6])  # every step is counted
+    assert [b.nodes_reached for b in trace.backwards] == [7] * 6  # quick walks count too
+    # node records: step 0 (the first backward), step 3 (retain_graph), each backward's root (MeanBackward0);
+    # at step 6's end step 5's `loss` is still alive, so the holder search walks it (on to PowBackward0, whose
+    # buffers step 5's quick-walked backward freed: the walk stops there) and kept's graph (6 nodes)
+    nodes = sorted(Counter(n.step for n in trace.nodes.values()).items())
+    assert nodes == [(0, 7), (1, 1), (2, 1), (3, 7), (4, 1), (5, 2), (6, 6)]
+    pow_node = next(n for n in trace.nodes.values() if n.step == 5 and n.op == "PowBackward0")
+    assert pow_node.freed_by == 5 and pow_node.backward == 5
+    assert sorted(Counter(s.step for s in trace.saved.values()).items()) == [(0, 5), (3, 5), (6, 4)]
+    outliving = [s for s in trace.saved.values() if s.step == 6]
+    assert all(s.alive and trace.nodes[s.node].step == 6 for s in outliving)  # linked by the holder search
+    assert {_at(gw, s.site)[1] for s in outliving} == {_line("outlives its step")}
+    assert trace.steps[6].saved_alive_by_step == {6: sum(s.nbytes for s in outliving if s.kind != "parameter")}

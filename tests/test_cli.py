@@ -79,7 +79,7 @@ def test_run_keeps_output_exit_code_argv_and_sys_path(tmp_path: Path) -> None:
     assert result.stdout == f"hello from a sibling module __main__ {[str(train), '--lr', '0.1', '--', '-q']}\n"
     assert "graphwatch: no graph leaks in 6 steps" in result.stderr  # the summary goes to stderr
     trace = read_trace(tmp_path / "out")
-    assert len(trace["steps"]) == 6 and trace["findings"] == []
+    assert trace["steps"]["count"] == 6 and trace["findings"] == []
     assert trace["ended_early"] == "SystemExit: 7"
 
 
@@ -154,7 +154,7 @@ def test_run_stopped_by_a_signal_writes_the_report_marked_ended_early(
     else:
         assert stderr.startswith("Traceback (most recent call last):") and "KeyboardInterrupt" in stderr
     trace = read_trace(out)
-    assert trace["ended_early"] == ended_early and len(trace["steps"]) >= 4
+    assert trace["ended_early"] == ended_early and trace["steps"]["count"] >= 4
 
 
 def test_run_user_errors_are_one_line_exit_2(tmp_path: Path) -> None:

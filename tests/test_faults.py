@@ -152,8 +152,11 @@ def test_keyboard_interrupt_inside_a_retained_backward_of_a_leaking_loop(tmp_pat
 # calls to let through first.  Each is reached in the training below (a leaking loop with snapshots).
 INTERNALS = {
     "pack hook": ("graphwatch.capture.saved", "_new_handle", 7),
-    "node tagging": ("graphwatch.capture.recorder.Recorder", "new_node", 9),
-    "graph walk": ("graphwatch.session", "walk", 2),
+    "node tagging": ("graphwatch.capture.recorder.Recorder", "node_born", 9),
+    "node record": ("graphwatch.capture.recorder.Recorder", "node_record", 9),
+    "saved record": ("graphwatch.capture.recorder.Recorder", "saved_record", 3),
+    "graph walk": ("graphwatch.session", "walk", 0),
+    "quick graph walk": ("graphwatch.session", "quick_walk", 2),
     "backward start": ("graphwatch.capture.recorder.Recorder", "begin_backward", 2),
     "backward end": ("graphwatch.capture.recorder.Recorder", "end_backward", 2),
     "step end": ("graphwatch.capture.recorder.Recorder", "end_step", 2),
@@ -258,9 +261,9 @@ def test_graphwatch_run_stopped_by_a_signal_writes_the_report_marked_ended_early
         proc.kill()
     assert proc.returncode == exit_code, stderr
     assert "Exception ignored" not in stderr
-    trace = json.loads((out / "trace.json").read_text())
-    assert reason in trace["ended_early"]
-    assert [s["source"] for s in trace["steps"]] == ["optimizer"] * 5
+    trace = graphwatch.load(out / "trace.json")
+    assert reason in trace.ended_early
+    assert [s.source for s in trace.steps] == ["optimizer"] * 5
     assert ENDED_EARLY in (out / "index.html").read_text()
 
 
@@ -429,7 +432,7 @@ def good_trace(tmp_path_factory) -> Path:
     gw.save(path)
     data = json.loads(path.read_text())
     assert all(data[k] for k in ("sites", "nodes", "saved", "backwards", "steps", "findings", "snapshots"))
-    assert any(step.get("holders") for step in data["steps"])
+    assert any("holders" in fields for _, fields in data["steps"]["extra"])  # steps are columns, holders extra
     return path
 
 
@@ -496,12 +499,24 @@ def _wrong_values(good: object) -> list[object]:
     return [[1], {"a": 1}]  # None in a good trace: an optional int or str
 
 
+def _column_values(column, count: int) -> list:
+    if isinstance(column, list):
+        return column
+    return [column["all"]] * count if "all" in column else list(range(column["from"], column["from"] + count))
+
+
 def _mutations(data: dict) -> Iterator[tuple[str, dict]]:
     for field, value in data.items():
         if field in ("format", "version"):
             continue
         for wrong in _wrong_values(value):
             yield f"{field}={wrong!r}", {**data, field: wrong}
+        if isinstance(value, dict) and "columns" in value:  # steps and backwards: a column per field
+            for name, column in value["columns"].items():
+                values = _column_values(column, value["count"])
+                for wrong in _wrong_values(values[0]):
+                    columns = {**value["columns"], name: [wrong, *values[1:]]}
+                    yield f"{field}.{name.split('.')[0]}={wrong!r}", {**data, field: {**value, "columns": columns}}
         if isinstance(value, list) and value and isinstance(value[0], dict):
             names = list(dict.fromkeys(name for row in value for name in row))  # fields left at their default are omitted
             for name in names:

@@ -174,7 +174,8 @@ def test_nested_watch_raises_usage_error_naming_the_fix_and_outer_session_keeps_
     _assert_clean(before)
     assert len(outer.trace.backwards) == 2
     assert {outer.trace.nodes[r].op for b in outer.trace.backwards for r in b.roots} == {"SumBackward0"}
-    assert sorted(r.kind for r in outer.trace.saved.values()) == ["activation", "parameter"]  # exp's output, sin's x
+    # exp's output, then sin's x, each 12 bytes: the outer session's hooks saw both
+    assert [(s.saved_packed, s.saved_bytes_packed) for s in outer.trace.steps] == [(1, 12), (1, 12)]
 
 
 def test_reentering_the_same_session_raises_usage_error():

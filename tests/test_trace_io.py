@@ -78,7 +78,41 @@ def test_save_then_load_round_trips_every_record(rich_session, tmp_path):
 def test_saved_file_is_versioned_json(rich_session, tmp_path):
     path = rich_session.save(tmp_path / "trace.json")
     data = json.loads(path.read_text(encoding="utf-8"))
-    assert (data["format"], data["version"]) == (FORMAT, VERSION) == ("graphwatch-trace", 1)
+    assert (data["format"], data["version"]) == (FORMAT, VERSION) == ("graphwatch-trace", 2)
+    assert set(data["steps"]) == set(data["backwards"]) == {"count", "columns", "extra"}  # version 2: columns
+    assert data["steps"]["count"] == len(rich_session.trace.steps)
+
+
+def test_a_version_1_trace_still_loads(rich_session, tmp_path):
+    from graphwatch.model.trace_io import _plain, trace_to_dict
+
+    data = trace_to_dict(rich_session.trace)
+    data["version"] = 1  # version 1 wrote steps and backwards as lists of objects
+    data["steps"] = [_plain(s) for s in rich_session.trace.steps]
+    data["backwards"] = [_plain(b) for b in rich_session.trace.backwards]
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(data))
+    assert graphwatch.load(path) == rich_session.trace
+
+
+def test_a_long_run_is_written_in_columns_and_kept_in_columns(tmp_path):
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with graphwatch.watch(summary=False, keep_steps=3) as gw:
+        for _ in range(40):
+            opt.zero_grad()
+            model(torch.randn(2, 3)).sum().backward()
+            opt.step()
+    trace = gw.trace
+    assert trace.steps.frozen() == 36 and trace.backwards.frozen() == 36  # all but step 0 and the last 3
+    assert [s.index for s in trace.steps] == list(range(40)) and [b.id for b in trace.backwards] == list(range(40))
+    assert trace.steps[5].backwards == [5] and trace.backwards[5].step == 5 and not trace.steps[5].detail
+    path = gw.save(tmp_path / "trace.json")
+    columns = json.loads(path.read_text())["steps"]["columns"]
+    assert columns["index"] == {"from": 0} and columns["source"] == {"all": "optimizer"}
+    assert columns["backwards.first"] == {"from": 0} and columns["backwards.count"] == {"all": 1}
+    loaded = graphwatch.load(path)
+    assert loaded == trace and loaded.steps.frozen() == 36 and loaded.backwards.frozen() == 36
 
 
 def test_save_of_a_loaded_trace_writes_the_same_file(rich_session, tmp_path):
@@ -219,7 +253,33 @@ def test_load_of_a_directory_names_the_fix(tmp_path):
 )
 def test_load_of_a_damaged_trace_names_the_fix(tmp_path, damage):
     path = tmp_path / "damaged.json"
-    path.write_text(json.dumps({"format": FORMAT, "version": VERSION, **damage}))
+    path.write_text(json.dumps({"format": FORMAT, "version": 1, **damage}))  # records as version 1 wrote them
+    message = _load_error(path)
+    assert "damaged" in message and "record the run again" in message
+
+
+_STEP = {"index": [0], "source": ["optimizer"]}
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        pytest.param([{"index": 0, "source": "optimizer"}], id="a-list-where-columns-belong"),
+        pytest.param({"count": 2, "columns": _STEP}, id="column-shorter-than-count"),
+        pytest.param({"count": 1, "columns": {"index": [0]}}, id="record-missing-a-field"),
+        pytest.param({"count": 1, "columns": {**_STEP, "seconds": {"every": 1}}}, id="column-of-unknown-form"),
+        pytest.param({"count": 1, "columns": _STEP, "extra": [[3, {"stale_grads": 1}]]}, id="extra-for-no-record"),
+        pytest.param({"count": 1, "columns": _STEP, "extra": [{"stale_grads": 1}]}, id="extra-not-a-pair"),
+        pytest.param({"count": 1, "columns": {**_STEP, "backwards.first": ["a"]}}, id="range-not-a-number"),
+        pytest.param(
+            {"count": 1, "columns": {**_STEP, "backwards.first": [5], "backwards.count": [1], "detail": [False]}},
+            id="step-naming-a-missing-backward",
+        ),
+    ],
+)
+def test_load_of_damaged_columns_names_the_fix(tmp_path, steps):
+    path = tmp_path / "damaged.json"
+    path.write_text(json.dumps({"format": FORMAT, "version": 2, "steps": steps}))
     message = _load_error(path)
     assert "damaged" in message and "record the run again" in message
 

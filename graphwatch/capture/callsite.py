@@ -31,8 +31,7 @@ _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _STDLIB_DIR = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 _INTERNAL_PREFIXES = (_TORCH_DIR, _GRAPHWATCH_DIR)
 
-# How many user frames a site records (the innermost and its user callers).
-CHAIN_DEPTH = 2
+# A site records the innermost user frame and its nearest user caller.
 
 
 def is_user_file(filename: str) -> bool:
@@ -55,12 +54,19 @@ def display_path(filename: str) -> str:
 
 
 class SiteTable:
-    """Interns user call sites; ``sites[i]`` is the CallSite with id ``i``."""
+    """Interns user call sites; ``sites[i]`` is the CallSite with id ``i``.
+
+    A lookup keys on ``(id(code), f_lasti)`` of each user frame: both are plain
+    attribute reads, where hashing a code object or reading ``f_lineno`` costs
+    about a microsecond each.  Lines are read only the first time a position is seen.
+    """
 
     def __init__(self, sites: list[CallSite] | None = None) -> None:
         self.sites: list[CallSite] = sites if sites is not None else []
-        self._ids: dict[tuple, int] = {}
-        self._user_code: dict[CodeType, bool] = {}
+        self._ids: dict[tuple, int] = {}  # ((code, line), ...) -> site id
+        self._positions: dict[tuple, int] = {}  # (id(code), f_lasti, ...) -> site id
+        self._user_code: dict[int, bool] = {}  # id(code) -> is user code
+        self._codes: list[CodeType] = []  # keeps the codes alive, so that their ids stay theirs
 
     def here(self, skip: int = 1) -> int | None:
         """Id of the innermost user frame's site (with its user callers), or None if there is none."""
@@ -68,28 +74,39 @@ class SiteTable:
 
     def from_frame(self, frame: FrameType | None, line: int | None = None) -> int | None:
         """Like :meth:`here`, starting the walk at ``frame`` (at ``line`` instead of its current line)."""
-        user_code = self._user_code
-        chain: list[tuple[CodeType, int]] = []
-        if frame is not None and line is not None:
-            chain.append((frame.f_code, line))
-            frame = frame.f_back
-        while frame is not None:
-            code = frame.f_code
-            is_user = user_code.get(code)
-            if is_user is None:
-                is_user = user_code[code] = is_user_file(code.co_filename)
-            if is_user:
-                chain.append((code, frame.f_lineno))
-                if len(chain) == CHAIN_DEPTH:
-                    break
-            frame = frame.f_back
-        if not chain:
+        inner = frame if line is not None else self._user_frame(frame)
+        if inner is None:
             return None
-        key = tuple(chain)
-        site_id = self._ids.get(key)
+        caller = self._user_frame(inner.f_back)
+        position = -line if line is not None else inner.f_lasti
+        if caller is None:
+            return self._site([inner], (id(inner.f_code), position), line)
+        return self._site([inner, caller], (id(inner.f_code), position, id(caller.f_code), caller.f_lasti), line)
+
+    def _user_frame(self, frame: FrameType | None) -> FrameType | None:
+        """The first user frame from ``frame`` outwards (the hot loop: a few attribute reads per frame)."""
+        while frame is not None:
+            is_user = self._user_code.get(id(frame.f_code))
+            if is_user or (is_user is None and self._classify(frame.f_code)):
+                return frame
+            frame = frame.f_back
+        return None
+
+    def _site(self, frames: list[FrameType], position: tuple[int, ...], line: int | None = None) -> int:
+        """The site id of a chain of user frames (innermost first), from its position or, once, its lines."""
+        site_id = self._positions.get(position)
         if site_id is None:
-            site_id = self._intern(key)
+            lines = [frame.f_lineno for frame in frames]
+            if line is not None:
+                lines[0] = line
+            chain = tuple((frame.f_code, n) for frame, n in zip(frames, lines))
+            site_id = self._positions[position] = self._intern(chain)
         return site_id
+
+    def _classify(self, code: CodeType) -> bool:
+        self._codes.append(code)
+        is_user = self._user_code[id(code)] = is_user_file(code.co_filename)
+        return is_user
 
     def _intern(self, chain: tuple[tuple[CodeType, int], ...]) -> int:
         caller = self._intern(chain[1:]) if len(chain) > 1 else None

@@ -40,18 +40,26 @@ ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
 
 
 class NodeTag:
-    """Lives in ``node.metadata``; its finalizer runs when the node is destroyed."""
+    """Lives in ``node.metadata``; its finalizer runs when the node is destroyed.
 
-    __slots__ = ("record", "recorder", "mark")
+    A quick walk leaves only the tag (step, sequence number, last backward);
+    the node's :class:`~graphwatch.model.NodeRecord` is built when a full walk
+    reaches it (:func:`walk`).
+    """
 
-    def __init__(self, record: NodeRecord, recorder: Recorder) -> None:
-        self.record = record
+    __slots__ = ("recorder", "step", "seq", "backward", "mark", "record")
+
+    def __init__(self, recorder: Recorder, step: int, seq: int) -> None:
         self.recorder = recorder
+        self.step = step
+        self.seq = seq
+        self.backward: int | None = None  # id of the last backward whose walk visited the node
         self.mark = -1  # id of the last walk that visited the node
+        self.record: NodeRecord | None = None
 
     def __del__(self) -> None:
         try:
-            self.recorder.node_died(self.record)
+            self.recorder.node_died(self)
         except Exception:  # never raise from a finalizer
             pass
 
@@ -120,24 +128,86 @@ class WalkResult:
 _marks = iter(range(1 << 62))
 
 
-def _tag(recorder: Recorder, node: Any, info: _NodeType) -> NodeTag:
-    record = recorder.new_node(info.op, node._sequence_nr())
+def _new_tag(recorder: Recorder, metadata: dict, step: int, seq: int) -> NodeTag:
+    tag = NodeTag(recorder, step, seq)
+    metadata[METADATA_KEY] = tag
+    recorder.node_born(step)
+    return tag
+
+
+def _record(recorder: Recorder, node: Any, info: _NodeType, tag: NodeTag | None) -> NodeTag:
+    """Tag ``node`` (if a quick walk has not) and build its record, linked to its saved tensors."""
+    if tag is None:
+        seq = node._sequence_nr()
+        tag = _new_tag(recorder, node.metadata, recorder.clock.step_of(seq), seq)
+    record = tag.record = recorder.node_record(tag, info.op)
     for handle in _saved_data(node, info):
         if type(handle) is not SavedHandle:
             if handle is not None and not isinstance(handle, torch.Tensor):
                 recorder.trace.untracked_saved += 1  # packed by a user's saved-tensor hooks inside ours
             continue
+        saved = recorder.saved_record(handle)
         handle.node = record
-        handle.record.node = record.id
-        record.saved.append(handle.record.id)
+        saved.node = record.id
+        record.saved.append(saved.id)
         if record.site is None:
-            record.site = handle.record.site
-    if record.site is None:  # saves nothing: the line of the last pack at or before it
+            record.site = saved.site
+    if record.site is None:  # saves nothing (or its saved tensors are gone): the line of the last pack before it
         record.site = recorder.clock.site_of(record.seq)
         record.site_inferred = record.site is not None
-    tag = NodeTag(record, recorder)
-    node.metadata[METADATA_KEY] = tag
+        if tag.backward is not None and _buffers_freed(node, info):  # a quick walk's backward freed them
+            record.freed_by = tag.backward
     return tag
+
+
+def _buffers_freed(node: Any, info: _NodeType) -> bool:
+    """True if reading the node's saved tensors raises torch's "backward through the graph a second time"."""
+    for attr in info.saved_attrs:
+        try:
+            getattr(node, "_saved_" + attr[len("_raw_saved_") :])
+        except RuntimeError:
+            return True
+        except Exception:  # not a tensor slot torch can read back; look at the next
+            continue
+    return False
+
+
+def quick_walk(recorder: Recorder, roots: Iterable[Any], backward_id: int, collect_params: bool = False) -> WalkResult | None:
+    """Tag and count a graph made entirely in the current step, building no records.
+
+    Returns None as soon as it meets a node that an earlier walk tagged or
+    that an earlier step made: that graph needs :func:`walk` (steps crossed,
+    freed nodes, records).  Tags it left stay valid for that walk.
+    """
+    result = WalkResult()
+    mark = next(_marks)
+    step, first_seq = recorder.step, recorder.step_seq
+    params = result.params_reached
+    stack = [root for root in roots if root is not None]
+    while stack:
+        node = stack.pop()
+        info = _node_type(node)
+        if info.is_accumulate_grad:
+            if collect_params:
+                params.append(node.variable)
+            continue
+        metadata = node.metadata
+        tag = metadata.get(METADATA_KEY)
+        if tag is not None:
+            if tag.mark == mark:
+                continue
+            return None
+        seq = node._sequence_nr()
+        if seq < first_seq:
+            return None
+        tag = _new_tag(recorder, metadata, step, seq)
+        tag.mark = mark
+        tag.backward = backward_id
+        result.nodes_reached += 1
+        for child, _ in node.next_functions:
+            if child is not None:
+                stack.append(child)
+    return result
 
 
 def walk(
@@ -169,10 +239,9 @@ def walk(
             if collect_params:
                 result.params_reached.append(node.variable)
             continue
-        metadata = node.metadata
-        tag = metadata.get(METADATA_KEY)
-        if tag is None:
-            tag = _tag(recorder, node, info)
+        tag = node.metadata.get(METADATA_KEY)
+        if tag is None or tag.record is None:
+            tag = _record(recorder, node, info, tag)
         elif tag.mark == mark:
             continue
         tag.mark = mark
@@ -187,7 +256,7 @@ def walk(
                 if parent is not None and parent.step == step:
                     result.crossings.append((parent.id, record.id))
         if backward_id is not None:
-            record.backward = backward_id
+            record.backward = tag.backward = backward_id
         if record.freed_by is not None:
             result.freed.append(record)
             continue
@@ -195,6 +264,18 @@ def walk(
             if child is not None:
                 stack.append((child, record))
     return result
+
+
+def root_records(recorder: Recorder, roots: Iterable[Any]) -> list[int]:
+    """Record ids of the tagged roots of a walked graph, building the records a quick walk left out."""
+    ids = []
+    for root in roots:
+        tag = None if root is None else root.metadata.get(METADATA_KEY)
+        if tag is not None:
+            if tag.record is None:
+                _record(recorder, root, _node_type(root), tag)
+            ids.append(tag.record.id)
+    return ids
 
 
 def path_to(roots: Iterable[Any], target: NodeRecord) -> list[NodeRecord]:

@@ -15,22 +15,24 @@ Example::
 
 from __future__ import annotations
 
-import itertools
 import os
 import platform
 import resource
 import threading
 import time
+import weakref
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from ..model import BackwardRecord, NodeRecord, SavedRecord, StepRecord, Trace
+from ..model.columns import freeze_step
 from .callsite import SiteTable
 from .step_clock import StepClock
 
 if TYPE_CHECKING:
+    from .graph_walk import NodeTag
     from .saved import SavedHandle
 
 # Per-node records are kept for this many most recent steps (plus steps with findings).
@@ -73,6 +75,7 @@ class Recorder:
         self.sites = SiteTable(self.trace.sites)
         self.keep_steps = keep_steps
         self.precise = False  # lines come from a CallSiteMode (the precise level)
+        self.detail_always = False  # build every record at once (the precise level), not when needed
         self.thread = threading.get_ident()
         self.clock = StepClock()
         self.step = 0
@@ -86,7 +89,7 @@ class Recorder:
         self.boundary_hook: Callable[[str], object] = self.end_step  # the session wraps end_step
         self.kept_steps: set[int] = {0}  # steps whose per-node detail survives pruning
         self.cuda_seen = False
-        self.saved_ids = itertools.count()
+        self._next_saved = 0
         self._next_node = 0
         self.dtype_names: dict[torch.dtype, str] = {}
         # storage key -> [handles alive, bytes, step, is_activation]
@@ -95,22 +98,33 @@ class Recorder:
         self._live_leaf = 0
         self._live_nodes: dict[int, int] = {}  # step -> tagged nodes alive
         self._node_ids_by_step: dict[int, list[int]] = {}
-        self._first_saved_id: list[int] = [0]  # saved ids are consecutive: step k's start at [k]
-        self._saved_count = 0
+        self._saved_ids_by_step: dict[int, list[int]] = {}
+        self._fresh: list[weakref.ref] = []  # this step's handles: those alive at its end get records
         self.closed = False
         self._rss = _ResidentMemory()
 
-    # ----------------------------------------------------------------- ids
-    def new_node(self, op: str, seq: int) -> NodeRecord:
-        """A NodeRecord for a node first seen now, counted alive until its tag dies."""
-        step = self.clock.step_of(seq)
-        record = NodeRecord(self._next_node, op, step, seq)
+    # --------------------------------------------------------------- nodes
+    def node_born(self, step: int) -> None:
+        """A walk tagged a node of ``step``: it counts as alive until its tag dies."""
+        self._live_nodes[step] = self._live_nodes.get(step, 0) + 1
+
+    def node_record(self, tag: NodeTag, op: str) -> NodeRecord:
+        """The NodeRecord of a tagged node, kept in the trace while its step is in the detail window."""
+        record = NodeRecord(self._next_node, op, tag.step, tag.seq, backward=tag.backward)
         self._next_node += 1
+        step = tag.step
         if step >= self.step - self.keep_steps or step in self.kept_steps:
             self.trace.nodes[record.id] = record
             self._node_ids_by_step.setdefault(step, []).append(record.id)
-        self._live_nodes[step] = self._live_nodes.get(step, 0) + 1
         return record
+
+    def node_died(self, tag: NodeTag) -> None:
+        """Called by a node tag's finalizer: the autograd node was destroyed."""
+        if self.closed:
+            return
+        self._live_nodes[tag.step] -= 1
+        if tag.record is not None:
+            tag.record.died_step = self.step
 
     def dtype_name(self, dtype: torch.dtype) -> str:
         name = self.dtype_names.get(dtype)
@@ -119,26 +133,51 @@ class Recorder:
         return name
 
     # ------------------------------------------------------- saved tensors
-    def saved_packed(self, record: SavedRecord, key: tuple | None) -> None:
-        self.trace.saved[record.id] = record
-        self._saved_count = record.id + 1
+    def saved_packed(self, handle: SavedHandle) -> None:
+        """Count a new saved tensor: its storage's bytes are live until every handle on it is released."""
         current = self.current
         current.saved_packed += 1
-        if record.device == "cuda":
-            self.cuda_seen = True
+        self._fresh.append(weakref.ref(handle))
+        key, step, activation = handle.storage, handle.step, handle.kind != "parameter"
         if key is not None:
             entry = self._storages.get(key)
             if entry is not None:
                 entry[0] += 1
-                record.nbytes = 0  # the storage is already counted
-                if entry[2] < record.step:  # a newer graph keeps it alive now: count it there
+                handle.nbytes = 0  # the storage is already counted
+                if entry[2] < step:  # a newer graph keeps it alive now: count it there
                     self._count_live(-entry[1], entry[2], entry[3])
-                    entry[2] = record.step
-                    self._count_live(entry[1], record.step, entry[3])
+                    entry[2] = step
+                    self._count_live(entry[1], step, entry[3])
                 return
-            self._storages[key] = [1, record.nbytes, record.step, record.kind != "parameter"]
-        current.saved_bytes_packed += record.nbytes
-        self._count_live(record.nbytes, record.step, record.kind != "parameter")
+            self._storages[key] = [1, handle.nbytes, step, activation]
+            if key[1]:
+                self.cuda_seen = True
+        current.saved_bytes_packed += handle.nbytes
+        self._count_live(handle.nbytes, step, activation)
+
+    def saved_record(self, handle: SavedHandle, tensor: torch.Tensor | None = None) -> SavedRecord:
+        """The SavedRecord of a handle, built on first use from the handle and its alias (or ``tensor``)."""
+        record = handle.record
+        if record is not None:
+            return record
+        alias = handle.alias if tensor is None else tensor
+        record = handle.record = SavedRecord(
+            self._next_saved,
+            handle.step,
+            handle.site,
+            handle.nbytes,
+            handle.kind,
+            alias.shape,
+            self.dtype_names.get(alias.dtype) or self.dtype_name(alias.dtype),
+            "cpu" if alias.is_cpu else alias.device.type,
+            unpacked=handle.unpacks,
+        )
+        self._next_saved += 1
+        step = handle.step
+        if step >= self.step - self.keep_steps or step in self.kept_steps:
+            self.trace.saved[record.id] = record
+            self._saved_ids_by_step.setdefault(step, []).append(record.id)
+        return record
 
     def _count_live(self, nbytes: int, step: int, activation: bool) -> None:
         if not nbytes:  # also keeps finalizers from adding keys while a step end iterates the table
@@ -152,17 +191,19 @@ class Recorder:
         """Called by a handle's finalizer: autograd let go of the saved tensor."""
         if self.closed:  # after the session: the trace keeps what was alive at its end
             return
-        record = handle.record
-        record.freed_step = self.step
         backward = self.backward
         if backward is not None:
-            record.freed_by = backward.id
             backward.saved_freed += 1
-            if handle.node is not None:
-                handle.node.freed_by = backward.id
+        record = handle.record
+        if record is not None:
+            record.freed_step = self.step
+            if backward is not None:
+                record.freed_by = backward.id
+                if handle.node is not None:
+                    handle.node.freed_by = backward.id
         key = handle.storage
         if key is None:
-            nbytes, step, activation = record.nbytes, record.step, record.kind != "parameter"
+            nbytes, step, activation = handle.nbytes, handle.step, handle.kind != "parameter"
         else:
             entry = self._storages[key]
             entry[0] -= 1
@@ -173,14 +214,6 @@ class Recorder:
         if backward is not None:
             backward.bytes_freed += nbytes
         self._count_live(-nbytes, step, activation)
-
-    # --------------------------------------------------------------- nodes
-    def node_died(self, record: NodeRecord) -> None:
-        """Called by a node tag's finalizer: the autograd node was destroyed."""
-        if self.closed:
-            return
-        record.died_step = self.step
-        self._live_nodes[record.step] -= 1
 
     # --------------------------------------------------------------- steps
     def request_boundary(self, source: str) -> None:
@@ -213,15 +246,23 @@ class Recorder:
         else:
             seq = self.clock.mark()
         record.nodes_created = max(0, seq - self.step_seq)
+        self._keep_outliving()
         self._snapshot_live(record)
         self.trace.steps.append(record)
         self.step += 1
-        self._first_saved_id.append(self._saved_count)
         self.current = StepRecord(index=self.step, source="explicit")
         self.step_seq = seq
         self.step_started = time.perf_counter()
         self._prune()
         return record
+
+    def _keep_outliving(self) -> None:
+        """Build the records of this step's saved tensors that outlive it (the others were counted only)."""
+        fresh, self._fresh = self._fresh, []
+        for ref in fresh:
+            handle = ref()
+            if handle is not None and handle.record is None:
+                self.saved_record(handle)
 
     def _snapshot_live(self, record: StepRecord) -> None:
         record.live_activation_bytes = sum(self._live_activation.values())
@@ -255,12 +296,15 @@ class Recorder:
             record.nodes_alive_by_step = {}
             record.saved_alive_by_step = {}
             record.holders = []
+            backwards = self.trace.backwards
+            for backward_id in record.backwards:
+                backwards[backward_id].roots = []  # node records that go with the detail
+            freeze_step(self.trace.steps, backwards, old)  # numbers only now: into columns
         self.clock.forget_before(self.clock.bounds[old + 1])
         for node_id in self._node_ids_by_step.pop(old, ()):
             self.trace.nodes.pop(node_id, None)
-        saved = self.trace.saved
-        for saved_id in range(self._first_saved_id[old], self._first_saved_id[old + 1]):
-            saved.pop(saved_id, None)
+        for saved_id in self._saved_ids_by_step.pop(old, ()):
+            self.trace.saved.pop(saved_id, None)
 
     # ------------------------------------------------------------ backward
     def begin_backward(self, record: BackwardRecord) -> None:

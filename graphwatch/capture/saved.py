@@ -21,7 +21,7 @@ Example::
     >>> x = torch.ones(3, requires_grad=True)
     >>> with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
     ...     y = x.exp()
-    >>> record = recorder.trace.saved[0]
+    >>> record = recorder.saved_record(y.grad_fn._raw_saved_result.data)  # the trace's record of it
     >>> record.kind, record.alive
     ('activation', True)
     >>> y.sum().backward()
@@ -60,9 +60,18 @@ _INPLACE_MESSAGE = (
 
 
 class SavedHandle:
-    """What autograd stores for one saved tensor while graphwatch watches."""
+    """What autograd stores for one saved tensor while graphwatch watches.
 
-    __slots__ = ("alias", "version", "record", "node", "storage", "recorder", "inner", "original")
+    It carries what the pack hook learnt cheaply (step, call site, kind, bytes);
+    the :class:`~graphwatch.model.SavedRecord` of the trace is built from it
+    only when needed (:meth:`Recorder.saved_record`): when a graph walk links it
+    to its node, when it outlives its step, or at once at the precise level.
+    """
+
+    __slots__ = (
+        "alias", "version", "original", "inner", "recorder", "step", "site", "kind", "storage", "nbytes",
+        "unpacks", "record", "node", "__weakref__",
+    )  # fmt: skip
 
     def __del__(self) -> None:
         try:
@@ -70,52 +79,43 @@ class SavedHandle:
         except Exception:  # never raise from a finalizer (e.g. at interpreter exit)
             pass
 
+    def shape(self) -> tuple[int, ...]:
+        """The saved tensor's shape (from its record when the alias belongs to a user's hooks)."""
+        return tuple(self.alias.shape) if self.alias is not None else (self.record.shape if self.record else ())
 
-def _new_handle(recorder: Recorder, tensor: torch.Tensor, dedupe: bool) -> SavedHandle:
-    """Record one saved tensor (the hot path: runs inside every op that saves)."""
+
+def _new_handle(recorder: Recorder, tensor: torch.Tensor) -> SavedHandle:
+    """Note one saved tensor (the hot path: runs inside every op that saves)."""
     if recorder.boundary_pending:
         recorder.commit_boundary()
-    storage = None
     try:
-        if dedupe:
-            untyped = tensor.untyped_storage()
-            storage = (untyped.data_ptr(), tensor.is_cuda)
-            size = untyped.nbytes()
-        else:
-            size = tensor.nbytes
+        untyped = tensor.untyped_storage()
+        storage = (untyped.data_ptr(), tensor.is_cuda)
+        size = untyped.nbytes()
     except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested or storage-less tensors
-        size = 0
+        storage, size = None, 0
     # is_leaf, not grad_fn: a grad_fn read makes a Python object for the node, which deepens the
     # C++ recursion that frees a long chain of nodes.  A view of a parameter (linear saves weight.t())
     # counts as the parameter.
-    base = tensor._base
-    if not tensor.is_leaf and (base is None or not base.is_leaf):
-        kind = "activation"
-    elif tensor.requires_grad:
-        kind = "parameter"
+    handle = SavedHandle()
+    if not tensor.is_leaf:
+        base = tensor._base
+        handle.kind = "activation" if base is None or not base.is_leaf else "parameter"
     else:
-        kind = "input"
-    dtype = tensor.dtype
-    site = recorder.sites.here(3)
+        handle.kind = "parameter" if tensor.requires_grad else "input"
+    site = handle.site = recorder.sites.here(3)
     if not recorder.precise:  # the precise level notes lines per call instead
         recorder.clock.note_site(site)
-    record = SavedRecord(
-        next(recorder.saved_ids),
-        recorder.step,
-        site,
-        size,
-        kind,
-        tensor.shape,
-        recorder.dtype_names.get(dtype) or recorder.dtype_name(dtype),
-        "cpu" if tensor.is_cpu else tensor.device.type,
-    )
-    handle = SavedHandle()
     handle.recorder = recorder
-    handle.record = record
+    handle.step = recorder.step
     handle.storage = storage
+    handle.nbytes = size
+    handle.unpacks = 0
+    handle.record = None  # built when needed (Recorder.saved_record)
     handle.node = None  # set when a graph walk finds the owning node
     handle.inner = None  # what an outer user pack hook returned, when chained
-    recorder.saved_packed(record, storage)
+    handle.original = None
+    recorder.saved_packed(handle)
     return handle
 
 
@@ -123,15 +123,18 @@ def make_hooks(recorder: Recorder) -> tuple[PackHook, UnpackHook]:
     """The (pack, unpack) pair that records into ``recorder``."""
 
     def pack(tensor: torch.Tensor) -> SavedHandle:
-        handle = _new_handle(recorder, tensor, True)
+        handle = _new_handle(recorder, tensor)
         handle.version = tensor._version
-        handle.original = None
         # Without hooks torch keeps a saved input itself, not a copy: a later `.data = ...` on it shows
         # in the backward, and a `.detach_()` of it is an error.
         if tensor.is_leaf:  # a leaf cannot lead back to the graph: keep it, as torch does
             handle.alias = tensor
+            if recorder.detail_always:
+                recorder.saved_record(handle)
             return handle
         handle.alias = tensor.detach()  # never the tensor itself: a saved output would keep its graph forever
+        if recorder.detail_always:
+            recorder.saved_record(handle)
         # An output of the op saving it has the node being made, numbered last, as grad_fn: torch keeps a
         # copy of those, as the alias is.  For the others a weak reference gives torch's behaviour without
         # keeping anything alive (a custom Function that makes nodes in its forward is taken for an input).
@@ -148,7 +151,9 @@ def make_hooks(recorder: Recorder) -> tuple[PackHook, UnpackHook]:
             raise RuntimeError(DETACHED_MESSAGE)
         if tensor._version != handle.version:
             raise RuntimeError(inplace_message(recorder, handle, tensor))
-        handle.record.unpacked += 1
+        handle.unpacks += 1
+        if handle.record is not None:
+            handle.record.unpacked = handle.unpacks
         return tensor
 
     return pack, unpack
@@ -162,14 +167,15 @@ def make_chained_hooks(recorder: Recorder, outer_pack: PackHook, outer_unpack: U
     """
 
     def pack(tensor: torch.Tensor) -> SavedHandle:
-        handle = _new_handle(recorder, tensor, False)
+        handle = _new_handle(recorder, tensor)
         handle.alias = None  # the outer hooks decide where the tensor lives
-        handle.original = None
+        recorder.saved_record(handle, tensor)  # built now: the tensor is out of reach later
         handle.inner = outer_pack(tensor)
         return handle
 
     def unpack(handle: SavedHandle) -> torch.Tensor:
-        handle.record.unpacked += 1
+        handle.unpacks += 1
+        handle.record.unpacked = handle.unpacks
         return outer_unpack(handle.inner)
 
     return pack, unpack
@@ -178,12 +184,11 @@ def make_chained_hooks(recorder: Recorder, outer_pack: PackHook, outer_unpack: U
 def inplace_message(recorder: Recorder, handle: SavedHandle, tensor: torch.Tensor | None = None) -> str:
     """torch's "modified by an inplace operation" message, with the line that saved the tensor."""
     alias = handle.alias if tensor is None else tensor
-    record = handle.record
     return _INPLACE_MESSAGE.format(
         type=alias.type(),
         shape=list(alias.shape),
-        where=recorder.trace.where(record.site),
-        step=record.step,
+        where=recorder.trace.where(handle.site),
+        step=handle.step,
         now=alias._version,
         then=handle.version,
     )

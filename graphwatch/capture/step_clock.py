@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 
 import torch
@@ -38,7 +39,7 @@ class StepClock:
     """Step starts and line changes, both as node sequence numbers."""
 
     def __init__(self) -> None:
-        self.bounds: list[int] = []
+        self.bounds = array("q")  # 8 bytes a step
         self._line_seqs: list[int] = []
         self._line_sites: list[int | None] = []
         self._last_site: int | None = None

@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 # Where a step boundary came from.
 STEP_SOURCES = ("explicit", "optimizer", "backward", "session-end")
@@ -192,14 +193,21 @@ class Trace:
     sites: list[CallSite] = field(default_factory=list)
     nodes: dict[int, NodeRecord] = field(default_factory=dict)
     saved: dict[int, SavedRecord] = field(default_factory=dict)
-    backwards: list[BackwardRecord] = field(default_factory=list)
-    steps: list[StepRecord] = field(default_factory=list)
+    # RecordLists (list-like; settled records are kept in columns, see graphwatch.model.columns)
+    backwards: list[BackwardRecord] = field(default_factory=lambda: _record_list("backwards"))
+    steps: list[StepRecord] = field(default_factory=lambda: _record_list("steps"))
     findings: list[Finding] = field(default_factory=list)
     snapshots: list[Snapshot] = field(default_factory=list)
     untracked_saved: int = 0  # tensors saved under user hooks we could not see
     ended_early: str | None = None  # why the run stopped before the session ended
     rank: int | None = None
     world_size: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("backwards", "steps"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                setattr(self, name, _record_list(name, value))
 
     def site(self, site_id: int | None) -> CallSite | None:
         """The CallSite with that id, or None."""
@@ -209,3 +217,9 @@ class Trace:
         """``file:line`` of a site id, or ``"<unknown>"``."""
         site = self.site(site_id)
         return site.where if site else "<unknown>"
+
+
+def _record_list(name: str, records: list | None = None) -> Any:
+    from .columns import BACKWARD_COLUMNS, STEP_COLUMNS, RecordList  # columns builds on these records
+
+    return RecordList(STEP_COLUMNS if name == "steps" else BACKWARD_COLUMNS, records or ())

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TraceFormatError, UsageError
+from .columns import BACKWARD_COLUMNS, STEP_COLUMNS, RecordList, freeze_step, from_json_columns, to_json_columns
 from .records import (
     BackwardRecord,
     CallSite,
@@ -35,7 +36,7 @@ from .records import (
 )
 
 FORMAT = "graphwatch-trace"
-VERSION = 1
+VERSION = 2  # 2: steps and backwards as columns (version 1 traces, a list of objects each, still load)
 
 _LIST_FIELDS: dict[str, type] = {
     "sites": CallSite,
@@ -45,6 +46,7 @@ _LIST_FIELDS: dict[str, type] = {
     "snapshots": Snapshot,
 }
 _DICT_FIELDS: dict[str, type] = {"nodes": NodeRecord, "saved": SavedRecord}
+_COLUMN_FIELDS = {"steps": STEP_COLUMNS, "backwards": BACKWARD_COLUMNS}
 
 
 _DEFAULTS: dict[type, dict[str, Any]] = {}
@@ -81,7 +83,9 @@ def trace_to_dict(trace: Trace) -> dict:
     out: dict[str, Any] = {"format": FORMAT, "version": VERSION}
     for f in dataclasses.fields(trace):
         value = getattr(trace, f.name)
-        if f.name in _LIST_FIELDS:
+        if f.name in _COLUMN_FIELDS:
+            value = to_json_columns(value, _COLUMN_FIELDS[f.name], _plain)
+        elif f.name in _LIST_FIELDS:
             value = [_plain(r) for r in value]
         elif f.name in _DICT_FIELDS:
             value = [_plain(r) for r in value.values()]
@@ -157,7 +161,7 @@ def _is_a(value: Any, hint: Any) -> bool:
     if hint is str:
         return isinstance(value, str)
     if hint in (list, tuple) or origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
+        if not isinstance(value, (list, tuple, RecordList)):
             return False
         return not args or all(_is_a(v, args[0]) for v in value)  # list[X], tuple[X, ...], tuple[X, X]
     if hint is dict or origin is dict:
@@ -197,16 +201,34 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
         if f.name not in data:
             continue
         value = data[f.name]
-        if f.name in _LIST_FIELDS:
+        if f.name in _COLUMN_FIELDS and version >= 2:
+            try:
+                rows = from_json_columns(value, _COLUMN_FIELDS[f.name])
+            except ValueError as exc:
+                raise TraceFormatError(
+                    f"{source}: field {f.name!r}: {exc}; the trace file is damaged - record the run again"
+                ) from None
+            value = RecordList(_COLUMN_FIELDS[f.name], [_build(_LIST_FIELDS[f.name], row, f"{source}: {f.name}") for row in rows])
+        elif f.name in _LIST_FIELDS:
             value = [_build(_LIST_FIELDS[f.name], row, f"{source}: {f.name}") for row in _rows(value, f.name, source)]
         elif f.name in _DICT_FIELDS:
             rows = [_build(_DICT_FIELDS[f.name], row, f"{source}: {f.name}") for row in _rows(value, f.name, source)]
             value = {r.id: r for r in rows}
         setattr(trace, f.name, value)
+    trace.__post_init__()  # version 1 lists become RecordLists
     try:
         _check_fields(trace, "the trace's")
     except TypeError as exc:
         raise TraceFormatError(f"{source}: {exc}; the trace file is damaged - record the run again") from None
+    for index, step in enumerate(trace.steps):  # as compact as the session kept it
+        if not step.detail:
+            try:
+                freeze_step(trace.steps, trace.backwards, index)
+            except (IndexError, TypeError, OverflowError):  # a step naming a backward that is not there
+                raise TraceFormatError(
+                    f"{source}: step {index} names backwards {step.backwards} of {len(trace.backwards)}; "
+                    "the trace file is damaged - record the run again"
+                ) from None
     return trace
 
 

@@ -111,10 +111,15 @@ def _read_slot(node: Any, name: str) -> tuple[bool, list[Any]] | None:
 def _shape_bytes(value: Any) -> tuple[Sequence[int], int] | None:
     """Shape and bytes of a drawn tensor, or None for what a user's pack hook returned (opaque)."""
     if isinstance(value, SavedHandle):
-        return value.record.shape, value.record.nbytes
+        return value.shape(), value.nbytes
     if isinstance(value, tuple):  # e.g. save_on_cpu's (device, tensor)
         value = next((v for v in value if isinstance(v, torch.Tensor)), None)
-    return (value.shape, value.nbytes) if isinstance(value, torch.Tensor) else None
+    if not isinstance(value, torch.Tensor):
+        return None
+    try:
+        return value.shape, value.nbytes
+    except RuntimeError:  # sparse tensors have no nbytes
+        return value.shape, 0
 
 
 def _tensor_label(item: _Item, with_bytes: bool) -> str:

@@ -1,0 +1,265 @@
+"""A list of records whose settled entries live in typed arrays: a long run's steps in a few bytes each.
+
+A 100,000-step session makes 100,000 StepRecords and as many BackwardRecords;
+as objects they take about 1.3 KB a step.  :class:`RecordList` behaves like the
+list it replaces (indexing, slices, iteration, ``len``, equality), but
+:meth:`RecordList.freeze` moves a record whose fields are all plain numbers
+(or at their defaults) into one row of ``array`` columns, about 150 bytes.
+Reading a frozen entry builds an equal record again; records that carry
+detail (holders, crossings, per-step tables) stay objects.  The JSON trace
+writes these lists as columns too (:func:`to_json_columns`).
+
+Example::
+
+    >>> from graphwatch.model.columns import RecordList, STEP_COLUMNS
+    >>> from graphwatch.model import StepRecord
+    >>> steps = RecordList(STEP_COLUMNS)
+    >>> steps.append(StepRecord(index=0, source="optimizer", seconds=0.5, backwards=[0, 1], detail=False))
+    >>> steps.freeze(0)
+    True
+    >>> steps[0] == StepRecord(index=0, source="optimizer", seconds=0.5, backwards=[0, 1], detail=False)
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, overload
+
+from .records import STEP_SOURCES, BackwardRecord, StepRecord
+
+R = TypeVar("R")
+_NONE = -(2**63)  # an int column's code for None
+
+
+@dataclass(frozen=True)
+class Columns:
+    """How a record class is stored in columns.
+
+    ``numbers``: int, float or bool fields, by array typecode (``"q"`` ints,
+    ``"n"`` ints that may be None, ``"d"`` floats, ``"b"`` bools).
+    ``choices``: str fields with a closed set of values, stored as an index.
+    ``ranges``: list-of-int fields stored as (first, count) when consecutive.
+    Any other field must hold its default for the record to be frozen.
+    """
+
+    cls: type
+    numbers: dict[str, str]
+    choices: dict[str, tuple[str, ...]]
+    ranges: tuple[str, ...] = ()
+
+    def defaults(self) -> dict[str, Any]:
+        return {
+            f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(self.cls)
+            if f.name not in self.numbers and f.name not in self.choices and f.name not in self.ranges
+            and (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)
+        }  # fmt: skip
+
+
+STEP_COLUMNS = Columns(
+    StepRecord,
+    numbers={
+        "index": "q", "nodes_created": "q", "saved_packed": "q", "saved_bytes_packed": "q",
+        "live_activation_bytes": "q", "live_leaf_bytes": "q", "live_nodes": "q", "backward_seconds": "d",
+        "seconds": "d", "rss_bytes": "q", "cuda_allocated": "n", "cuda_reserved": "n", "optimizer_steps": "q",
+        "optimizer_site": "n", "stale_grads": "q", "detail": "b",
+    },
+    choices={"source": STEP_SOURCES},
+    ranges=("backwards",),
+)  # fmt: skip
+
+BACKWARD_COLUMNS = Columns(
+    BackwardRecord,
+    numbers={
+        "id": "q", "step": "q", "site": "n", "retain_graph": "b", "create_graph": "b", "nodes_reached": "q",
+        "earlier_nodes_reached": "q", "saved_freed": "q", "bytes_freed": "q", "seconds": "d",
+        "graph_reused": "b", "held_bytes": "q",
+    },
+    choices={"api": ("backward", "grad")},
+)  # fmt: skip
+
+
+class RecordList(Sequence, Generic[R]):
+    """A list of records; :meth:`freeze` stores one in columns (reads give an equal, new record)."""
+
+    def __init__(self, columns: Columns, records: Iterable[R] = ()) -> None:
+        self.columns = columns
+        self._defaults = columns.defaults()
+        typecodes = {name: "q" if code == "n" else code for name, code in columns.numbers.items()}
+        typecodes.update({name: "b" for name in columns.choices})
+        typecodes.update({f"{name}.{part}": "q" for name in columns.ranges for part in ("first", "count")})
+        self._arrays = {name: array(code) for name, code in typecodes.items()}
+        self._row = array("q")  # per index: its row in the arrays, or -1 while it is an object
+        self._objects: dict[int, R] = {}
+        self.extend(records)
+
+    # ------------------------------------------------------------ the list
+    def append(self, record: R) -> None:
+        self._objects[len(self._row)] = record
+        self._row.append(-1)
+
+    def extend(self, records: Iterable[R]) -> None:
+        for record in records:
+            self.append(record)
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+    @overload
+    def __getitem__(self, index: int) -> R: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[R]: ...
+    def __getitem__(self, index: int | slice) -> R | list[R]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self._row)))]
+        if index < 0:
+            index += len(self._row)
+        row = self._row[index]  # IndexError as a list gives it
+        return self._objects[index] if row < 0 else self._thaw(row)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (RecordList, list)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"RecordList({list(self)!r})"
+
+    # ------------------------------------------------------------ columns
+    def freeze(self, index: int) -> bool:
+        """Store record ``index`` in the columns; False (it stays an object) if it carries more than numbers."""
+        record = self._objects.get(index)
+        if record is None:
+            return self._row[index] >= 0
+        if any(getattr(record, name) != default for name, default in self._defaults.items()):
+            return False
+        ranges = {}
+        for name in self.columns.ranges:
+            values = getattr(record, name)
+            first = values[0] if values else 0
+            if values != list(range(first, first + len(values))):
+                return False
+            ranges[name] = (first, len(values))
+        choices = {}
+        for name, allowed in self.columns.choices.items():
+            if getattr(record, name) not in allowed:
+                return False
+            choices[name] = allowed.index(getattr(record, name))
+        arrays = self._arrays
+        for name in self.columns.numbers:
+            value = getattr(record, name)
+            arrays[name].append(_NONE if value is None else value)
+        for name, value in choices.items():
+            arrays[name].append(value)
+        for name, (first, count) in ranges.items():
+            arrays[f"{name}.first"].append(first)
+            arrays[f"{name}.count"].append(count)
+        self._row[index] = len(arrays[next(iter(arrays))]) - 1
+        del self._objects[index]
+        return True
+
+    def _thaw(self, row: int) -> R:
+        arrays, columns = self._arrays, self.columns
+        values: dict[str, Any] = {}
+        for name, code in columns.numbers.items():
+            value = arrays[name][row]
+            values[name] = None if code == "n" and value == _NONE else bool(value) if code == "b" else value
+        for name, allowed in columns.choices.items():
+            values[name] = allowed[arrays[name][row]]
+        for name in columns.ranges:
+            first = arrays[f"{name}.first"][row]
+            values[name] = list(range(first, first + arrays[f"{name}.count"][row]))
+        return columns.cls(**values)
+
+    def frozen(self) -> int:
+        """How many records are stored in columns."""
+        return len(self._row) - len(self._objects)
+
+
+def freeze_step(steps: RecordList, backwards: RecordList, index: int) -> None:
+    """Store step ``index`` and its backwards in columns, where they carry only numbers."""
+    if steps.freeze(index):
+        for backward_id in steps[index].backwards:
+            backwards.freeze(backward_id)
+
+
+# ------------------------------------------------------------------ JSON
+def to_json_columns(records: Iterable[Any], columns: Columns, plain: Any) -> dict:
+    """Records as JSON columns: ``{"count", "columns", "extra"}``.
+
+    A column is ``{"all": v}`` when every record has ``v``, ``{"from": a}`` for
+    a, a+1, ..., else a list.  ``extra`` lists ``[i, {field: value}]`` for the
+    fields outside the columns that differ from their defaults, as
+    ``plain(record)`` (which leaves out defaults) gives them.
+    """
+    names = [*columns.numbers, *columns.choices]
+    values: dict[str, list] = {name: [] for name in names}
+    values.update({f"{name}.{part}": [] for name in columns.ranges for part in ("first", "count")})
+    extra = []
+    for i, record in enumerate(records):
+        for name in names:
+            values[name].append(getattr(record, name))
+        other = {k: v for k, v in plain(record).items() if k not in values}
+        for name in columns.ranges:
+            items = other.pop(name, [])
+            first = items[0] if items else 0
+            if items != list(range(first, first + len(items))):
+                other[name], first = items, 0  # not consecutive: written in full
+            values[f"{name}.first"].append(first)
+            values[f"{name}.count"].append(len(items) if name not in other else 0)
+        if other:
+            extra.append([i, other])
+    count = len(values[names[0]]) if names else 0
+    return {"count": count, "columns": {name: _encode(column) for name, column in values.items()}, "extra": extra}
+
+
+def from_json_columns(data: Any, columns: Columns) -> list[dict]:
+    """The rows (one dict per record) of :func:`to_json_columns` output; ValueError naming what is damaged."""
+    if not isinstance(data, dict) or not isinstance(data.get("count"), int) or not isinstance(data.get("columns"), dict):
+        raise ValueError("expected an object with 'count' and 'columns'")
+    count, encoded = data["count"], data["columns"]
+    rows: list[dict] = [{} for _ in range(count)]
+    for name, column in encoded.items():
+        for row, value in zip(rows, _decode(column, count, name)):
+            row[name] = value
+    for name in columns.ranges:
+        for row in rows:
+            first, n = row.pop(f"{name}.first", 0), row.pop(f"{name}.count", 0)
+            if not isinstance(first, int) or not isinstance(n, int):
+                raise ValueError(f"column {name!r} should hold whole numbers")
+            row[name] = list(range(first, first + n))
+    extra = data.get("extra", [])
+    if not isinstance(extra, list):
+        raise ValueError("'extra' should be a list")
+    for item in extra:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) and isinstance(item[1], dict)):
+            raise ValueError("each 'extra' entry should be [index, object]")
+        if not 0 <= item[0] < count:
+            raise ValueError(f"'extra' names record {item[0]}, but there are {count}")
+        rows[item[0]].update(item[1])
+    return rows
+
+
+def _encode(column: list) -> Any:
+    if column and all(v == column[0] and type(v) is type(column[0]) for v in column):
+        return {"all": column[0]}
+    first = column[0] if column else None
+    if type(first) is int and column == list(range(first, first + len(column))):
+        return {"from": first}
+    return column
+
+
+def _decode(column: Any, count: int, name: str) -> list:
+    if isinstance(column, list):
+        if len(column) != count:
+            raise ValueError(f"column {name!r} has {len(column)} values for {count} records")
+        return column
+    if isinstance(column, dict) and "all" in column:
+        return [column["all"]] * count
+    if isinstance(column, dict) and isinstance(column.get("from"), int):
+        return list(range(column["from"], column["from"] + count))
+    raise ValueError(f"column {name!r} should be a list, {{'all': value}} or {{'from': number}}")
