@@ -219,3 +219,18 @@ def test_outcome_is_the_same_without_graphwatch(name: str, level: str) -> None:
     else:
         assert bare_error is None and watched_error is None
     assert bare_out == watched_out, "the script prints the same numbers with graphwatch"
+
+
+@pytest.mark.parametrize("name", BUGS)
+def test_the_quiet_step_pre_check_never_hides_a_finding(name: str) -> None:
+    """step_findings skips the detectors on a step its pre-check calls quiet: they must find nothing there."""
+    from graphwatch.analysis import detectors
+
+    _, _, gw = cached_run(name, "default")
+    trace = gw.trace
+    quiet = [step for step in trace.steps if detectors._quiet(trace, step)]
+    for step in quiet:
+        for detector in (detectors.carried_across_steps, detectors.retained_graph, detectors.graph_kept_alive,
+                         detectors.missing_zero_grad):  # fmt: skip
+            assert detector(trace, step) == [], (step.index, detector.__name__)
+    assert len(quiet) < len(trace.steps) or not EXPECTED[name]  # a bug's steps are not all quiet

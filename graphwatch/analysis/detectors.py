@@ -181,8 +181,29 @@ def _render_zero_grad(ev: dict) -> tuple[str, str]:
     return message, fix
 
 
+def _quiet(trace: Trace, step: StepRecord) -> bool:
+    """True when no detector has anything to look at (most steps of a healthy loop): a cheap pre-check.
+
+    Each condition is one a detector starts from: a stale gradient, a holder,
+    an earlier step's graph alive, a backward into earlier steps, a retained
+    graph in the step before (or no backward there to tell).
+    """
+    index = step.index
+    if step.stale_grads or step.holders or not index:
+        return False
+    if any(s < index for s in step.saved_alive_by_step) or any(s < index for s in step.nodes_alive_by_step):
+        return False
+    backwards = trace.backwards
+    if any(backwards[i].earlier_nodes_reached for i in step.backwards):
+        return False
+    previous = trace.steps[index - 1].backwards
+    return bool(previous) and not any(backwards[i].retain_graph for i in previous)
+
+
 def step_findings(trace: Trace, step: StepRecord) -> list[Finding]:
     """Every finding the records of one finished step support."""
+    if _quiet(trace, step):
+        return []
     findings: list[Finding] = []
     for detector in (carried_across_steps, retained_graph, graph_kept_alive, missing_zero_grad):
         findings.extend(detector(trace, step))

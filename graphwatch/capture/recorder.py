@@ -29,7 +29,7 @@ import torch
 from ..model import BackwardRecord, NodeRecord, SavedRecord, StepRecord, Trace
 from ..model.columns import freeze_step
 from .callsite import SiteTable
-from .step_clock import StepClock
+from .step_clock import StepClock, next_sequence_nr
 
 if TYPE_CHECKING:
     from .graph_walk import NodeTag
@@ -100,6 +100,8 @@ class Recorder:
         self._node_ids_by_step: dict[int, list[int]] = {}
         self._saved_ids_by_step: dict[int, list[int]] = {}
         self._fresh: list[weakref.ref] = []  # this step's handles: those alive at its end get records
+        self._site_seq = -1  # node sequence number at the last pack-site lookup, and its result
+        self._op_site: int | None = None
         self.closed = False
         self._rss = _ResidentMemory()
 
@@ -133,6 +135,20 @@ class Recorder:
         return name
 
     # ------------------------------------------------------- saved tensors
+    def pack_site(self) -> int | None:
+        """The user line of the op that is saving a tensor now (called from the pack hook).
+
+        Looked up once per op: the packs of one op all see the same next node
+        sequence number, and any other op that saves makes a node first.
+        """
+        seq = next_sequence_nr()
+        if seq != self._site_seq:
+            self._site_seq = seq
+            self._op_site = self.sites.here(4)  # here <- pack_site <- _new_handle <- pack <- the op's caller
+            if not self.precise:  # the precise level notes lines per call instead
+                self.clock.note_site(self._op_site)
+        return self._op_site
+
     def saved_packed(self, handle: SavedHandle) -> None:
         """Count a new saved tensor: its storage's bytes are live until every handle on it is released."""
         current = self.current

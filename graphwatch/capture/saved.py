@@ -103,9 +103,7 @@ def _new_handle(recorder: Recorder, tensor: torch.Tensor) -> SavedHandle:
         handle.kind = "activation" if base is None or not base.is_leaf else "parameter"
     else:
         handle.kind = "parameter" if tensor.requires_grad else "input"
-    site = handle.site = recorder.sites.here(3)
-    if not recorder.precise:  # the precise level notes lines per call instead
-        recorder.clock.note_site(site)
+    handle.site = recorder.pack_site()
     handle.recorder = recorder
     handle.step = recorder.step
     handle.storage = storage

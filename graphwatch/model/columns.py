@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from array import array
+from operator import attrgetter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
@@ -93,6 +94,8 @@ class RecordList(Sequence, Generic[R]):
         typecodes.update({name: "b" for name in columns.choices})
         typecodes.update({f"{name}.{part}": "q" for name in columns.ranges for part in ("first", "count")})
         self._arrays = {name: array(code) for name, code in typecodes.items()}
+        self._numbers = attrgetter(*columns.numbers)
+        self._number_arrays = [self._arrays[name] for name in columns.numbers]
         self._row = array("q")  # per index: its row in the arrays, or -1 while it is an object
         self._objects: dict[int, R] = {}
         self.extend(records)
@@ -150,9 +153,8 @@ class RecordList(Sequence, Generic[R]):
                 return False
             choices[name] = allowed.index(getattr(record, name))
         arrays = self._arrays
-        for name in self.columns.numbers:
-            value = getattr(record, name)
-            arrays[name].append(_NONE if value is None else value)
+        for column, value in zip(self._number_arrays, self._numbers(record)):
+            column.append(_NONE if value is None else value)
         for name, value in choices.items():
             arrays[name].append(value)
         for name, (first, count) in ranges.items():
@@ -182,8 +184,9 @@ class RecordList(Sequence, Generic[R]):
 
 def freeze_step(steps: RecordList, backwards: RecordList, index: int) -> None:
     """Store step ``index`` and its backwards in columns, where they carry only numbers."""
+    ids = steps[index].backwards
     if steps.freeze(index):
-        for backward_id in steps[index].backwards:
+        for backward_id in ids:
             backwards.freeze(backward_id)
 
 
