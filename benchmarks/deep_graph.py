@@ -12,20 +12,25 @@ from __future__ import annotations
 from measure import RoundResult, WorkloadResult, med
 
 
-def scaling(small: WorkloadResult, big: WorkloadResult, config: str, added: bool = False) -> float:
-    """Median over rounds of big/small ms/step (same round, same process); ``added``: of the cost over bare."""
+def scaling(small: WorkloadResult, big: WorkloadResult, config: str, added: bool = False, steady: bool = False) -> float:
+    """Median over rounds of big/small ms/step (same round, same process).
+
+    ``added``: of the cost over bare; ``steady``: of the steps after each round's first (the session's
+    one-off snapshot and first records are in the first step).
+    """
+    ms = (lambda r: r.steady_ms) if steady else (lambda r: r.mean_ms)
     ratios = []
     for i, (s, b) in enumerate(zip(small.results.get(config, []), big.results.get(config, []))):
         if not added:
-            ratios.append(b.mean_ms / s.mean_ms)
+            ratios.append(ms(b) / ms(s))
             continue
         try:
             sb, bb = small.results["bare"][i], big.results["bare"][i]
         except (KeyError, IndexError):
             return float("nan")
-        if s.mean_ms - sb.mean_ms < 0.05 * sb.mean_ms:
+        if ms(s) - ms(sb) < 0.05 * ms(sb):
             return float("nan")  # no added cost to scale (within noise)
-        ratios.append((b.mean_ms - bb.mean_ms) / (s.mean_ms - sb.mean_ms))
+        ratios.append((ms(b) - ms(bb)) / (ms(s) - ms(sb)))
     return med(ratios)
 
 

@@ -1,4 +1,7 @@
-"""The long run: graphwatch's own memory and trace size over many steps of a tiny loop.
+"""The long run: graphwatch's own memory and trace size over many steps of a tiny loop with a periodic leak.
+
+The loop (``workloads.tiny``) keeps one step's graph alive every
+``workloads.LEAK_EVERY`` steps, so the session records findings as it goes.
 
 1. the loop bare: its ms/step and RSS growth (the baseline; 0 for this loop);
 2. the loop under the session: RSS growth sampled every 10 chunks, CPU

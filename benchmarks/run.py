@@ -71,7 +71,7 @@ def plan(args: argparse.Namespace, only: set[str]) -> list[list[Shape]]:
         workload = make()
         steps, rounds = workload.steps_per_round, workload.rounds
         if args.quick:
-            steps, rounds = max(1, steps // 2), max(2 if workload.deep else 3, rounds // 4)
+            steps, rounds = max(2 if workload.deep else 1, steps // 2), max(2 if workload.deep else 3, rounds // 4)
         groups.setdefault(workload.group or name, []).append((workload, steps, args.rounds or rounds))
     return list(groups.values())
 

@@ -84,9 +84,10 @@ class Session:
 
     Options (keyword only):
       strict: raise :class:`~graphwatch.GraphLeakError` at the end of the first step with a leak finding.
-      level: ``"default"`` (saved tensors, graph walks, call sites), ``"light"`` (backward calls and
-        steps only; the backward-twice error is still explained, with less detail) or ``"precise"``
-        (default plus a TorchFunctionMode: the exact line of every node, at a higher cost).
+      level: ``"default"`` (saved tensors, graph walks, call sites; per-node records where a graph
+        is suspicious), ``"light"`` (backward calls and steps only; the backward-twice error is still
+        explained, with less detail) or ``"precise"`` (default plus a TorchFunctionMode: the exact line
+        of every node, and every node's and saved tensor's record, at a higher cost).
       summary: print the terminal summary when the session ends.
       out: folder to write the HTML report, trace.json and SVG snapshots to when the session ends.
       keep_steps: per-node records are kept for this many recent steps (plus steps with findings).

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 import graphwatch
+from graphwatch.capture.recorder import FREEZE_BATCH
 from graphwatch.model import FORMAT, VERSION
 
 pytestmark = pytest.mark.usefixtures("no_session_left")
@@ -99,20 +100,24 @@ def test_a_long_run_is_written_in_columns_and_kept_in_columns(tmp_path):
     model = nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with graphwatch.watch(summary=False, keep_steps=3) as gw:
-        for _ in range(40):
+        for _ in range(300):
             opt.zero_grad()
             model(torch.randn(2, 3)).sum().backward()
             opt.step()
+            if gw.trace.steps.frozen():
+                break  # the first batch of settled steps went into columns
+    assert len(gw.trace.steps) == FREEZE_BATCH + 4 and gw.trace.steps.frozen() == FREEZE_BATCH  # not step 0, last 3
     trace = gw.trace
-    assert trace.steps.frozen() == 36 and trace.backwards.frozen() == 36  # all but step 0 and the last 3
-    assert [s.index for s in trace.steps] == list(range(40)) and [b.id for b in trace.backwards] == list(range(40))
+    assert trace.steps.frozen() == len(trace.steps) - 4 == trace.backwards.frozen()  # and the rest at the end
+    assert [s.index for s in trace.steps] == list(range(len(trace.steps)))
+    assert [b.id for b in trace.backwards] == list(range(len(trace.steps)))
     assert trace.steps[5].backwards == [5] and trace.backwards[5].step == 5 and not trace.steps[5].detail
     path = gw.save(tmp_path / "trace.json")
     columns = json.loads(path.read_text())["steps"]["columns"]
     assert columns["index"] == {"from": 0} and columns["source"] == {"all": "optimizer"}
     assert columns["backwards.first"] == {"from": 0} and columns["backwards.count"] == {"all": 1}
     loaded = graphwatch.load(path)
-    assert loaded == trace and loaded.steps.frozen() == 36 and loaded.backwards.frozen() == 36
+    assert loaded == trace and loaded.steps.frozen() == trace.steps.frozen() == loaded.backwards.frozen()
 
 
 def test_save_of_a_loaded_trace_writes_the_same_file(rich_session, tmp_path):

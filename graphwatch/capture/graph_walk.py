@@ -1,12 +1,14 @@
-"""Walk an autograd graph without recursion, tagging each node with its record.
+"""Walk an autograd graph without recursion, tagging each node and, where asked, recording it.
 
 A node is tagged once, the first time a walk reaches it: a :class:`NodeTag`
 stored in ``node.metadata`` (which lives exactly as long as the node) holds
-its :class:`~graphwatch.model.NodeRecord`, and its finalizer reports when the
-node dies.  The walk links each node to the saved tensors its pack hooks
-recorded (``node._raw_saved_<name>.data`` is the handle the pack hook
-returned), so a node gets the step and line that created it.  Nothing here
-holds a node after the walk returns.
+its step, and its finalizer reports when the node dies.  :func:`quick_walk`
+stops there, for a graph made entirely in the current step; :func:`walk`
+also builds each node's :class:`~graphwatch.model.NodeRecord`, linked to the
+saved tensors its pack hooks recorded (``node._raw_saved_<name>.data`` is the
+handle the pack hook returned), so a node gets the step and line that created
+it, and notes the steps the graph crosses.  Nothing here holds a node after
+the walk returns.
 
 Example::
 

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 # Per-node records are kept for this many most recent steps (plus steps with findings).
 DEFAULT_KEEP_STEPS = 20
+# Settled steps go into columns this many at a time: one pass over hot code, not a cold one per step.
+FREEZE_BATCH = 256
 
 
 class _ResidentMemory:
@@ -100,6 +102,7 @@ class Recorder:
         self._node_ids_by_step: dict[int, list[int]] = {}
         self._saved_ids_by_step: dict[int, list[int]] = {}
         self._fresh: list[weakref.ref] = []  # this step's handles: those alive at its end get records
+        self._settled: list[int] = []  # pruned steps waiting to go into columns
         self._site_seq = -1  # node sequence number at the last pack-site lookup, and its result
         self._op_site: int | None = None
         self.closed = False
@@ -315,7 +318,9 @@ class Recorder:
             backwards = self.trace.backwards
             for backward_id in record.backwards:
                 backwards[backward_id].roots = []  # node records that go with the detail
-            freeze_step(self.trace.steps, backwards, old)  # numbers only now: into columns
+            self._settled.append(old)  # numbers only now: into columns with the next batch
+            if len(self._settled) >= FREEZE_BATCH:
+                self._freeze_settled()
         self.clock.forget_before(self.clock.bounds[old + 1])
         for node_id in self._node_ids_by_step.pop(old, ()):
             self.trace.nodes.pop(node_id, None)
@@ -333,9 +338,15 @@ class Recorder:
         self.current.backward_seconds += seconds
         self.backward = None
 
+    def _freeze_settled(self) -> None:
+        for index in self._settled:
+            freeze_step(self.trace.steps, self.trace.backwards, index)
+        self._settled.clear()
+
     def close(self) -> None:
-        """The session ended: release the file the recorder kept open."""
+        """The session ended: put the settled steps into columns, release the file the recorder kept open."""
         self.closed = True
+        self._freeze_settled()
         self._rss.close()
 
     def has_live_nodes(self) -> bool:
