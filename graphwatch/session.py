@@ -313,10 +313,13 @@ class Session:
     def _end_step(self, source: str, frame: Any) -> StepRecord:
         recorder = self._recorder
         current = recorder.current
-        self._settle_retained(current)
+        if self._retained:
+            self._settle_retained(current)
         if frame is not None and self.level != "light" and recorder.earlier_steps_alive():
             current.holders = find_holders(recorder, frame)
         record = recorder.end_step(source)
+        if self.level == "light":  # no walks and no saved tensors: nothing a step detector starts from
+            return record
         new = [f for f in step_findings(self.trace, record) if self._log.add(f)]
         if new:
             recorder.keep_detail(record.index)
