@@ -52,9 +52,9 @@ class RoundResult:
     wall_s: list[float]  # wall time per step (time.perf_counter): also waits for the shared CPU
     enter_s: float = 0.0
     exit_s: float = 0.0
-    walk_s: list[float] = field(default_factory=list)  # CPU s of Session._walk_before calls (incl. snapshots)
+    walk_s: list[float] = field(default_factory=list)  # CPU s of BackwardWatch.walk_before calls (incl. snapshots)
     end_step_s: list[float] = field(default_factory=list)  # CPU s of Session._end_step calls
-    snapshot_s: list[float] = field(default_factory=list)  # CPU s of Session._snapshot calls
+    snapshot_s: list[float] = field(default_factory=list)  # CPU s of BackwardWatch.snapshot calls
     recursion_limit: int | None = None  # the low limit a deep workload ran under
 
     @property
@@ -85,14 +85,15 @@ def _timed(method: Callable[..., Any], sink: list[float]) -> Callable[..., Any]:
 
 def _instrument(session: Any, result: RoundResult) -> None:
     """Time the session's per-backward graph walk, its step ends and its snapshots (instance attributes)."""
-    for name, sink in (
-        ("_walk_before", result.walk_s),
-        ("_end_step", result.end_step_s),
-        ("_snapshot", result.snapshot_s),
+    backwards = getattr(session, "_backwards", None)
+    for owner, name, sink in (
+        (backwards, "walk_before", result.walk_s),
+        (session, "_end_step", result.end_step_s),
+        (backwards, "snapshot", result.snapshot_s),
     ):
-        method = getattr(session, name, None)
+        method = getattr(owner, name, None)
         if method is not None:
-            setattr(session, name, _timed(method, sink))
+            setattr(owner, name, _timed(method, sink))
 
 
 def _depth() -> int:

@@ -48,7 +48,7 @@ PHASES = [
     ("unpack hook (saved.py make_hooks.unpack)", "capture/saved.py", "unpack"),
     ("saved-handle finalizer (SavedHandle.__del__)", "capture/saved.py", "__del__"),
     ("engine wrapper (Session._on_engine), incl. walk and the backward itself", "session.py", "_on_engine"),
-    ("graph walk before backward (Session._walk_before)", "session.py", "_walk_before"),
+    ("graph walk before backward (BackwardWatch.walk_before)", "backwards.py", "walk_before"),
     ("  graph_walk.quick_walk: tags only (a graph made this step, freed by its backward)", "capture/graph_walk.py", "quick_walk"),
     ("  graph_walk.walk: the full walk (first backward, retained or crossing graphs)", "capture/graph_walk.py", "walk"),
     ("    graph_walk._record: NodeRecord and its saved records", "capture/graph_walk.py", "_record"),
@@ -63,7 +63,7 @@ PHASES = [
     ("      RecordList.freeze (settled steps into columns)", "model/columns.py", "freeze"),
     ("    analysis: step_findings", "analysis/detectors.py", "step_findings"),
     ("      Trace.where / CallSite.where (call-site strings)", "model/records.py", "where"),
-    ("snapshot (Session._snapshot)", "session.py", "_snapshot"),
+    ("snapshot (BackwardWatch.snapshot)", "backwards.py", "snapshot"),
 ]
 
 

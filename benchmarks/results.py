@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import workloads as W
 from configs import CONFIGS, GW_CONFIGS
 from deep_graph import scaling
 from longrun import LongRun, mb
 from measure import WorkloadResult, med, quartiles
-import workloads as W
 from targets import targets
 
 import graphwatch

@@ -83,7 +83,7 @@ def _deep_targets(small: WorkloadResult | None, big: WorkloadResult | None, head
         )
         out.append(
             _value(
-                "graph walk before backward (Session._walk_before, snapshot excluded), 100k nodes, median",
+                "graph walk before backward (BackwardWatch.walk_before, snapshot excluded), 100k nodes, median",
                 "< 1 s (same budget)",
                 med(walks_without_snapshot(big)),
                 lambda v: v < 1.0,

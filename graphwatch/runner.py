@@ -54,9 +54,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .analysis import LEAK_KINDS
+from .capture.ranks import rank_and_world_size
 from .errors import TraceFormatError, UsageError
 from .model import Finding, Trace
-from .session import Session, rank_and_world_size, watch
+from .session import Session, watch
 from .signals import SignalGuard, Terminated
 
 EXIT_ERROR = 1  # an uncaught exception in the script, as with `python SCRIPT`

@@ -42,33 +42,25 @@ import torch
 from .analysis import (
     LEAK_KINDS,
     FindingLog,
-    explain_backward_twice,
     is_backward_twice,
     session_findings,
     step_findings,
 )
-from .capture import EnginePatch, Recorder, parse_engine_args, path_to, quick_walk, root_records, walk
+from .backwards import BackwardWatch
+from .capture import EnginePatch, Recorder, parse_engine_args
 from .capture.call_mode import CallSiteMode
 from .capture.holders import find_holders
 from .capture.optimizer import GradResetTracker, OptimizerHooks
+from .capture.ranks import rank_and_world_size
 from .capture.saved import make_chained_hooks, make_hooks
 from .capture.stack_limit import raise_stack_limit
-from .errors import BackwardTwiceError, GraphLeakError, UsageError
-from .model import (
-    BackwardRecord,
-    Finding,
-    NodeRecord,
-    Snapshot,
-    StepRecord,
-    Trace,
-    save_trace,
-)
-from .rendering.dot import snapshot_dot
+from .capture.transforms import step_aside_for_disable, transforming
+from .errors import GraphLeakError, UsageError
+from .model import BackwardRecord, Finding, StepRecord, Trace, save_trace
 from .rendering.ranks import rank_folder
 from .signals import SignalGuard
 
 LEVELS = ("default", "light", "precise")
-_CROSSING = "graph crosses steps"
 _OPTIONS = ("strict", "level", "summary", "out", "keep_steps", "snapshots", "max_snapshots")
 _lock = threading.Lock()
 _active: Session | None = None
@@ -142,7 +134,7 @@ class Session:
         self._installed: list[Callable[[], None]] = []
         self._explicit = False
         self._optimizer_steps = False
-        self._retained: list[tuple[BackwardRecord, set[int]]] = []  # this step's retain_graph backwards
+        self._backwards = BackwardWatch(self._recorder, self._log, self._grads, self.snapshots, max_snapshots)
         self._entered_at = ""
         self._finished = False
 
@@ -245,7 +237,7 @@ class Session:
             context = torch.autograd.graph.saved_tensors_hooks(*hooks)
             context.__enter__()
             self._installed.append(lambda: context.__exit__(None, None, None))
-            self._installed.append(_step_aside_for_disable(hooks))
+            self._installed.append(step_aside_for_disable(hooks))
         patch = EnginePatch(self._on_engine).install()
         self._installed.append(patch.remove)
         optimizer_hooks = OptimizerHooks(self._before_optimizer, self._after_optimizer)
@@ -313,8 +305,8 @@ class Session:
     def _end_step(self, source: str, frame: Any) -> StepRecord:
         recorder = self._recorder
         current = recorder.current
-        if self._retained:
-            self._settle_retained(current)
+        if self._backwards.retained:
+            self._backwards.settle_retained(current)
         if frame is not None and self.level != "light" and recorder.earlier_steps_alive():
             current.holders = find_holders(recorder, frame)
         record = recorder.end_step(source)
@@ -331,18 +323,6 @@ class Session:
                     leaks,
                 )
         return record
-
-    def _settle_retained(self, current: StepRecord) -> None:
-        """For this step's retain_graph backwards: was the graph used again, and what does it still hold?"""
-        saved = self.trace.saved
-        for backward, reached in self._retained:
-            held = 0
-            for node_id in reached:
-                node = self.trace.nodes.get(node_id)
-                if node is not None and node.step == current.index:
-                    held += sum(saved[i].nbytes for i in node.saved if i in saved and saved[i].alive)
-            backward.held_bytes = held
-        self._retained.clear()
 
     def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._owns_thread():
@@ -369,7 +349,7 @@ class Session:
     # -------------------------------------------------------------- backward
     def _on_engine(self, run: Callable[..., Any], t_outputs: Any, args: tuple, kwargs: dict) -> Any:
         recorder = self._recorder
-        if not self._owns_thread() or recorder.backward is not None or _transforming():
+        if not self._owns_thread() or recorder.backward is not None or transforming():
             return run(t_outputs, *args, **kwargs)
         roots, retain_graph, create_graph, accumulate = parse_engine_args(t_outputs, args, kwargs)
         if recorder.boundary_pending and recorder.made_since_boundary(roots):
@@ -382,7 +362,7 @@ class Session:
             retain_graph=retain_graph,
             create_graph=create_graph,
         )
-        freed = self._walk_before(record, roots, accumulate) if self.level != "light" else None
+        freed = self._backwards.walk_before(record, roots, accumulate) if self.level != "light" else None
         recorder.begin_backward(record)
         started = time.perf_counter()
         try:
@@ -390,131 +370,13 @@ class Session:
         except RuntimeError as exc:
             record.error = str(exc)
             if is_backward_twice(exc):
-                raise self._explain(record, roots, freed, exc) from None
+                raise self._backwards.explain(record, roots, freed, exc) from None
             raise
         finally:
             recorder.end_backward(record, time.perf_counter() - started)
         if not retain_graph and not self._explicit and not self._optimizer_steps:
             recorder.request_boundary("backward")
         return result
-
-    def _walk_before(self, record: BackwardRecord, roots: list[Any], accumulate: bool) -> list[NodeRecord]:
-        """Tag and count the graph the backward is about to run; return the nodes already freed.
-
-        Record cheaply, look closer on suspicion: a graph made entirely in this
-        step by a backward that frees it gets a quick walk (tags and counts, no
-        records).  The first backward, a retained graph, a snapshot, the
-        precise level, and any graph that reaches nodes an earlier walk or step
-        made get the full walk, which builds the records the analysis reads.
-        """
-        recorder = self._recorder
-        if not (
-            record.retain_graph or record.create_graph or self._retained or recorder.detail_always
-            or recorder.boundary_pending or self._wants_snapshot(record, False)
-        ):  # fmt: skip
-            quick = quick_walk(recorder, roots, record.id, collect_params=accumulate)
-            if quick is not None:
-                record.nodes_reached = quick.nodes_reached
-                record.roots = root_records(recorder, roots)  # a backward-twice error compares them
-                if accumulate:
-                    self._grads.accumulated(quick.params_reached)
-                return []
-        reached: set[int] | None = set() if (record.retain_graph or self._retained) else None
-        result = walk(self._recorder, roots, record.id, collect_params=accumulate, reached=reached)
-        record.nodes_reached = result.nodes_reached
-        record.earlier_nodes_reached = result.earlier_nodes_reached
-        record.earlier_steps = sorted(result.earlier_steps)
-        record.crossings = result.crossings[:16]
-        record.roots = root_records(self._recorder, roots)
-        if accumulate:
-            self._grads.accumulated(result.params_reached)
-        if reached is not None:
-            for earlier, earlier_reached in self._retained:
-                if not earlier.graph_reused and earlier_reached & reached:
-                    earlier.graph_reused = True
-            if record.retain_graph:
-                self._retained.append((record, reached))
-        crosses = bool(result.crossings or result.freed)
-        if self._wants_snapshot(record, crosses):
-            self._snapshot(record.step, roots, _CROSSING if crosses else "first backward")
-        return result.freed
-
-    def _explain(
-        self, record: BackwardRecord, roots: list[Any], freed: list[NodeRecord] | None, exc: RuntimeError
-    ) -> BackwardTwiceError:
-        recorder = self._recorder
-        stale = freed[0] if freed else None  # the light level records no saved tensors: no stale node
-        path = path_to(roots, stale) if stale is not None else []
-        finding = explain_backward_twice(self.trace, record, stale, path)
-        self._log.add(finding)
-        recorder.keep_detail(record.step)
-        self._snapshot(record.step, roots, "backward through a freed graph", force=True)
-        return BackwardTwiceError(f"{exc}\n\n{finding.message}", finding)
-
-    # ------------------------------------------------------------- snapshots
-    def _wants_snapshot(self, record: BackwardRecord, crosses: bool) -> bool:
-        """Auto: the first backward, and the first backward whose graph crosses steps."""
-        taken = self.trace.snapshots
-        if self.snapshots == "off" or len(taken) >= self.max_snapshots:
-            return False
-        if self.snapshots != "auto":
-            return record.step in self.snapshots and not any(s.step == record.step for s in taken)
-        if not taken:
-            return True
-        return crosses and not any(s.reason == _CROSSING for s in taken)
-
-    def _snapshot(self, step: int, roots: list[Any], reason: str, force: bool = False) -> None:
-        if self.snapshots == "off" or (len(self.trace.snapshots) >= self.max_snapshots and not force):
-            return
-        retained = {i for backward, reached in self._retained for i in reached}
-        try:
-            dot = snapshot_dot(roots, self.trace, step, retained=retained)
-        except Exception as exc:  # a drawing must never break the user's backward
-            warnings.warn(f"graphwatch: could not draw the step {step} graph ({exc!r}); the trace is unaffected", stacklevel=2)
-            return
-        self.trace.snapshots.append(Snapshot(step, reason, dot))
-
-
-def _transforming() -> bool:
-    """True while torch.compile traces (fake tensors) or a torch.func transform runs: no real backward."""
-    return torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None
-
-
-def _step_aside_for_disable(hooks: tuple) -> Callable[[], None]:
-    """Make ``torch.autograd.graph.disable_saved_tensors_hooks`` (used by torch.func.grad, vjp, jacrev,
-    hessian) pop graphwatch's hooks for its block instead of failing; returns the undo."""
-    graph = torch.autograd.graph
-    original = graph.disable_saved_tensors_hooks
-
-    @contextmanager
-    def disable_saved_tensors_hooks(error_message: str) -> Iterator[None]:
-        ours = torch._C._autograd._top_saved_tensors_default_hooks(False) == hooks
-        if ours:
-            torch._C._autograd._pop_saved_tensors_default_hooks()
-        try:
-            with original(error_message):
-                yield
-        finally:
-            if ours:
-                torch._C._autograd._push_saved_tensors_default_hooks(*hooks)
-
-    graph.disable_saved_tensors_hooks = disable_saved_tensors_hooks
-
-    def undo() -> None:
-        graph.disable_saved_tensors_hooks = original
-
-    return undo
-
-
-def rank_and_world_size(rank: int | None = None, world_size: int | None = None) -> tuple[int | None, int | None]:
-    """This process's rank in a torch.distributed job (initialised, or launched by torchrun), else as given."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    try:
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    except (KeyError, ValueError):
-        return rank, world_size
 
 
 def _check_writable_folder(folder: Path) -> None:

@@ -432,6 +432,7 @@ def test_default_level_builds_records_only_where_it_looks_closer():
             opt.step()
         kept = model(torch.randn(8, 4)).sum()  # <mark: outlives its step>
         opt.step()  # ends step 6 with kept's saved tensors alive
+    assert kept.grad_fn is not None  # `kept` held its graph through step 6's end
     trace = gw.trace
     assert all(s.nodes_created == 7 and s.saved_packed == 5 for s in trace.steps[:6])  # every step is counted
     assert [b.nodes_reached for b in trace.backwards] == [7] * 6  # quick walks count too

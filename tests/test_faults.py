@@ -155,14 +155,14 @@ INTERNALS = {
     "node tagging": ("graphwatch.capture.recorder.Recorder", "node_born", 9),
     "node record": ("graphwatch.capture.recorder.Recorder", "node_record", 9),
     "saved record": ("graphwatch.capture.recorder.Recorder", "saved_record", 3),
-    "graph walk": ("graphwatch.session", "walk", 0),
-    "quick graph walk": ("graphwatch.session", "quick_walk", 2),
+    "graph walk": ("graphwatch.backwards", "walk", 0),
+    "quick graph walk": ("graphwatch.backwards", "quick_walk", 2),
     "backward start": ("graphwatch.capture.recorder.Recorder", "begin_backward", 2),
     "backward end": ("graphwatch.capture.recorder.Recorder", "end_backward", 2),
     "step end": ("graphwatch.capture.recorder.Recorder", "end_step", 2),
     "step findings": ("graphwatch.session", "step_findings", 2),
     "holder search": ("graphwatch.session", "find_holders", 1),
-    "snapshot drawing": ("graphwatch.session", "snapshot_dot", 0),
+    "snapshot drawing": ("graphwatch.backwards", "snapshot_dot", 0),
     "optimizer hook": ("graphwatch.capture.optimizer.GradResetTracker", "before_step", 2),
 }
 

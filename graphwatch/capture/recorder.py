@@ -117,11 +117,14 @@ class Recorder:
         """The NodeRecord of a tagged node, kept in the trace while its step is in the detail window."""
         record = NodeRecord(self._next_node, op, tag.step, tag.seq, backward=tag.backward)
         self._next_node += 1
-        step = tag.step
-        if step >= self.step - self.keep_steps or step in self.kept_steps:
-            self.trace.nodes[record.id] = record
-            self._node_ids_by_step.setdefault(step, []).append(record.id)
+        self._keep_in_window(tag.step, record, self.trace.nodes, self._node_ids_by_step)
         return record
+
+    def _keep_in_window(self, step: int, record: NodeRecord | SavedRecord, table: dict, ids_by_step: dict) -> None:
+        """Put a record in the trace while its step is in the detail window (:meth:`_prune` takes it out)."""
+        if step >= self.step - self.keep_steps or step in self.kept_steps:
+            table[record.id] = record
+            ids_by_step.setdefault(step, []).append(record.id)
 
     def node_died(self, tag: NodeTag) -> None:
         """Called by a node tag's finalizer: the autograd node was destroyed."""
@@ -192,10 +195,7 @@ class Recorder:
             unpacked=handle.unpacks,
         )
         self._next_saved += 1
-        step = handle.step
-        if step >= self.step - self.keep_steps or step in self.kept_steps:
-            self.trace.saved[record.id] = record
-            self._saved_ids_by_step.setdefault(step, []).append(record.id)
+        self._keep_in_window(handle.step, record, self.trace.saved, self._saved_ids_by_step)
         return record
 
     def _count_live(self, nbytes: int, step: int, activation: bool) -> None:

@@ -36,8 +36,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from ..model import SavedRecord
-
 if TYPE_CHECKING:
     from .recorder import Recorder
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 from array import array
-from operator import attrgetter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Generic, TypeVar, overload
 
 from .records import STEP_SOURCES, BackwardRecord, StepRecord

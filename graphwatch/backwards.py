@@ -1,0 +1,141 @@
+"""What a session does with the graph of each backward: look at it, explain it when it fails, draw it.
+
+Record cheaply, look closer on suspicion: a graph made entirely in the
+current step by a backward that frees it gets a quick walk (node tags and
+counts, no records).  The first backward, a retained or ``create_graph``
+graph, a snapshot, the precise level, and any graph that reaches nodes an
+earlier walk or step made get the full walk, which builds the records the
+analysis reads.  When torch raises "backward through the graph a second
+time", the full walk's freed nodes name the stale part of the graph.
+
+Example::
+
+    >>> import torch, graphwatch
+    >>> x = torch.ones(2, requires_grad=True)
+    >>> with graphwatch.watch(summary=False) as gw:
+    ...     for _ in range(3):
+    ...         (x * 2).sum().backward()
+    >>> [b.nodes_reached for b in gw.trace.backwards], [s.reason for s in gw.trace.snapshots]
+    ([2, 2, 2], ['first backward'])
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+from .analysis import FindingLog, explain_backward_twice
+from .capture import Recorder, path_to, quick_walk, root_records, walk
+from .capture.optimizer import GradResetTracker
+from .errors import BackwardTwiceError
+from .model import BackwardRecord, NodeRecord, Snapshot, StepRecord
+from .rendering.dot import snapshot_dot
+
+CROSSING = "graph crosses steps"  # the reason of the snapshot of the first graph that crosses steps
+
+
+class BackwardWatch:
+    """The graph work of a session's backwards; ``retained`` lists this step's retain_graph backwards."""
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        log: FindingLog,
+        grads: GradResetTracker,
+        snapshots: str | frozenset[int],
+        max_snapshots: int,
+    ) -> None:
+        self._recorder = recorder
+        self._log = log
+        self._grads = grads
+        self._snapshots = snapshots  # "auto", "off" or step numbers
+        self._max_snapshots = max_snapshots
+        self._first_drawn = False  # the "first backward" snapshot was tried (drawn or not)
+        self.retained: list[tuple[BackwardRecord, set[int]]] = []  # with the node records each reached
+
+    def walk_before(self, record: BackwardRecord, roots: list[Any], accumulate: bool) -> list[NodeRecord]:
+        """Tag and count the graph the backward is about to run; return the nodes already freed."""
+        recorder = self._recorder
+        if not (
+            record.retain_graph or record.create_graph or self.retained or recorder.detail_always
+            or recorder.boundary_pending or self.wants_snapshot(record, False)
+        ):  # fmt: skip
+            quick = quick_walk(recorder, roots, record.id, collect_params=accumulate)
+            if quick is not None:
+                record.nodes_reached = quick.nodes_reached
+                record.roots = root_records(recorder, roots)  # a backward-twice error compares them
+                if accumulate:
+                    self._grads.accumulated(quick.params_reached)
+                return []
+        reached: set[int] | None = set() if (record.retain_graph or self.retained) else None
+        result = walk(recorder, roots, record.id, collect_params=accumulate, reached=reached)
+        record.nodes_reached = result.nodes_reached
+        record.earlier_nodes_reached = result.earlier_nodes_reached
+        record.earlier_steps = sorted(result.earlier_steps)
+        record.crossings = result.crossings[:16]
+        record.roots = root_records(recorder, roots)
+        if accumulate:
+            self._grads.accumulated(result.params_reached)
+        if reached is not None:
+            for earlier, earlier_reached in self.retained:
+                if not earlier.graph_reused and earlier_reached & reached:
+                    earlier.graph_reused = True
+            if record.retain_graph:
+                self.retained.append((record, reached))
+        crosses = bool(result.crossings or result.freed)
+        if self.wants_snapshot(record, crosses):
+            self.snapshot(record.step, roots, CROSSING if crosses else "first backward")
+        return result.freed
+
+    def explain(
+        self, record: BackwardRecord, roots: list[Any], freed: list[NodeRecord] | None, exc: RuntimeError
+    ) -> BackwardTwiceError:
+        """The error to raise for torch's "backward through the graph a second time" ``exc``."""
+        trace = self._recorder.trace
+        stale = freed[0] if freed else None  # the light level records no saved tensors: no stale node
+        path = path_to(roots, stale) if stale is not None else []
+        finding = explain_backward_twice(trace, record, stale, path)
+        self._log.add(finding)
+        self._recorder.keep_detail(record.step)
+        self.snapshot(record.step, roots, "backward through a freed graph", force=True)
+        return BackwardTwiceError(f"{exc}\n\n{finding.message}", finding)
+
+    def settle_retained(self, current: StepRecord) -> None:
+        """At a step end: what each retained graph of the step still holds in saved tensors."""
+        trace = self._recorder.trace
+        saved = trace.saved
+        for backward, reached in self.retained:
+            held = 0
+            for node_id in reached:
+                node = trace.nodes.get(node_id)
+                if node is not None and node.step == current.index:
+                    held += sum(saved[i].nbytes for i in node.saved if i in saved and saved[i].alive)
+            backward.held_bytes = held
+        self.retained.clear()
+
+    # ------------------------------------------------------------- snapshots
+    def wants_snapshot(self, record: BackwardRecord, crosses: bool) -> bool:
+        """Auto: the first backward, and the first backward whose graph crosses steps."""
+        taken = self._recorder.trace.snapshots
+        if self._snapshots == "off" or len(taken) >= self._max_snapshots:
+            return False
+        if self._snapshots != "auto":
+            return record.step in self._snapshots and not any(s.step == record.step for s in taken)
+        if not self._first_drawn:
+            return True
+        return crosses and not any(s.reason == CROSSING for s in taken)
+
+    def snapshot(self, step: int, roots: Iterable[Any], reason: str, force: bool = False) -> None:
+        """Draw the graph below ``roots`` into the trace (at most ``max_snapshots``, unless ``force``)."""
+        trace = self._recorder.trace
+        self._first_drawn = True
+        if self._snapshots == "off" or (len(trace.snapshots) >= self._max_snapshots and not force):
+            return
+        retained = {i for _, reached in self.retained for i in reached}
+        try:
+            dot = snapshot_dot(list(roots), trace, step, retained=retained)
+        except Exception as exc:  # a drawing must never break the user's backward
+            warnings.warn(f"graphwatch: could not draw the step {step} graph ({exc!r}); the trace is unaffected", stacklevel=2)
+            return
+        trace.snapshots.append(Snapshot(step, reason, dot))
