@@ -24,257 +24,42 @@ import gc
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import graphviz
 import torch
 
-from ..analysis.evidence import human_bytes
-from ..capture.graph_walk import node_record
-from ..capture.saved import SavedHandle
-from ..model import NodeRecord, Trace
+from ..model import Trace
+from .graph_items import (
+    EARLIER_COLOR,
+    FADED,
+    FN,
+    FREED_FILL,
+    NODE_ATTR,
+    OUTPUT_FILL,
+    PARAM_FILL,
+    SAVED,
+    SAVED_FILL,
+    SUMMARY_FILL,
+    GraphBuilder,
+    Item,
+    tensor_label,
+)
 
-PARAM_FILL, SAVED_FILL, OUTPUT_FILL, BASE_FILL = "lightblue", "orange", "darkolivegreen1", "darkolivegreen3"
-FREED_FILL, FREED_SAVED_FILL, SUMMARY_FILL, EARLIER_COLOR = "gray95", "#ffe4bf", "white", "red"
-NODE_ATTR = {"style": "filled", "shape": "box", "align": "left", "fontsize": "10",
-             "ranksep": "0.1", "height": "0.2", "fontname": "monospace"}  # torchviz's
-FADED = {"style": "filled,dashed", "fontcolor": "gray40"}
-# What an item draws.  A tensor met twice (a parameter an op saved) is drawn as torchviz leaves it:
-# as the role it was drawn in last, in torchviz's walk order, which this module's walk follows.
-_FN, _SAVED, _TENSOR = range(3)
 _HEAD = 40  # nodes nearest the outputs kept when a large graph is summarised
 _IMPORTANT = 40  # at most this many crossing / freed-frontier nodes kept besides
 _SUMMARY_OPS = 3  # op names listed in a collapsed node's label
-
-
-@dataclass(slots=True)
-class _Item:
-    """One node of the drawing: a backward node, a tensor, or a collapsed part of the graph."""
-
-    label: str  # a tensor's name (its label is made when it is drawn)
-    role: int
-    owner: int  # backward node a tensor hangs off (-1: an output); a backward node's own index
-    fill: str | None = None  # None: Graphviz's default (lightgrey), as torchviz draws backward nodes
-    value: Any = None  # a tensor's Tensor or SavedHandle
-    op: str = ""
-    record: NodeRecord | None = None
-    freed: bool = False
-    done: bool = False
-    collapsed: bool = False
-    attrs: dict[str, str] | None = None
-
-
-class _Kind(NamedTuple):
-    """What is cached per autograd node class (``dir()`` is slow)."""
-
-    name: str
-    saved: tuple[tuple[str, bool], ...]  # (attribute after "_saved_", holds tensors)
-    custom: bool  # a custom autograd.Function: its saved tensors are always drawn
-    accumulates: bool  # AccumulateGrad: draws its .variable
-
-
-_KINDS: dict[type, _Kind] = {}
-
-
-def _kind(node: Any) -> _Kind:
-    kind = _KINDS.get(type(node))
-    if kind is None:
-        names = dir(node)
-        raw = {n[11:] for n in names if n.startswith("_raw_saved_")}
-        saved = tuple((n[7:], n[7:] in raw) for n in names if n.startswith("_saved_"))
-        kind = _Kind(type(node).__name__, saved, "_raw_saved_tensors" in names, "variable" in names)
-        _KINDS[type(node)] = kind
-    return kind
-
-
-def _read_slot(node: Any, name: str) -> tuple[bool, list[Any]] | None:
-    """(holds a tuple, values) of a saved-tensor slot, or None once freed.
-
-    Values are Tensors (outside a session), graphwatch SavedHandles (inside one) or None (an
-    undefined optional tensor).  Nothing is unpacked.
-    """
-    try:
-        raw = getattr(node, "_raw_saved_" + name)
-    except RuntimeError:  # a freed list of tensors
-        return None
-    many = isinstance(raw, tuple)
-    values = [saved.data for saved in raw] if many else [raw.data]
-    if all(value is None for value in values):
-        try:
-            getattr(node, "_saved_" + name)  # None for undefined tensors; raises once freed
-        except RuntimeError:
-            return None
-    return many, values
-
-
-def _shape_bytes(value: Any) -> tuple[Sequence[int], int] | None:
-    """Shape and bytes of a drawn tensor, or None for what a user's pack hook returned (opaque)."""
-    if isinstance(value, SavedHandle):
-        return value.shape(), value.nbytes
-    if isinstance(value, tuple):  # e.g. save_on_cpu's (device, tensor)
-        value = next((v for v in value if isinstance(v, torch.Tensor)), None)
-    if not isinstance(value, torch.Tensor):
-        return None
-    try:
-        return value.shape, value.nbytes
-    except RuntimeError:  # sparse tensors have no nbytes
-        return value.shape, 0
-
-
-def _tensor_label(item: _Item, with_bytes: bool) -> str:
-    known = _shape_bytes(item.value)
-    if known is None:
-        return f"{item.label}\n (packed by saved-tensor hooks)"
-    label = "%s\n (%s)" % (item.label, ", ".join(str(int(d)) for d in known[0]))
-    if not with_bytes:
-        return label
-    shared = isinstance(item.value, SavedHandle) and not known[1]
-    return label + "\n " + ("shared storage" if shared else human_bytes(known[1]))
-
-
-def _attr_table(name: str, attrs: Mapping[str, str], max_chars: int) -> str:
-    """torchviz's ``show_attrs`` label: the op name over an aligned ``key: value`` table."""
-    if not attrs:
-        return name
-    key_width = max(len(k) for k in attrs)
-    width = min(max(len(v) for v in attrs.values()), max(max_chars, 3))
-    cut = {k: v if len(v) <= width else v[: width - 3] + "..." for k, v in attrs.items()}
-    rows = [f"{k.ljust(key_width)}: {v.rjust(width)}" for k, v in cut.items()]
-    return "\n".join([name, "-" * max(key_width + width + 2, len(name)), *rows])
-
-
-class _GraphBuilder:
-    """Walks the graph once (iteratively, in torchviz's preorder) into items and edges."""
-
-    def __init__(self, params: Mapping[str, torch.Tensor] | None, attrs: bool, saved: bool, max_chars: int) -> None:
-        self.names = {id(t): name for name, t in (params or {}).items()}
-        self.show_attrs, self.show_saved, self.max_chars = attrs, saved, max_chars
-        self.items: list[_Item] = []
-        self.flow: list[tuple[int, int]] = []  # (input node, node using it): backward-node edges
-        self.links: list[tuple[int, int, dict[str, str]]] = []  # edges to and from tensors
-        self.roots: list[int] = []
-        self._nodes: dict[Any, int] = {}  # holds the node wrappers (so their ids stay unique) while building
-        self._tensors: dict[int, int] = {}  # id(tensor) -> item; items hold the tensors
-
-    def add_output(self, var: torch.Tensor) -> None:
-        if not isinstance(var, torch.Tensor):
-            raise TypeError(f"make_dot draws tensors, got {type(var).__name__}")
-        if id(var) in self._tensors:
-            return
-        chain = [(var, OUTPUT_FILL)] + ([(var._base, BASE_FILL)] if var._is_view() else [])
-        for tensor, fill in chain:  # a view's base is never a view: at most two
-            if id(tensor) not in self._tensors:
-                index = self._tensor(tensor, self.names.get(id(tensor), ""), _TENSOR, -1, fill)
-                if tensor.grad_fn is not None:
-                    self.links.append((self.add_root(tensor.grad_fn), index, {}))
-        if len(chain) == 2:
-            self.links.append((self._tensors[id(var._base)], self._tensors[id(var)], {"style": "dotted"}))
-
-    def add_root(self, root: Any) -> int:
-        """Walk the graph below the backward node ``root``; return its item."""
-        stack: list[tuple[Any, bool]] = [(root, False)]
-        while stack:
-            node, after_inputs = stack.pop()
-            item = self.items[self._node(node)]
-            if after_inputs:  # torchviz draws a custom Function's saved tensors after its inputs
-                self._custom_saved(node, item.owner)
-            elif not item.done:
-                item.done = True
-                inputs = self._visit(node, item)
-                if _kind(node).custom:
-                    stack.append((node, True))
-                stack.extend((child, False) for child in reversed(inputs))
-        self.roots.append(self._nodes[root])
-        return self.roots[-1]
-
-    def _tensor(self, value: Any, name: str, role: int, owner: int, fill: str) -> int:
-        index = self._tensors.get(id(value))
-        if index is None:
-            index = self._tensors[id(value)] = len(self.items)
-            self.items.append(_Item(name, role, owner, fill, value))
-        else:
-            item = self.items[index]
-            item.label, item.role, item.owner, item.fill = name, role, owner, fill
-        return index
-
-    def _node(self, node: Any) -> int:
-        index = self._nodes.get(node)
-        if index is None:
-            index = self._nodes[node] = len(self.items)
-            self.items.append(_Item("", _FN, index))
-        return index
-
-    def _visit(self, node: Any, item: _Item) -> list[Any]:
-        """Fill in one backward node and its tensors; return its inputs."""
-        kind, index = _kind(node), item.owner
-        item.op, item.record = kind.name, node_record(node)
-        item.label = kind.name
-        if self.show_attrs:
-            item.label = _attr_table(kind.name, self._attrs(node, kind, item), self.max_chars)
-        for name, holds_tensors in kind.saved if self.show_saved else ():
-            if holds_tensors:
-                self._saved_slot(node, name, index)
-        if kind.accumulates:
-            var = node.variable
-            self.links.append((self._tensor(var, self.names.get(id(var), ""), _TENSOR, index, PARAM_FILL), index, {}))
-        children = [child for child, _ in node.next_functions if child is not None]
-        self.flow.extend((self._node(child), index) for child in children)
-        return children
-
-    def _custom_saved(self, node: Any, index: int) -> None:
-        """A custom Function's ``ctx.saved_tensors`` (read without unpacking, as in :func:`_read_slot`)."""
-        try:
-            values = [saved.data for saved in node._raw_saved_tensors]
-        except RuntimeError:  # freed
-            self._saved(index, None, "", True, toward_node=True)
-            return
-        for value in values:
-            if value is not None:
-                self._saved(index, value, "", False, toward_node=True)
-
-    def _attrs(self, node: Any, kind: _Kind, item: _Item) -> dict[str, str]:
-        attrs = {}
-        for name, holds_tensors in kind.saved:
-            slot = _read_slot(node, name) if holds_tensors else None
-            if holds_tensors and slot is None:
-                attrs[name], item.freed = "[freed]", True
-            elif slot and any(value is not None for value in slot[1]):
-                attrs[name] = "[saved tensors]" if slot[0] else "[saved tensor]"
-            else:
-                attrs[name] = str(getattr(node, "_saved_" + name))
-        return attrs
-
-    def _saved_slot(self, node: Any, name: str, owner: int) -> None:
-        slot = _read_slot(node, name)
-        if slot is None:
-            self._saved(owner, None, name, True)
-            return
-        many, values = slot
-        for i, value in enumerate(values):
-            if value is not None:
-                self._saved(owner, value, f"{name}[{i}]" if many else name, False)
-
-    def _saved(self, owner: int, value: Any, name: str, freed: bool, toward_node: bool = False) -> None:
-        if freed:
-            index = len(self.items)
-            label = f"{name}\n freed" if name else "freed"
-            self.items.append(_Item(label, _SAVED, owner, FREED_SAVED_FILL, attrs=dict(FADED)))
-            self.items[owner].freed = True
-        else:
-            index = self._tensor(value, name or self.names.get(id(value), ""), _SAVED, owner, SAVED_FILL)
-        self.links.append((index, owner, {"dir": "none"}) if toward_node else (owner, index, {"dir": "none"}))
 
 
 def _step_text(step: int) -> str:
     return "before the session" if step < 0 else f"step {step}"
 
 
-def _is_freed(item: _Item) -> bool:
+def _is_freed(item: Item) -> bool:
     return item.freed or (item.record is not None and item.record.freed_by is not None)
 
 
-def _decorate(item: _Item, current_step: int | None, retained: Collection[int]) -> None:
+def _decorate(item: Item, current_step: int | None, retained: Collection[int]) -> None:
     """Add the lifecycle marks of one backward node to its label and attributes."""
     record, lines, attrs = item.record, [], {}
     if _is_freed(item):
@@ -292,14 +77,14 @@ def _decorate(item: _Item, current_step: int | None, retained: Collection[int]) 
         item.attrs = attrs
 
 
-def _overlay(graph: _GraphBuilder, trace: Trace | None, current_step: int | None,
+def _overlay(graph: GraphBuilder, trace: Trace | None, current_step: int | None,
              retained: Collection[int]) -> dict[int, dict]:
     """Mark the nodes' lifecycle; return the attributes of the flow edges that carry the graph across steps."""
     items = graph.items
     if current_step is None:
         current_step = max((item.record.step for item in items if item.record is not None), default=None)
     for item in items:
-        if item.role == _FN:
+        if item.role == FN:
             _decorate(item, current_step, retained)
     carried = {}
     for k, (child, parent) in enumerate(graph.flow):
@@ -310,7 +95,7 @@ def _overlay(graph: _GraphBuilder, trace: Trace | None, current_step: int | None
     return carried
 
 
-def _freed_frontier(items: list[_Item], index: int, parents: list[int]) -> bool:
+def _freed_frontier(items: list[Item], index: int, parents: list[int]) -> bool:
     """A freed node used by a live one: where the graph still reaches freed buffers."""
     return _is_freed(items[index]) and not all(_is_freed(items[p]) for p in parents)
 
@@ -327,7 +112,7 @@ def _bfs(starts: Iterable[int], near: Sequence[Sequence[int]], allowed: Callable
     return order
 
 
-def _summarise(graph: _GraphBuilder, carried: Iterable[tuple[int, int]], max_nodes: int) -> list[int]:
+def _summarise(graph: GraphBuilder, carried: Iterable[tuple[int, int]], max_nodes: int) -> list[int]:
     """Keep the nodes near the outputs, where steps cross and where a freed graph is reached; collapse the rest.
 
     Returns, per item, the index of the item that draws it: itself, a collapsed item (appended
@@ -362,14 +147,14 @@ def _summarise(graph: _GraphBuilder, carried: Iterable[tuple[int, int]], max_nod
     return rep
 
 
-def _collapsed(items: list[_Item], part: list[int]) -> _Item:
+def _collapsed(items: list[Item], part: list[int]) -> Item:
     ops = Counter(items[i].op for i in part).most_common()
     listed = ", ".join(f"{op} ×{count:,}" for op, count in ops[:_SUMMARY_OPS]) + (", …" * (len(ops) > _SUMMARY_OPS))
     label = f"… {len(part):,} nodes ({listed}) …"
-    return _Item(label, _FN, -1, SUMMARY_FILL, collapsed=True, attrs=dict(FADED))
+    return Item(label, FN, -1, SUMMARY_FILL, collapsed=True, attrs=dict(FADED))
 
 
-def _emit(graph: _GraphBuilder, rep: list[int], carried: dict[int, dict], overlaid: bool,
+def _emit(graph: GraphBuilder, rep: list[int], carried: dict[int, dict], overlaid: bool,
           legend: bool) -> graphviz.Digraph:
     """The Digraph of the drawn items, named ``n0, n1, ...`` in walk order."""
     dot = graphviz.Digraph(node_attr=NODE_ATTR, graph_attr={"size": "12,12"})
@@ -377,7 +162,7 @@ def _emit(graph: _GraphBuilder, rep: list[int], carried: dict[int, dict], overla
     for index, item in enumerate(items):
         if rep[index] == index:
             names[index] = f"n{len(names)}"
-            label = item.label if item.value is None else _tensor_label(item, overlaid and item.role == _SAVED)
+            label = item.label if item.value is None else tensor_label(item, overlaid and item.role == SAVED)
             dot.node(names[index], label, **({"fillcolor": item.fill} if item.fill else {}), **(item.attrs or {}))
     collapsed_edges: set[tuple[str, str]] = set()
     for k, (tail, head, attrs) in enumerate([(c, p, {}) for c, p in graph.flow] + graph.links):
@@ -432,7 +217,7 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _finish(graph: _GraphBuilder, trace: Trace | None, current_step: int | None, retained: Collection[int] | None,
+def _finish(graph: GraphBuilder, trace: Trace | None, current_step: int | None, retained: Collection[int] | None,
             legend: bool | None, max_nodes: int) -> graphviz.Digraph:
     """Overlay, summarise and emit a walked graph."""
     overlaid = trace is not None or current_step is not None or bool(retained)
@@ -474,7 +259,7 @@ def make_dot(var: torch.Tensor | Sequence[torch.Tensor], params: Mapping[str, to
     """
     _check_options(params, max_attr_chars, trace, current_step, retained, max_nodes)
     with _gc_paused():
-        graph = _GraphBuilder(params, show_attrs, show_saved, max_attr_chars)
+        graph = GraphBuilder(params, show_attrs, show_saved, max_attr_chars)
         for tensor in var if isinstance(var, (tuple, list)) else [var]:
             graph.add_output(tensor)
         return _finish(graph, trace, current_step, retained, legend, max_nodes)
@@ -515,7 +300,7 @@ def snapshot_dot(roots: Iterable[Any], trace: Trace, step: int, *, retained: Col
         True
     """
     with _gc_paused():
-        graph = _GraphBuilder(None, False, True, 50)
+        graph = GraphBuilder(None, False, True, 50)
         for root in roots:
             if root is not None:
                 graph.add_root(root)
