@@ -49,7 +49,7 @@ from .analysis import (
 from .backwards import BackwardWatch
 from .capture import EnginePatch, Recorder, parse_engine_args
 from .capture.call_mode import CallSiteMode
-from .capture.holders import find_holders
+from .capture.holders import HolderSearch
 from .capture.optimizer import GradResetTracker, OptimizerHooks
 from .capture.ranks import rank_and_world_size
 from .capture.saved import make_chained_hooks, make_hooks
@@ -134,6 +134,7 @@ class Session:
         self._installed: list[Callable[[], None]] = []
         self._explicit = False
         self._optimizer_steps = False
+        self._holder_search = HolderSearch()
         self._backwards = BackwardWatch(self._recorder, self._log, self._grads, self.snapshots, max_snapshots)
         self._entered_at = ""
         self._finished = False
@@ -307,8 +308,8 @@ class Session:
         current = recorder.current
         if self._backwards.retained:
             self._backwards.settle_retained(current)
-        if frame is not None and self.level != "light" and recorder.earlier_steps_alive():
-            current.holders = find_holders(recorder, frame)
+        if frame is not None and self.level != "light":
+            current.holders = self._holder_search.at_step_end(recorder, frame, recorder.earlier_steps_alive())
         record = recorder.end_step(source)
         if self.level == "light":  # no walks and no saved tensors: nothing a step detector starts from
             return record

@@ -32,7 +32,7 @@ from .evidence import (
 )
 from .findings import make_finding, renderer
 
-_RECENT = 64  # steps looked at to count optimizer steps per iteration
+_RECENT = 16  # steps looked at to count optimizer steps per iteration (a GAN's two lines show within a few)
 _ADDS = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*\+=\s*(.+?)\s*(?:#.*)?$")
 _APPENDS = re.compile(r"^\s*([A-Za-z_][\w.]*)\.append\((.+)\)\s*(?:#.*)?$")
 

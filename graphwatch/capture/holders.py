@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 import inspect
 import linecache
 import re
@@ -123,6 +124,32 @@ def _assignment_line(code: CodeType, name: str) -> int | None:
             if growing.match(text):
                 grown = line
     return grown or found
+
+
+class HolderSearch:
+    """Decides at each step end whether to search for holders again, or to keep the last answer.
+
+    A search walks the graph of every tensor the user's frames can reach.
+    While every earlier step still alive is one the last search's holders
+    reached (a list that keeps a loss every thousand steps, between two of
+    them), those holders are kept, trimmed to the steps still alive; a step
+    alive that none of them reaches calls for a new search.
+    """
+
+    def __init__(self) -> None:
+        self._holders: list[Holder] = []
+
+    def at_step_end(self, recorder: Recorder, start: FrameType | None, alive: set[int]) -> list[Holder]:
+        """The holders of the graphs of the ``alive`` earlier steps (searched now, or kept from the last search)."""
+        kept = []
+        for holder in self._holders:
+            steps = [s for s in holder.steps if s in alive]
+            if steps:
+                kept.append(holder if len(steps) == len(holder.steps) else replace(holder, steps=steps))
+        if not alive.difference(*(h.steps for h in kept)):
+            return kept
+        self._holders = find_holders(recorder, start)
+        return list(self._holders)
 
 
 def find_holders(recorder: Recorder, start: FrameType | None) -> list[Holder]:

@@ -353,9 +353,9 @@ class Recorder:
         """Whether any node a walk touched is still alive."""
         return any(self._live_nodes.values())
 
-    def earlier_steps_alive(self) -> bool:
-        """Whether nodes or saved tensors of an earlier step are still alive."""
+    def earlier_steps_alive(self) -> set[int]:
+        """The earlier steps whose nodes or saved tensors are still alive."""
         step = self.step
-        return any(s < step and n for s, n in self._live_nodes.items()) or any(
-            s < step and b for s, b in self._live_activation.items()
-        )
+        alive = {s for s, n in self._live_nodes.items() if s < step and n}
+        alive.update(s for s, b in self._live_activation.items() if s < step and b)
+        return alive
