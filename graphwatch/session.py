@@ -241,7 +241,7 @@ class Session:
             self._installed.append(step_aside_for_disable(hooks))
         patch = EnginePatch(self._on_engine).install()
         self._installed.append(patch.remove)
-        optimizer_hooks = OptimizerHooks(self._before_optimizer, self._after_optimizer)
+        optimizer_hooks = OptimizerHooks(self._before_optimizer if self.level != "light" else None, self._after_optimizer)
         self._installed.append(optimizer_hooks.remove)
         restore_stack = raise_stack_limit()
         self._installed.append(lambda: self._recorder.has_live_nodes() or restore_stack())
@@ -326,11 +326,11 @@ class Session:
         return record
 
     def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """Not installed at the light level: it does not walk graphs, so it cannot tell accumulations."""
         if not self._owns_thread():
             return
         current = self._recorder.current
-        if self.level != "light":  # the light level does not walk graphs, so it cannot tell accumulations
-            current.stale_grads += self._grads.before_step(optimizer)
+        current.stale_grads += self._grads.before_step(optimizer)
         current.optimizer_site = self._recorder.sites.here(2)
 
     def _after_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -82,13 +82,12 @@ class GradResetTracker:
 
 
 class OptimizerHooks:
-    """Installs a global pre- and post-step hook; ``remove()`` takes both away."""
+    """Installs a global pre-step hook (unless None) and post-step hook; ``remove()`` takes them away."""
 
-    def __init__(self, before: Hook, after: Hook) -> None:
-        self._handles: list[Any] = [
-            register_optimizer_step_pre_hook(before),
-            register_optimizer_step_post_hook(after),
-        ]
+    def __init__(self, before: Hook | None, after: Hook) -> None:
+        self._handles: list[Any] = [register_optimizer_step_post_hook(after)]
+        if before is not None:
+            self._handles.append(register_optimizer_step_pre_hook(before))
 
     def remove(self) -> None:
         while self._handles:
