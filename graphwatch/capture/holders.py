@@ -130,25 +130,27 @@ class HolderSearch:
     """Decides at each step end whether to search for holders again, or to keep the last answer.
 
     A search walks the graph of every tensor the user's frames can reach.
-    While every earlier step still alive is one the last search's holders
-    reached (a list that keeps a loss every thousand steps, between two of
-    them), those holders are kept, trimmed to the steps still alive; a step
-    alive that none of them reaches calls for a new search.
+    While every earlier step still alive was alive at the last search (a list
+    that keeps a loss every thousand steps, between two of them), that
+    search's holders are kept, trimmed to the steps still alive; a step alive
+    that was not calls for a new search.  (A search may not name every graph:
+    it looks at the last items of long lists; it is not repeated for those.)
     """
 
     def __init__(self) -> None:
         self._holders: list[Holder] = []
+        self._searched: set[int] = set()  # the earlier steps alive at the last search
 
     def at_step_end(self, recorder: Recorder, start: FrameType | None, alive: set[int]) -> list[Holder]:
         """The holders of the graphs of the ``alive`` earlier steps (searched now, or kept from the last search)."""
-        kept = []
-        for holder in self._holders:
-            steps = [s for s in holder.steps if s in alive]
-            if steps:
-                kept.append(holder if len(steps) == len(holder.steps) else replace(holder, steps=steps))
-        if not alive.difference(*(h.steps for h in kept)):
+        if alive <= self._searched:
+            kept = []
+            for holder in self._holders:
+                steps = [s for s in holder.steps if s in alive]
+                if steps:
+                    kept.append(holder if len(steps) == len(holder.steps) else replace(holder, steps=steps))
             return kept
-        self._holders = find_holders(recorder, start)
+        self._holders, self._searched = find_holders(recorder, start), alive
         return list(self._holders)
 
 
