@@ -157,7 +157,8 @@ def graph_kept_alive(trace: Trace, step: StepRecord) -> list[Finding]:
         if not _leaks(kept, step, cycle):
             continue
         site = trace.site(site_id)
-        live = sum(b for s, b in step.saved_alive_by_step.items() if s in kept)
+        kept_set = set(kept)
+        live = sum(b for s, b in step.saved_alive_by_step.items() if s in kept_set)
         graph = alive_graph_sites(trace, kept)
         evidence = {
             "key": site.where if site else f"{holders[0].scope}: {name}",

@@ -143,7 +143,9 @@ class HolderSearch:
 
     def at_step_end(self, recorder: Recorder, start: FrameType | None, alive: set[int]) -> list[Holder]:
         """The holders of the graphs of the ``alive`` earlier steps (searched now, or kept from the last search)."""
-        if alive <= self._searched:
+        if alive == self._searched:
+            return list(self._holders)
+        if alive < self._searched:
             kept = []
             for holder in self._holders:
                 steps = [s for s in holder.steps if s in alive]

@@ -103,6 +103,7 @@ class Recorder:
         self._saved_ids_by_step: dict[int, list[int]] = {}
         self._fresh: list[weakref.ref] = []  # this step's handles: those alive at its end get records
         self._settled: list[int] = []  # pruned steps waiting to go into columns
+        self._emptied: list[int] = []  # steps whose live count reached 0 (finalizers only append here)
         self._site_seq = -1  # node sequence number at the last pack-site lookup, and its result
         self._op_site: int | None = None
         self.closed = False
@@ -130,7 +131,9 @@ class Recorder:
         """Called by a node tag's finalizer: the autograd node was destroyed."""
         if self.closed:
             return
-        self._live_nodes[tag.step] -= 1
+        left = self._live_nodes[tag.step] = self._live_nodes[tag.step] - 1
+        if not left:
+            self._emptied.append(tag.step)
         if tag.record is not None:
             tag.record.died_step = self.step
 
@@ -202,7 +205,9 @@ class Recorder:
         if not nbytes:  # also keeps finalizers from adding keys while a step end iterates the table
             return
         if activation:
-            self._live_activation[step] = self._live_activation.get(step, 0) + nbytes
+            left = self._live_activation[step] = self._live_activation.get(step, 0) + nbytes
+            if not left:
+                self._emptied.append(step)
         else:
             self._live_leaf += nbytes
 
@@ -283,20 +288,25 @@ class Recorder:
             if handle is not None and handle.record is None:
                 self.saved_record(handle)
 
+    def _forget_emptied(self) -> None:
+        """Drop the steps whose graphs are all gone from the live tables (noted by the finalizers)."""
+        emptied, self._emptied = self._emptied, []
+        for step in emptied:
+            for table in (self._live_activation, self._live_nodes):
+                if not table.get(step, 1):
+                    del table[step]
+
     def _snapshot_live(self, record: StepRecord) -> None:
-        record.live_activation_bytes = sum(self._live_activation.values())
+        self._forget_emptied()
+        record.saved_alive_by_step = dict(self._live_activation)  # copied in C: a leak's steps add up
+        record.nodes_alive_by_step = dict(self._live_nodes)
+        record.live_activation_bytes = sum(record.saved_alive_by_step.values())
         record.live_leaf_bytes = self._live_leaf
-        record.saved_alive_by_step = {s: b for s, b in self._live_activation.items() if b}
-        record.nodes_alive_by_step = {s: n for s, n in self._live_nodes.items() if n}
         record.live_nodes = sum(record.nodes_alive_by_step.values())
         record.rss_bytes = self._rss.bytes()
         if self.cuda_seen and torch.cuda.is_available():
             record.cuda_allocated = torch.cuda.memory_allocated()
             record.cuda_reserved = torch.cuda.memory_reserved()
-        # forget steps whose graphs are all gone
-        for table in (self._live_activation, self._live_nodes):
-            for step in [s for s, v in table.items() if not v]:
-                del table[step]
 
     def keep_detail(self, step: int) -> None:
         """Keep per-node records of ``step`` in the trace (it has a finding)."""
@@ -355,7 +365,7 @@ class Recorder:
 
     def earlier_steps_alive(self) -> set[int]:
         """The earlier steps whose nodes or saved tensors are still alive."""
-        step = self.step
-        alive = {s for s, n in self._live_nodes.items() if s < step and n}
-        alive.update(s for s, b in self._live_activation.items() if s < step and b)
+        self._forget_emptied()
+        alive = set(self._live_nodes).union(self._live_activation)
+        alive.difference_update((self.step, self.step + 1))  # this step's, and the next one's after a pending end
         return alive
