@@ -125,17 +125,15 @@ def make_hooks(recorder: Recorder) -> tuple[PackHook, UnpackHook]:
         # in the backward, and a `.detach_()` of it is an error.
         if tensor.is_leaf:  # a leaf cannot lead back to the graph: keep it, as torch does
             handle.alias = tensor
-            if recorder.detail_always:
-                recorder.saved_record(handle)
-            return handle
-        handle.alias = tensor.detach()  # never the tensor itself: a saved output would keep its graph forever
+        else:
+            handle.alias = tensor.detach()  # never the tensor itself: a saved output would keep its graph forever
+            # An output of the op saving it has the node being made, numbered last, as grad_fn: torch keeps a
+            # copy of those, as the alias is.  For the others a weak reference gives torch's behaviour without
+            # keeping anything alive (a custom Function that makes nodes in its forward is taken for an input).
+            if tensor.grad_fn._sequence_nr() != _next_sequence_nr() - 1:
+                handle.original = weakref.ref(tensor)
         if recorder.detail_always:
             recorder.saved_record(handle)
-        # An output of the op saving it has the node being made, numbered last, as grad_fn: torch keeps a
-        # copy of those, as the alias is.  For the others a weak reference gives torch's behaviour without
-        # keeping anything alive (a custom Function that makes nodes in its forward is taken for an input).
-        if tensor.grad_fn._sequence_nr() != _next_sequence_nr() - 1:
-            handle.original = weakref.ref(tensor)
         return handle
 
     def unpack(handle: SavedHandle) -> torch.Tensor:
