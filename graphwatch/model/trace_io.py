@@ -211,11 +211,12 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
             value = RecordList(_COLUMN_FIELDS[f.name], [_build(_LIST_FIELDS[f.name], row, f"{source}: {f.name}") for row in rows])
         elif f.name in _LIST_FIELDS:
             value = [_build(_LIST_FIELDS[f.name], row, f"{source}: {f.name}") for row in _rows(value, f.name, source)]
+            if f.name in _COLUMN_FIELDS:  # version 1: a list of objects
+                value = RecordList(_COLUMN_FIELDS[f.name], value)
         elif f.name in _DICT_FIELDS:
             rows = [_build(_DICT_FIELDS[f.name], row, f"{source}: {f.name}") for row in _rows(value, f.name, source)]
             value = {r.id: r for r in rows}
         setattr(trace, f.name, value)
-    trace.__post_init__()  # version 1 lists become RecordLists
     try:
         _check_fields(trace, "the trace's")
     except TypeError as exc:
