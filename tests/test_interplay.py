@@ -15,7 +15,6 @@ import os
 import queue
 import sys
 import threading
-from collections.abc import Callable
 
 import pytest
 import torch
@@ -28,15 +27,6 @@ import graphwatch
 pytestmark = pytest.mark.usefixtures("no_session_left")
 
 Results = dict[str, torch.Tensor]
-
-
-def _bare_and_watched(fn: Callable[[], Results], **options) -> tuple[Results, Results, graphwatch.Session]:
-    torch.manual_seed(0)
-    bare = fn()
-    torch.manual_seed(0)
-    with graphwatch.watch(summary=False, **options) as gw:
-        watched = fn()
-    return bare, watched, gw
 
 
 def _mlp(width: int = 8) -> nn.Module:
@@ -93,7 +83,7 @@ def test_compiled_model_compiled_before_the_session_trains_identically(backend, 
 
 
 @pytest.mark.parametrize("backend", ["eager"])
-def test_compiled_step_with_eager_parts_and_every_level(backend, same_tensors):
+def test_compiled_step_with_eager_parts_and_every_level(bare_and_watched, backend, same_tensors):
     """Compiled module, eager loss and eager extra graph, at each level: same numbers, eager parts tracked."""
     for level in ("default", "light", "precise"):
 
@@ -113,7 +103,7 @@ def test_compiled_step_with_eager_parts_and_every_level(backend, same_tensors):
                 _record(seen, i, model, loss=loss, out=out)
             return _final(seen, model)
 
-        bare, watched, gw = _bare_and_watched(fn, level=level)
+        bare, watched, gw = bare_and_watched(fn, level=level)
         torch._dynamo.reset()
         same_tensors(bare, watched)
         assert len(gw.trace.steps) == 3, level
@@ -127,7 +117,7 @@ def test_compiled_step_with_eager_parts_and_every_level(backend, same_tensors):
     reason="torch.compile's default inductor backend takes ~40 s to compile here from a cold cache (~16 s warm); "
     "set GRAPHWATCH_TEST_INDUCTOR=1 to run it",
 )
-def test_inductor_compiled_model_trains_identically(same_tensors):
+def test_inductor_compiled_model_trains_identically(bare_and_watched, same_tensors):
     def fn() -> Results:
         torch._dynamo.reset()
         model = _mlp()
@@ -142,14 +132,14 @@ def test_inductor_compiled_model_trains_identically(same_tensors):
             _record(seen, i, model, loss=loss)
         return _final(seen, model)
 
-    bare, watched, gw = _bare_and_watched(fn)
+    bare, watched, gw = bare_and_watched(fn)
     torch._dynamo.reset()
     same_tensors(bare, watched)
     assert len(gw.trace.backwards) == 2
 
 
 # ------------------------------------------------------------ inference regions
-def test_inference_mode_and_no_grad_regions_inside_a_session(same_tensors):
+def test_inference_mode_and_no_grad_regions_inside_a_session(bare_and_watched, same_tensors):
     def fn() -> Results:
         model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -174,14 +164,14 @@ def test_inference_mode_and_no_grad_regions_inside_a_session(same_tensors):
                 seen[f"extra{i}"] = torch.autograd.grad(extra, model[0].weight)[0]
         return _final(seen, model)
 
-    bare, watched, gw = _bare_and_watched(fn)
+    bare, watched, gw = bare_and_watched(fn)
     same_tensors(bare, watched)
     # each optimizer step ends a step; the last autograd.grad comes after it, in the session's last step
     assert [s.source for s in gw.trace.steps] == ["optimizer"] * 4 + ["session-end"]
     assert len(gw.trace.backwards) == 8  # the training backward and the autograd.grad per iteration
 
 
-def test_inference_tensors_used_in_a_graph_raise_the_same_error(same_tensors):
+def test_inference_tensors_used_in_a_graph_raise_the_same_error(bare_and_watched, same_tensors):
     def fn() -> Results:
         with torch.inference_mode():
             frozen = torch.randn(3, 3)
@@ -192,7 +182,7 @@ def test_inference_tensors_used_in_a_graph_raise_the_same_error(same_tensors):
             return {"error": torch.tensor([hash(str(exc)) % 1000])}
         return {"grad": w.grad}
 
-    bare, watched, _ = _bare_and_watched(fn)
+    bare, watched, _ = bare_and_watched(fn)
     same_tensors(bare, watched)
 
 
@@ -213,7 +203,7 @@ class _Points(Dataset):
         return self.x[i] + 0.01 * x.grad, self.y[i]
 
 
-def test_dataloader_with_two_worker_processes(same_tensors):
+def test_dataloader_with_two_worker_processes(bare_and_watched, same_tensors):
     def fn() -> Results:
         model = _mlp()
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -231,14 +221,14 @@ def test_dataloader_with_two_worker_processes(same_tensors):
                 i += 1
         return _final(seen, model)
 
-    bare, watched, gw = _bare_and_watched(fn)
+    bare, watched, gw = bare_and_watched(fn)
     same_tensors(bare, watched)
     assert len(gw.trace.steps) == 8  # 2 epochs x 4 batches: only the main process's backwards count
     assert not gw.findings
 
 
 # ----------------------------------------------------------------------- threads
-def test_backward_in_a_second_thread_of_graphs_built_in_the_session_thread(same_tensors):
+def test_backward_in_a_second_thread_of_graphs_built_in_the_session_thread(bare_and_watched, same_tensors):
     """The session thread builds graphs; another thread runs their backwards (and frees their saved
     tensors) while the session thread goes on training and ending steps."""
 
@@ -276,7 +266,7 @@ def test_backward_in_a_second_thread_of_graphs_built_in_the_session_thread(same_
         seen.update({f"side.{n}": p.grad for n, p in side_model.named_parameters()})  # summed in queue order
         return _final(seen, main_model)
 
-    bare, watched, gw = _bare_and_watched(fn)
+    bare, watched, gw = bare_and_watched(fn)
     same_tensors(bare, watched)
     assert len(gw.trace.steps) == 60
     assert len(gw.trace.backwards) == 60  # the worker's backwards are not the session thread's
@@ -286,7 +276,7 @@ def test_backward_in_a_second_thread_of_graphs_built_in_the_session_thread(same_
 
 
 # ---------------------------------------------------------------- dtype and device
-def test_model_moved_between_dtypes_mid_training(same_tensors):
+def test_model_moved_between_dtypes_mid_training(bare_and_watched, same_tensors):
     def fn() -> Results:
         model = _mlp()
         seen: Results = {}
@@ -305,7 +295,7 @@ def test_model_moved_between_dtypes_mid_training(same_tensors):
         seen["bf16_out"] = model(torch.randn(2, 6).to(torch.bfloat16)).detach()
         return _final(seen, model)
 
-    bare, watched, gw = _bare_and_watched(fn)
+    bare, watched, gw = bare_and_watched(fn)
     same_tensors(bare, watched)
     assert [s.source for s in gw.trace.steps] == ["optimizer"] * 6 + ["session-end"]  # the bf16 forward: last
     packed = [s.saved_bytes_packed for s in gw.trace.steps[:6]]
@@ -313,7 +303,7 @@ def test_model_moved_between_dtypes_mid_training(same_tensors):
     assert "float32" in {s.dtype for s in gw.trace.saved.values()}
 
 
-def test_autocast_bfloat16_on_cpu(same_tensors):
+def test_autocast_bfloat16_on_cpu(bare_and_watched, same_tensors):
     def fn() -> Results:
         model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 1))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -328,13 +318,13 @@ def test_autocast_bfloat16_on_cpu(same_tensors):
             _record(seen, i, model, loss=loss, out=out)
         return _final(seen, model)
 
-    bare, watched, gw = _bare_and_watched(fn)
+    bare, watched, gw = bare_and_watched(fn)
     same_tensors(bare, watched)
     assert "bfloat16" in {s.dtype for s in gw.trace.saved.values()}
 
 
 # -------------------------------------------------------------- sparse and complex
-def test_sparse_coo_matmul_gradients(same_tensors):
+def test_sparse_coo_matmul_gradients(bare_and_watched, same_tensors):
     def fn() -> Results:
         indices = torch.tensor([[0, 1, 2, 2, 3], [1, 0, 2, 3, 3]])
         values = torch.randn(5, requires_grad=True)
@@ -352,12 +342,12 @@ def test_sparse_coo_matmul_gradients(same_tensors):
             seen[f"leaf.grad{i}"] = leaf.grad.to_dense()
         return seen
 
-    bare, watched, gw = _bare_and_watched(fn)
+    bare, watched, gw = bare_and_watched(fn)
     same_tensors(bare, watched)
     assert len(gw.trace.backwards) == 3 and gw.trace.saved
 
 
-def test_complex_tensors_and_fft_gradients(same_tensors):
+def test_complex_tensors_and_fft_gradients(bare_and_watched, same_tensors):
     def fn() -> Results:
         z = torch.randn(4, 4, dtype=torch.complex64, requires_grad=True)
         w = torch.randn(4, 8, requires_grad=True)
@@ -376,7 +366,7 @@ def test_complex_tensors_and_fft_gradients(same_tensors):
         seen["z"], seen["w"] = z.detach(), w.detach()
         return seen
 
-    bare, watched, gw = _bare_and_watched(fn)
+    bare, watched, gw = bare_and_watched(fn)
     same_tensors(bare, watched)
     assert "complex64" in {s.dtype for s in gw.trace.saved.values()}
     assert len(gw.trace.steps) == 3
@@ -384,7 +374,7 @@ def test_complex_tensors_and_fft_gradients(same_tensors):
 
 # --------------------------------------------------------------------------- CUDA
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_training_records_cuda_memory_and_is_unchanged(same_tensors):
+def test_cuda_training_records_cuda_memory_and_is_unchanged(bare_and_watched, same_tensors):
     def fn() -> Results:
         model = _mlp(64).cuda()
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -398,7 +388,7 @@ def test_cuda_training_records_cuda_memory_and_is_unchanged(same_tensors):
         torch.cuda.synchronize()
         return {k: v.cpu() for k, v in _final(seen, model).items()}
 
-    bare, watched, gw = _bare_and_watched(fn)
+    bare, watched, gw = bare_and_watched(fn)
     same_tensors(bare, watched)
     assert len(gw.trace.steps) == 3
     assert all(s.cuda_allocated is not None and s.cuda_allocated > 0 for s in gw.trace.steps)

@@ -82,7 +82,7 @@ class SavedHandle:
         return tuple(self.alias.shape) if self.alias is not None else (self.record.shape if self.record else ())
 
 
-def _new_handle(recorder: Recorder, tensor: torch.Tensor) -> SavedHandle:
+def _new_handle(recorder: Recorder, tensor: torch.Tensor, leaf: bool) -> SavedHandle:
     """Note one saved tensor (the hot path: runs inside every op that saves)."""
     if recorder.boundary_pending:
         recorder.commit_boundary()
@@ -96,7 +96,7 @@ def _new_handle(recorder: Recorder, tensor: torch.Tensor) -> SavedHandle:
     # C++ recursion that frees a long chain of nodes.  A view of a parameter (linear saves weight.t())
     # counts as the parameter.
     handle = SavedHandle()
-    if not tensor.is_leaf:
+    if not leaf:
         base = tensor._base
         handle.kind = "activation" if base is None or not base.is_leaf else "parameter"
     else:
@@ -119,11 +119,12 @@ def make_hooks(recorder: Recorder) -> tuple[PackHook, UnpackHook]:
     """The (pack, unpack) pair that records into ``recorder``."""
 
     def pack(tensor: torch.Tensor) -> SavedHandle:
-        handle = _new_handle(recorder, tensor)
+        leaf = tensor.is_leaf
+        handle = _new_handle(recorder, tensor, leaf)
         handle.version = tensor._version
         # Without hooks torch keeps a saved input itself, not a copy: a later `.data = ...` on it shows
         # in the backward, and a `.detach_()` of it is an error.
-        if tensor.is_leaf:  # a leaf cannot lead back to the graph: keep it, as torch does
+        if leaf:  # a leaf cannot lead back to the graph: keep it, as torch does
             handle.alias = tensor
         else:
             handle.alias = tensor.detach()  # never the tensor itself: a saved output would keep its graph forever
@@ -161,7 +162,7 @@ def make_chained_hooks(recorder: Recorder, outer_pack: PackHook, outer_unpack: U
     """
 
     def pack(tensor: torch.Tensor) -> SavedHandle:
-        handle = _new_handle(recorder, tensor)
+        handle = _new_handle(recorder, tensor, tensor.is_leaf)
         handle.alias = None  # the outer hooks decide where the tensor lives
         recorder.saved_record(handle, tensor)  # built now: the tensor is out of reach later
         handle.inner = outer_pack(tensor)

@@ -84,6 +84,10 @@ BACKWARD_COLUMNS = Columns(
 )  # fmt: skip
 
 
+# The Trace fields kept as RecordLists, and how.
+TRACE_COLUMNS = {"steps": STEP_COLUMNS, "backwards": BACKWARD_COLUMNS}
+
+
 class RecordList(Sequence, Generic[R]):
     """A list of records; :meth:`freeze` stores one in columns (reads give an equal, new record)."""
 

@@ -220,6 +220,6 @@ class Trace:
 
 
 def _record_list(name: str, records: list | None = None) -> Any:
-    from .columns import BACKWARD_COLUMNS, STEP_COLUMNS, RecordList  # columns builds on these records
+    from .columns import TRACE_COLUMNS, RecordList  # columns builds on these records
 
-    return RecordList(STEP_COLUMNS if name == "steps" else BACKWARD_COLUMNS, records or ())
+    return RecordList(TRACE_COLUMNS[name], records or ())

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TraceFormatError, UsageError
-from .columns import BACKWARD_COLUMNS, STEP_COLUMNS, RecordList, freeze_step, from_json_columns, to_json_columns
+from .columns import TRACE_COLUMNS, RecordList, freeze_step, from_json_columns, to_json_columns
 from .records import (
     BackwardRecord,
     CallSite,
@@ -46,7 +46,6 @@ _LIST_FIELDS: dict[str, type] = {
     "snapshots": Snapshot,
 }
 _DICT_FIELDS: dict[str, type] = {"nodes": NodeRecord, "saved": SavedRecord}
-_COLUMN_FIELDS = {"steps": STEP_COLUMNS, "backwards": BACKWARD_COLUMNS}
 
 
 _DEFAULTS: dict[type, dict[str, Any]] = {}
@@ -83,8 +82,8 @@ def trace_to_dict(trace: Trace) -> dict:
     out: dict[str, Any] = {"format": FORMAT, "version": VERSION}
     for f in dataclasses.fields(trace):
         value = getattr(trace, f.name)
-        if f.name in _COLUMN_FIELDS:
-            value = to_json_columns(value, _COLUMN_FIELDS[f.name], _plain)
+        if f.name in TRACE_COLUMNS:
+            value = to_json_columns(value, TRACE_COLUMNS[f.name], _plain)
         elif f.name in _LIST_FIELDS:
             value = [_plain(r) for r in value]
         elif f.name in _DICT_FIELDS:
@@ -201,18 +200,18 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
         if f.name not in data:
             continue
         value = data[f.name]
-        if f.name in _COLUMN_FIELDS and version >= 2:
+        if f.name in TRACE_COLUMNS and version >= 2:
             try:
-                rows = from_json_columns(value, _COLUMN_FIELDS[f.name])
+                rows = from_json_columns(value, TRACE_COLUMNS[f.name])
             except ValueError as exc:
                 raise TraceFormatError(
                     f"{source}: field {f.name!r}: {exc}; the trace file is damaged - record the run again"
                 ) from None
-            value = RecordList(_COLUMN_FIELDS[f.name], [_build(_LIST_FIELDS[f.name], row, f"{source}: {f.name}") for row in rows])
+            value = RecordList(TRACE_COLUMNS[f.name], [_build(_LIST_FIELDS[f.name], row, f"{source}: {f.name}") for row in rows])
         elif f.name in _LIST_FIELDS:
             value = [_build(_LIST_FIELDS[f.name], row, f"{source}: {f.name}") for row in _rows(value, f.name, source)]
-            if f.name in _COLUMN_FIELDS:  # version 1: a list of objects
-                value = RecordList(_COLUMN_FIELDS[f.name], value)
+            if f.name in TRACE_COLUMNS:  # version 1: a list of objects
+                value = RecordList(TRACE_COLUMNS[f.name], value)
         elif f.name in _DICT_FIELDS:
             rows = [_build(_DICT_FIELDS[f.name], row, f"{source}: {f.name}") for row in _rows(value, f.name, source)]
             value = {r.id: r for r in rows}
