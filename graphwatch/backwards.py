@@ -21,12 +21,15 @@ Example::
 
 from __future__ import annotations
 
+import sys
 import warnings
+from array import array
 from collections.abc import Iterable
 from typing import Any
 
 from .analysis import FindingLog, explain_backward_twice
-from .capture import Recorder, path_to, quick_walk, root_records, walk
+from .capture import Recorder, frontier, path_to, quick_walk, root_records, walk
+from .capture.carriers import name_carrier
 from .capture.optimizer import GradResetTracker
 from .errors import BackwardTwiceError
 from .model import BackwardRecord, NodeRecord, Snapshot, StepRecord
@@ -53,6 +56,12 @@ class BackwardWatch:
         self._max_snapshots = max_snapshots
         self._first_drawn = False  # the "first backward" snapshot was tried (drawn or not)
         self.retained: list[tuple[BackwardRecord, set[int]]] = []  # with the node records each reached
+        self.optimizer_steps = 0  # optimizer.step() calls so far
+        self._optimizer_steps_before = array("q")  # per backward id: optimizer steps before it started
+
+    def started(self, record: BackwardRecord) -> None:
+        """A backward starts (its record is the next in the trace)."""
+        self._optimizer_steps_before.append(self.optimizer_steps)
 
     def walk_before(self, record: BackwardRecord, roots: list[Any], accumulate: bool) -> list[NodeRecord]:
         """Tag and count the graph the backward is about to run; return the nodes already freed."""
@@ -73,7 +82,9 @@ class BackwardWatch:
         record.nodes_reached = result.nodes_reached
         record.earlier_nodes_reached = result.earlier_nodes_reached
         record.earlier_steps = sorted(result.earlier_steps)
-        record.crossings = result.crossings[:16]
+        record.crossings = result.crossings[:16] or (frontier(roots, record.step) if result.earlier_nodes_reached else [])
+        if record.crossings:
+            self._name_carrier(record)
         record.roots = root_records(recorder, roots)
         if accumulate:
             self._grads.accumulated(result.params_reached)
@@ -88,6 +99,16 @@ class BackwardWatch:
             self.snapshot(record.step, roots, CROSSING if crosses else "first backward")
         return result.freed
 
+    def _name_carrier(self, record: BackwardRecord) -> None:
+        """Name the value that carried the first crossing's earlier node, while the loop's frames are here."""
+        carrier = self._recorder.trace.nodes.get(record.crossings[0][1])
+        if carrier is None or carrier.carried_as is not None:
+            return
+        named = name_carrier(self._recorder, sys._getframe(2), carrier)
+        if named is not None:
+            carrier.carried_as, carrier.carried_at, carrier.carried_fix = named.name, named.frame_site, named.statement
+            carrier.carried_kind = named.kind
+
     def explain(
         self, record: BackwardRecord, roots: list[Any], freed: list[NodeRecord] | None, exc: RuntimeError
     ) -> BackwardTwiceError:
@@ -95,7 +116,9 @@ class BackwardWatch:
         trace = self._recorder.trace
         stale = freed[0] if freed else None  # the light level records no saved tensors: no stale node
         path = path_to(roots, stale) if stale is not None else []
-        finding = explain_backward_twice(trace, record, stale, path)
+        before = self._optimizer_steps_before
+        stepped = stale is not None and stale.freed_by is not None and before[stale.freed_by] < before[record.id]
+        finding = explain_backward_twice(trace, record, stale, path, optimizer_between=stepped)
         self._log.add(finding)
         self._recorder.keep_detail(record.step)
         self.snapshot(record.step, roots, "backward through a freed graph", force=True)

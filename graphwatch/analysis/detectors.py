@@ -17,12 +17,12 @@ from __future__ import annotations
 from ..model import BackwardRecord, Finding, StepRecord, Trace
 from .evidence import (
     backwards_of,
+    carrier_fix,
     carrier_line,
+    carried_pattern,
     describe,
     describe_site,
-    detach_line,
     human_bytes,
-    line_runs_in,
     optimizer_name,
     step_name,
 )
@@ -72,16 +72,18 @@ def carried_across_steps(trace: Trace, step: StepRecord) -> list[Finding]:
         pairs = [(trace.nodes.get(p), trace.nodes.get(c)) for p, c in bw.crossings]
         user, carrier = next(((p, c) for p, c in pairs if c is not None), (None, None))
         site, name = carrier_line(trace, carrier) if carrier else (None, None)
+        made = trace.site(carrier.site) if carrier else None
         earliest = min(s for s in bw.earlier_steps if s < bw.step)
         used = trace.site(user.site) if user is not None else None
-        recurrent = site is not None and line_runs_in(trace, site.where, bw.step)
+        recurrent = carrier is not None and carried_pattern(trace, carrier, site, bw.step) == "recurrent"
         evidence = {
             "key": site.where if site else trace.where(bw.site),
             "sites": list(dict.fromkeys(w.where for w in (site, used, trace.site(bw.site)) if w is not None)),
             "steps": [bw.step],
             "backward": describe_site(trace, bw.site),
             "carrier": name,
-            "detach": detach_line(site.source, name) if site and name else None,
+            "detach": carrier_fix(carrier, site, name) if carrier else None,
+            "made_at": describe(made) if made is not None and site is not None and made.where != site.where else None,
             "carrier_at": describe(site) if site else None,
             "carrier_where": site.where if site else None,
             "carrier_step": carrier.step if carrier else earliest,
@@ -110,6 +112,8 @@ def _render_carried(ev: dict) -> tuple[str, str]:
     name = ev["carrier"]
     tensor = f"`{name}`" if name else "a tensor"
     made = f" produced at {ev['carrier_at']}" if ev["carrier_at"] else ""
+    if ev.get("made_at"):
+        made += f" (made inside at {ev['made_at']})"
     used = f" (used at {ev['used_at']})" if ev["used_at"] else ""
     if ev["pattern"] == "recurrent":
         how = f"{tensor}{made} in one step is fed into the next{used} without `.detach()`"
@@ -128,18 +132,20 @@ def _render_carried(ev: dict) -> tuple[str, str]:
         f"the backward at {ev['backward']} runs on into the graphs of earlier steps: {how}, so each step's graph "
         f"stays attached to the ones before it. Time spent in earlier steps' nodes, {spent}{growth}{tail}"
     )
-    target = name or "the tensor"
     where = ev["carrier_where"] or "the line that makes it"
     if ev["pattern"] == "recurrent":
         fix = (
-            f"`{ev.get('detach') or f'{target} = {target}.detach()'}` at the start of each step, before {where} "
+            (f"`{ev['detach']}`" if ev.get("detach") else "detach the tensor the step carries over")
+            + f" at the start of each step, before {where} "
             "(the value is kept, the graph is cut: truncated backpropagation through time); then no "
             "`retain_graph=True` is needed"
         )
     else:
         fix = (
             f"compute {tensor} inside the step that uses it instead of keeping it from {step_name(ev['carrier_step'])} "
-            f"({where}); if no gradient should flow into what made it, keep `{target}.detach()` instead"
+            f"({where}); if no gradient should flow into what made it, keep "
+            + (f"`{name}.detach()`" if name else "a detached copy (`.detach()`)")
+            + " instead"
         )
     return message, fix
 

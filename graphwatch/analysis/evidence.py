@@ -155,8 +155,36 @@ def line_runs_in(trace: Trace, where: str, step: int) -> bool:
 
 
 def carrier_line(trace: Trace, carrier: NodeRecord) -> tuple[CallSite | None, str | None]:
-    """Where the tensor whose graph crosses steps was made, and its variable name (if the line says)."""
-    return outermost_assignment(trace, carrier.site)
+    """The line that assigns the value whose graph crosses steps, and its name.
+
+    The name the training loop's frame gave it when graphwatch saw the crossing
+    (``hidden``, ``self.target``) wins, with the loop's line that assigns it (for an
+    attribute: the line of the node's call chain that assigns it); else the
+    innermost line of the node's call chain that assigns a variable.
+    """
+    name = carrier.carried_as
+    if name is None:
+        return outermost_assignment(trace, carrier.site)
+    if carrier.carried_at is not None:
+        return trace.sites[carrier.carried_at], name
+    attr = name.rsplit(".", 1)[-1]
+    chain = site_chain(trace, carrier.site)
+    site = next((s for s in chain if re.match(rf"^\s*[\w.]*\b{re.escape(attr)}\s*=[^=]", s.source)), None)
+    return site or trace.site(carrier.site), name
+
+
+def carried_pattern(trace: Trace, carrier: NodeRecord, site: CallSite | None, step: int) -> str:
+    """"recurrent" when the loop feeds each step's new value on, "cached" when one value is reused."""
+    if carrier.carried_kind is not None:
+        return carrier.carried_kind
+    return "recurrent" if site is not None and line_runs_in(trace, site.where, step) else "cached"
+
+
+def carrier_fix(carrier: NodeRecord, site: CallSite | None, name: str | None) -> str | None:
+    """The statement that cuts the carried graph: the one seen with the loop's values, else from the line."""
+    if carrier.carried_fix:
+        return carrier.carried_fix
+    return detach_line(site.source, name) if site and name else None
 
 
 def alive_graph_sites(trace: Trace, steps: Iterable[int], limit: int = 3) -> list[str]:

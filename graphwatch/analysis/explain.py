@@ -26,8 +26,8 @@ from .evidence import (
     carrier_line,
     describe,
     describe_site,
-    detach_line,
-    line_runs_in,
+    carried_pattern,
+    carrier_fix,
     same_line,
     step_name,
 )
@@ -41,14 +41,16 @@ def is_backward_twice(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and _MARKER in str(error)
 
 
-def _pattern(trace: Trace, backward: BackwardRecord, freeing: BackwardRecord | None, carrier: NodeRecord | None) -> str:
+def _pattern(
+    trace: Trace, backward: BackwardRecord, freeing: BackwardRecord | None, carrier: NodeRecord | None, handoff: bool
+) -> str:
+    if handoff:
+        return "handoff"
     if carrier is None:
         same_roots = freeing is not None and freeing.roots and freeing.roots == backward.roots
         return "same-tensor" if same_roots else "same-step"
-    if freeing is not None and not same_line(trace, freeing.site, backward.site):
-        return "handoff"
     site, _ = carrier_line(trace, carrier)
-    return "recurrent" if site is not None and line_runs_in(trace, site.where, backward.step) else "cached"
+    return carried_pattern(trace, carrier, site, backward.step)
 
 
 def _crossing(
@@ -64,6 +66,14 @@ def _crossing(
         return (stale, None) if stale.step < backward.step else (None, None)
     index = next((i for i, node in enumerate(path) if node.step < backward.step), None)
     if not index:  # None: all of this step; 0: the root itself is old
+        return None, None
+    return path[index], path[index - 1]
+
+
+def _handed_off(path: list[NodeRecord], backward: BackwardRecord) -> tuple[NodeRecord | None, NodeRecord | None]:
+    """(the first node on the path an earlier backward freed, the newer node that uses it), or (None, None)."""
+    index = next((i for i, node in enumerate(path) if node.freed_by not in (None, backward.id)), None)
+    if not index:  # None: nothing freed on the path; 0: the root itself was backwarded
         return None, None
     return path[index], path[index - 1]
 
@@ -135,8 +145,14 @@ def explain_backward_twice(
     backward: BackwardRecord,
     stale: NodeRecord | None,
     path: list[NodeRecord],
+    optimizer_between: bool = False,
 ) -> Finding:
-    """The finding for a failed backward; its ``message`` is what the error says after torch's text."""
+    """The finding for a failed backward; its ``message`` is what the error says after torch's text.
+
+    ``optimizer_between``: an ``optimizer.step()`` ran between the backward that freed ``stale`` and this
+    one.  Two backwards on different lines with an optimizer step between them, one handing a tensor's
+    graph to the other (a GAN's D and G losses sharing ``fake``), are a handoff, in one step or across two.
+    """
     where = trace.where(backward.site)
     if stale is None:
         return Finding(
@@ -152,7 +168,10 @@ def explain_backward_twice(
         )
     freeing = trace.backwards[stale.freed_by] if stale.freed_by is not None else None
     carrier, used = _crossing(path, stale, backward)
-    pattern = _pattern(trace, backward, freeing, carrier)
+    handoff = optimizer_between and freeing is not None and not same_line(trace, freeing.site, backward.site)
+    if handoff and carrier is None:
+        carrier, used = _handed_off(path, backward)
+    pattern = _pattern(trace, backward, freeing, carrier, handoff and carrier is not None)
     carrier_site, carrier_name = carrier_line(trace, carrier) if carrier else (None, None)
     used_site = trace.site(used.site) if used is not None else None
     names = {
@@ -163,7 +182,7 @@ def explain_backward_twice(
         "second": backward_name(trace, backward, "loss_b"),
         "carrier": carrier_name or "the tensor",
         "carrier_text": f"`{carrier_name}`" if carrier_name else "the tensor",
-        "detach": detach_line(carrier_site.source, carrier_name) if carrier_site and carrier_name else "x = x.detach()",
+        "detach": (carrier_fix(carrier, carrier_site, carrier_name) if carrier else None) or "x = x.detach()",
         "carrier_at": describe(carrier_site),
         "carrier_where": carrier_site.where if carrier_site else "the line that makes it",
         "carrier_step": step_name(carrier.step) if carrier else "",

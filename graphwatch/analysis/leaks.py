@@ -8,10 +8,7 @@ loss survives the discriminator's step).
 
 Example::
 
-    >>> from graphwatch.analysis.leaks import steps_per_iteration, suggest_number
-    >>> from graphwatch.model import Trace
-    >>> steps_per_iteration(Trace())
-    1
+    >>> from graphwatch.analysis.leaks import suggest_number
     >>> suggest_number("total_loss += loss"), suggest_number("losses.append(loss)  # log")
     ('total_loss += loss.item()', 'losses.append(loss.item())')
 """
@@ -32,7 +29,6 @@ from .evidence import (
 )
 from .findings import make_finding, renderer
 
-_RECENT = 16  # steps looked at to count optimizer steps per iteration (a GAN's two lines show within a few)
 _ADDS = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*\+=\s*(.+?)\s*(?:#.*)?$")
 _APPENDS = re.compile(r"^\s*([A-Za-z_][\w.]*)\.append\((.+)\)\s*(?:#.*)?$")
 
@@ -122,11 +118,18 @@ def _render_retained(ev: dict) -> tuple[str, str]:
 
 
 # --------------------------------------------------------------- kept alive
-def steps_per_iteration(trace: Trace) -> int:
-    """How many steps one loop iteration spans: the distinct ``optimizer.step()`` lines (a GAN has two)."""
-    recent = [s.optimizer_site for s in trace.steps[-_RECENT:] if s.source == "optimizer"]
-    lines = {(trace.sites[site].file, trace.sites[site].line) for site in recent if site is not None}
-    return max(1, len(lines))
+# A variable reassigned once an iteration holds the previous iteration's graph until it is reassigned:
+# a graph of the step just before is normal lag, never a finding.
+LAG_STEPS = 1
+# Growing: graphs of at least this many earlier steps, each older than the lag, alive at once, and more
+# of them than at the previous step's end (``total_loss += loss``, a list of losses).
+GROWING_STEPS = 3
+# Held: one step's graph that still holds saved tensors (no backward ever ran through it: a validation
+# forward without ``no_grad``) alive this many steps after its own.
+HELD_STEPS = 3
+# Graphs of step 0 and before are the set-up's (a graph made before the loop and kept in a global): they
+# never count, since the loop does not make more of them.
+FIRST_LOOP_STEP = 1
 
 
 def suggest_number(source: str) -> str | None:
@@ -138,46 +141,82 @@ def suggest_number(source: str) -> str | None:
     return None
 
 
-def _leaks(kept: list[int], step: StepRecord, cycle: int) -> bool:
-    """A graph of one step, once an iteration has passed, or graphs of several steps: not a variable's last value."""
-    return len(kept) > 1 or (bool(kept) and kept[0] <= step.index - cycle)
+def _beyond_lag(kept: list[int], index: int) -> list[int]:
+    """The kept steps that are older than the lag at the end of step ``index`` (set-up steps left out)."""
+    return [s for s in kept if FIRST_LOOP_STEP <= s < index - LAG_STEPS]
+
+
+def _leaks(kept: list[int], step: StepRecord, before: list[int], holds_saved: bool) -> bool:
+    """Growing (several old graphs, more than at the previous step's end), or one graph held for long."""
+    old = _beyond_lag(kept, step.index)
+    if len(old) >= GROWING_STEPS and len(old) > len(_beyond_lag(before, step.index - 1)):
+        return True
+    return holds_saved and bool(old) and old[0] <= step.index - HELD_STEPS
+
+
+def _kept_before(trace: Trace, step: StepRecord, key: tuple) -> list[int]:
+    """The steps the same holder kept at the previous step's end (empty when unknown)."""
+    if step.index < 1 or step.index - 1 >= len(trace.steps):
+        return []
+    previous = trace.steps[step.index - 1]
+    return sorted({s for h in previous.holders if _holder_key(h) == key for s in h.steps})
+
+
+def _holder_key(holder: Holder) -> tuple:
+    return holder.name.split("[")[0], holder.site
+
+
+def _backwarded_names(trace: Trace, step: StepRecord) -> set[str]:
+    """The names this step's backwards are called on (``loss`` for ``loss.backward()``)."""
+    return {backward_name(trace, bw, "") for bw in backwards_of(trace, step)} - {""}
+
+
+def _trained_lines(trace: Trace) -> set[str]:
+    """Lines whose saved tensors a backward freed: training forwards, never to be put under ``no_grad``."""
+    return {trace.where(r.site) for r in trace.saved.values() if r.freed_by is not None and r.site is not None}
 
 
 def graph_kept_alive(trace: Trace, step: StepRecord) -> list[Finding]:
-    """Graphs of earlier steps alive at this step's end that its backwards did not use."""
+    """Graphs of earlier steps alive at this step's end that its backwards did not use (see the thresholds)."""
     used = {s for bw in backwards_of(trace, step) for s in bw.earlier_steps}
     groups: dict[tuple, list[Holder]] = {}
     for holder in step.holders:
-        groups.setdefault((holder.name.split("[")[0], holder.site), []).append(holder)
-    older = any(s < step.index for s in step.saved_alive_by_step) or any(s < step.index for s in step.nodes_alive_by_step)
-    cycle = steps_per_iteration(trace) if groups or older else 1
+        groups.setdefault(_holder_key(holder), []).append(holder)
     findings = []
-    for (name, site_id), holders in groups.items():
+    for key, holders in groups.items():
         kept = sorted({s for h in holders for s in h.steps if s not in used})
-        if not _leaks(kept, step, cycle):
-            continue
-        site = trace.site(site_id)
         kept_set = set(kept)
         live = sum(b for s, b in step.saved_alive_by_step.items() if s in kept_set)
-        graph = alive_graph_sites(trace, kept)
-        evidence = {
-            "key": site.where if site else f"{holders[0].scope}: {name}",
-            "sites": list(dict.fromkeys(([site.where] if site else []) + graph)),
-            "steps": [step.index],
-            "kept_steps": kept,
-            "holder": name,
-            "items": len(holders) if "[" in holders[0].name else None,
-            "holder_at": describe(site) if site else f"in {holders[0].scope}",
-            "bytes": live,
-            "nodes": sum(h.nodes for h in holders),
-            "graph_at": graph,
-            "never_backwarded": live > 0 and not any(h.nodes for h in holders),
-            "suggestion": suggest_number(site.source) if site else None,
-        }
-        findings.append(make_finding("graph-kept-alive", "warning", step.index, evidence))
+        if not _leaks(kept, step, _kept_before(trace, step, key), live > 0):
+            continue
+        findings.append(_kept_finding(trace, step, holders, kept, live))
     if not step.holders:  # a named holder's walk stops at freed nodes: what lies below it is its, too
-        findings.extend(_unnamed_kept(trace, step, used, cycle))
+        findings.extend(_unnamed_kept(trace, step, used))
     return findings
+
+
+def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: list[int], live: int) -> Finding:
+    name, site_id = _holder_key(holders[0])
+    site = trace.site(site_id)
+    graph = alive_graph_sites(trace, kept)
+    backwarded = name in _backwarded_names(trace, step)  # its value is backwarded: no .item() or no_grad
+    evaluation = [w for w in graph if w not in _trained_lines(trace)]
+    evidence = {
+        "key": site.where if site else f"{holders[0].scope}: {name}",
+        "sites": list(dict.fromkeys(([site.where] if site else []) + graph)),
+        "steps": [step.index],
+        "kept_steps": kept,
+        "holder": name,
+        "items": len(holders) if "[" in holders[0].name else None,
+        "holder_at": describe(site) if site else f"in {holders[0].scope}",
+        "bytes": live,
+        "nodes": sum(h.nodes for h in holders),
+        "graph_at": graph,
+        "never_backwarded": live > 0 and not backwarded and not any(h.nodes for h in holders) and bool(evaluation),
+        "evaluation_at": evaluation,
+        "suggestion": suggest_number(site.source) if site and not backwarded else None,
+    }
+    return make_finding("graph-kept-alive", "warning", step.index, evidence)
 
 
 def _alive_in(trace: Trace, step: StepRecord, s: int) -> bool:
@@ -188,10 +227,16 @@ def _alive_in(trace: Trace, step: StepRecord, s: int) -> bool:
     return not detail or any(r.alive and r.step == s for r in trace.saved.values())
 
 
-def _unnamed_kept(trace: Trace, step: StepRecord, explained: set[int], cycle: int) -> list[Finding]:
+def _unnamed_kept(trace: Trace, step: StepRecord, explained: set[int]) -> list[Finding]:
     candidates = set(step.saved_alive_by_step) | set(step.nodes_alive_by_step)
     kept = sorted(s for s in candidates if s < step.index and s not in explained and _alive_in(trace, step, s))
-    if not _leaks(kept, step, cycle):
+    live = sum(step.saved_alive_by_step.get(s, 0) for s in kept)
+    before: list[int] = []
+    if 0 < step.index <= len(trace.steps):
+        previous = trace.steps[step.index - 1]
+        alive = set(previous.saved_alive_by_step) | set(previous.nodes_alive_by_step)
+        before = sorted(s for s in alive if s < previous.index)
+    if not _leaks(kept, step, before, live > 0):
         return []
     graph = alive_graph_sites(trace, kept)
     evidence = {
@@ -201,10 +246,11 @@ def _unnamed_kept(trace: Trace, step: StepRecord, explained: set[int], cycle: in
         "kept_steps": kept,
         "holder": None,
         "holder_at": None,
-        "bytes": sum(step.saved_alive_by_step.get(s, 0) for s in kept),
+        "bytes": live,
         "nodes": sum(step.nodes_alive_by_step.get(s, 0) for s in kept),
         "graph_at": graph,
         "never_backwarded": False,
+        "evaluation_at": [],
         "suggestion": None,
     }
     return [make_finding("graph-kept-alive", "warning", step.index, evidence)]
@@ -233,7 +279,7 @@ def _render_kept(ev: dict) -> tuple[str, str]:
         + f" that no backward will use{made}"
     )
     if ev["never_backwarded"]:
-        forward = ev["graph_at"][0] if ev["graph_at"] else "the forward no backward uses"
+        forward = (ev.get("evaluation_at") or ev["graph_at"] or ["the forward no backward uses"])[0]
         fix = f"run the forward at {forward} under `with torch.no_grad():` (evaluation builds no graph then)"
         if ev["suggestion"]:
             fix += f", or keep numbers: `{ev['suggestion']}`"

@@ -4,7 +4,8 @@ Nothing here holds an autograd node or tensor beyond what autograd itself holds.
 """
 
 from .backward import EnginePatch, parse_engine_args
+from .carriers import frontier
 from .graph_walk import node_record, path_to, quick_walk, root_records, saved_handles, walk
 from .recorder import Recorder
 
-__all__ = ["EnginePatch", "Recorder", "node_record", "parse_engine_args", "path_to", "quick_walk", "root_records", "saved_handles", "walk"]
+__all__ = ["EnginePatch", "Recorder", "frontier", "node_record", "parse_engine_args", "path_to", "quick_walk", "root_records", "saved_handles", "walk"]

@@ -90,6 +90,14 @@ def _drop_locals_snapshot(frame: FrameType, local_names: dict) -> None:
         local_names.clear()  # the next f_locals or locals() fills it again from the frame
 
 
+def local_value(frame: FrameType, name: str, default: Any = None) -> Any:
+    """One local variable of ``frame``, read without leaving a snapshot of its locals behind."""
+    local_names = frame.f_locals
+    value = local_names.get(name, default)
+    _drop_locals_snapshot(frame, local_names)
+    return value
+
+
 def user_frames(start: FrameType | None) -> Iterator[FrameType]:
     """The user frames on the stack, innermost first."""
     frame = start

@@ -56,6 +56,12 @@ class NodeRecord:
     backward: int | None = None  # BackwardRecord id of the last backward that ran through it
     died_step: int | None = None  # step in which the node itself was destroyed
     saved: list[int] = field(default_factory=list)  # SavedRecord ids
+    # When a later step's graph runs into this node: the name of the value that carried it, as the
+    # training loop's frame spells it ("hidden", "self.target"), the line assigning it, and the fix there.
+    carried_as: str | None = None
+    carried_at: int | None = None  # CallSite id
+    carried_fix: str | None = None
+    carried_kind: str | None = None  # "recurrent": a loop variable fed back in; "cached": the same value reused
 
     @property
     def alive(self) -> bool:

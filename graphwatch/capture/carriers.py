@@ -1,0 +1,207 @@
+"""Name the tensor that carries a graph from one step into the next, as the training loop spells it.
+
+When a backward runs into a node of an earlier step, that node's output was
+kept by some Python value and fed into this step's forward.  The node's own
+line (``output, hidden = self.rnn(emb, hidden)`` inside ``forward``) is
+often not where the user can fix it: the fix belongs in the loop.  So, while
+the backward's frames are still on the stack, graphwatch looks at the values
+the loop's frames can reach by name (locals, globals, one level into lists,
+tuples and dicts, and the tensor attributes of ``nn.Module``s there) for:
+
+- the very node (a tensor kept and reused: ``self.target``, a cache), or
+- a node of the same op made in this step, held by a variable that the loop
+  reads before it assigns it (``hidden`` in ``output, hidden = model(x, hidden)``:
+  this step's value of the variable that carried the last step's).
+
+The name comes with the line of the loop's function that assigns it and the
+statement that cuts the graph there (``hidden = repackage_hidden(hidden)``
+when the script has such a helper and the value is a tuple).
+
+Example::
+
+    >>> import torch
+    >>> from graphwatch.capture.carriers import detach_statement
+    >>> detach_statement("hidden", torch.zeros(1), {}), detach_statement("hidden", (torch.zeros(1),), {})
+    ('hidden = hidden.detach()', 'hidden = tuple(h.detach() for h in hidden)')
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .graph_walk import METADATA_KEY
+from .holders import local_value, user_frames
+from .loop_steps import dotted_name, function_node
+
+if TYPE_CHECKING:
+    from ..model import NodeRecord
+    from .recorder import Recorder
+
+_CONTAINER_LIMIT = 64
+_HELPER = re.compile(r"repackage|detach", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class CarrierName:
+    """The carried value as the loop names it: ``name``, the line assigning it, and the fix there."""
+
+    name: str
+    line: int | None
+    frame_site: int | None  # CallSite id of that line (with the loop frame's caller)
+    statement: str
+    kind: str  # "recurrent" (this step's value of the variable that carried it) or "cached" (the same value)
+
+
+def name_carrier(recorder: Recorder, start: FrameType | None, carrier: NodeRecord) -> CarrierName | None:
+    """How the user's frames from ``start`` outwards name the value that carried ``carrier`` (None: unknown)."""
+    for frame in list(user_frames(start))[:8]:
+        carried = _loop_carried(frame)
+        for name, value, tensor in _named_tensors(frame):
+            node = tensor.grad_fn
+            tag = node.metadata.get(METADATA_KEY)
+            same = tag is not None and tag.record is not None and tag.record.id == carrier.id
+            renewed = (
+                name.split(".")[0] in carried
+                and node.name() == carrier.op
+                and recorder.clock.step_of(node._sequence_nr()) == recorder.step
+            )
+            if same or renewed:
+                line = _assignment_line(frame, name)
+                site = recorder.sites.from_frame(frame, line) if line is not None else None
+                kind = "cached" if same else "recurrent"
+                return CarrierName(name, line, site, detach_statement(name, value, frame.f_globals), kind)
+    return None
+
+
+def frontier(roots: list[Any], step: int) -> list[tuple[int, int]]:
+    """The first edge, breadth first from ``roots``, from a node of ``step`` into a node of an earlier step.
+
+    That is where a carried value enters this step's graph when what it was made of was not backwarded
+    itself (an LSTM's ``(h, c)``, stacked from the nodes its loss ran through).  Record ids, or [].
+    """
+    queue = [(root, None) for root in roots if root is not None]
+    seen: set[int] = set()
+    while queue:
+        next_queue = []
+        for node, parent in queue:
+            tag = node.metadata.get(METADATA_KEY)
+            record = None if tag is None else tag.record
+            if record is None or record.id in seen:
+                continue
+            seen.add(record.id)
+            if record.step < step and parent is not None:
+                return [(parent.id, record.id)]
+            if record.step == step:
+                next_queue.extend((child, record) for child, _ in node.next_functions if child is not None)
+        queue = next_queue
+    return []
+
+
+def detach_statement(name: str, value: Any, namespace: dict) -> str:
+    """The statement that keeps ``name``'s value and cuts its graph."""
+    if isinstance(value, torch.Tensor):
+        return f"{name} = {name}.detach()"
+    helper = next((n for n, v in namespace.items() if _HELPER.search(n) and inspect.isfunction(v)), None)
+    if helper is not None:
+        return f"{name} = {helper}({name})"
+    return f"{name} = tuple(h.detach() for h in {name})"
+
+
+def _named_tensors(frame: FrameType) -> Iterator[tuple[str, Any, torch.Tensor]]:
+    """(name, the value bound to it, a tensor with a grad_fn in that value) for the frame's names."""
+    names = list(frame.f_code.co_varnames) + list(frame.f_code.co_cellvars) + list(frame.f_code.co_freevars)
+    seen: set[str] = set()
+    for name in names:
+        if name not in seen:
+            seen.add(name)
+            value = local_value(frame, name)
+            if value is not None:
+                yield from _tensors_of(name, value, value)
+    for name, value in list(frame.f_globals.items()):
+        if not name.startswith("__") and name not in seen:
+            yield from _tensors_of(name, value, value)
+
+
+def _tensors_of(name: str, top: Any, value: Any, depth: int = 0) -> Iterator[tuple[str, Any, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        if value.grad_fn is not None:
+            yield name, top, value
+    elif isinstance(value, torch.nn.Module):
+        for module in value.modules():
+            for attr, item in vars(module).items():
+                if isinstance(item, torch.Tensor) and item.grad_fn is not None:
+                    yield f"self.{attr}" if module is not value else f"{name}.{attr}", item, item
+    elif depth == 0 and isinstance(value, (list, tuple)):
+        for item in value[-_CONTAINER_LIMIT:]:
+            yield from _tensors_of(name, top, item, 1)
+    elif depth == 0 and isinstance(value, dict):
+        for item in list(value.values())[:_CONTAINER_LIMIT]:
+            yield from _tensors_of(name, top, item, 1)
+
+
+def _loop_carried(frame: FrameType) -> set[str]:
+    """Names the frame's function reads in a loop before (or while) it assigns them there."""
+    node = function_node(frame.f_code)
+    if node is None:
+        return set()
+    carried: set[str] = set()
+    for loop in (n for n in ast.walk(node) if isinstance(n, (ast.For, ast.While))):
+        assigned: set[str] = set()
+        for statement in _statements(loop.body):
+            reads = {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            if isinstance(statement, ast.AugAssign) and isinstance(statement.target, ast.Name):
+                reads.add(statement.target.id)
+            carried |= reads - assigned
+            assigned |= {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return carried
+
+
+def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The simple statements of a block in source order, into ``if``/``with``/``try`` blocks."""
+    for statement in body:
+        if isinstance(statement, (ast.If, ast.With, ast.Try)):
+            yield from _statements(statement.body)
+            for handler in getattr(statement, "handlers", []):
+                yield from _statements(handler.body)
+            yield from _statements(getattr(statement, "orelse", []))
+            yield from _statements(getattr(statement, "finalbody", []))
+        elif not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield statement
+
+
+def _assignment_line(frame: FrameType, name: str) -> int | None:
+    """The line of the frame's function that assigns ``name``: inside a loop around the frame's line if one
+    does (the value carried from iteration to iteration), else the last one before that line."""
+    node = function_node(frame.f_code)
+    if node is None or name.startswith("self."):
+        return None
+    target = name.split("[")[0]
+    lines = [
+        statement.lineno
+        for statement in ast.walk(node)
+        if isinstance(statement, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+        and any(dotted_name(t) == target for t in _targets(statement))
+    ]
+    here = frame.f_lineno
+    loops = [n for n in ast.walk(node) if isinstance(n, (ast.For, ast.While)) and n.lineno <= here <= (n.end_lineno or 0)]
+    in_loop = [n for n in lines if any(loop.lineno <= n <= (loop.end_lineno or 0) for loop in loops)]
+    before = [n for n in lines if n <= here]
+    return max(in_loop) if in_loop else (max(before) if before else None)
+
+
+def _targets(statement: ast.Assign | ast.AugAssign | ast.AnnAssign) -> Iterator[ast.expr]:
+    stack = list(statement.targets) if isinstance(statement, ast.Assign) else [statement.target]
+    while stack:
+        target = stack.pop()
+        if isinstance(target, (ast.Tuple, ast.List)):
+            stack.extend(target.elts)
+        else:
+            yield target

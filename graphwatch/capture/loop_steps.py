@@ -1,0 +1,274 @@
+"""Where one pass of the user's training loop ends: the step boundaries graphwatch infers.
+
+A step is one iteration of the loop that trains.  Without explicit steps,
+graphwatch decides at each *training event* (a backward outside
+``optimizer.step()``, or an ``optimizer.step()``) whether it is the last one of
+its iteration, from the source of the function that runs it:
+
+1. The training loop is the innermost ``for``/``while`` that holds every
+   training event of the function's outermost loop around the event (so a
+   critic loop nested in a GAN's batch loop is not the training loop).
+2. The event ends the step when no other training event follows it in that
+   loop's body (in source order, not in an exclusive ``else`` branch).  A later
+   ``x.backward(...)`` always counts; a later ``x.step(...)`` counts when ``x``
+   is an optimizer or a gradient scaler (not an LR scheduler).
+3. An event in a function with no loop around it (a ``train_step`` called
+   from the loop), or in a loop that more events follow, ends the step when it
+   is that function's last event and the call into it is the loop's last
+   event, one caller up at a time.  Lines that
+   led to events before count as events too, so a shape that the source alone
+   does not show is learnt after one iteration.
+4. Backwards inside ``optimizer.step(closure)`` never end a step: they
+   belong to that optimizer step.  ``torch.autograd.grad`` is never an event.
+
+When the source cannot be read, an optimizer step ends the step, and a
+backward that frees its graph does so while no optimizer has stepped.
+
+Example::
+
+    >>> import sys
+    >>> from graphwatch.capture.loop_steps import LoopSteps
+    >>> steps = LoopSteps()
+    >>> def run():
+    ...     for _ in range(2):
+    ...         x.backward()                        # doctest: +SKIP
+    ...         opt.step()                          # doctest: +SKIP
+    >>> plan = steps.plan_of(run.__code__)
+    >>> [(e.line - run.__code__.co_firstlineno, e.kind) for e in plan.events]
+    [(2, 'backward'), (3, 'step')]
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import linecache
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import CodeType, FrameType
+
+import torch
+
+from .callsite import is_user_file
+from .holders import local_value
+
+_MAX_CALLERS = 8  # user frames walked up from an event to find the loop
+_SCHEDULER = re.compile(r"sched|lr_?", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A call in the source that may be a training event: ``x.backward(...)`` or ``x.step(...)``."""
+
+    line: int
+    end_line: int
+    kind: str  # "backward" or "step"
+    receiver: str | None  # the dotted name the method is called on, when it is one ("opt", "self.opt_g")
+
+
+@dataclass(slots=True)
+class LoopPlan:
+    """The loops, candidate events and ``if``/``else`` branches of one function, read from its source."""
+
+    loops: list[tuple[int, int]] = field(default_factory=list)  # (first line, last line), outer loops first
+    events: list[Event] = field(default_factory=list)
+    branches: list[tuple[tuple[int, int], tuple[int, int]]] = field(default_factory=list)  # (body, orelse)
+
+    def loop_around(self, line: int, event_lines: list[int], called_in_loop: bool) -> tuple[int, int] | None:
+        """The training loop for an event at ``line`` (rule 1), or None when ``line`` is in no loop, or when
+        its outermost loop is followed by more events in a function that a loop calls (then that loop is an
+        inner one: micro-batches in a ``train_step`` that steps the optimizer after it)."""
+        around = [loop for loop in self.loops if loop[0] <= line <= loop[1]]
+        if not around:
+            return None
+        outer = min(around, key=lambda loop: loop[0])
+        if called_in_loop and any(n > outer[1] for n in event_lines):
+            return None
+        inside = [n for n in event_lines if outer[0] <= n <= outer[1]] + [line]
+        first, last = min(inside), max(inside)
+        holding = [loop for loop in around if loop[0] <= first and last <= loop[1]]
+        return max(holding, key=lambda loop: loop[0])
+
+    def in_loop(self, line: int) -> bool:
+        return any(loop[0] <= line <= loop[1] for loop in self.loops)
+
+    def exclusive(self, line: int, other: int) -> bool:
+        """True when ``other`` lies in the ``else`` of an ``if`` whose body holds ``line``."""
+        return any(b[0] <= line <= b[1] and e[0] <= other <= e[1] for b, e in self.branches)
+
+
+class _PlanReader(ast.NodeVisitor):
+    """Collects a function's loops, candidate events and branches, without entering nested functions."""
+
+    def __init__(self) -> None:
+        self.plan = LoopPlan()
+
+    def read(self, node: ast.AST) -> LoopPlan:
+        for child in ast.iter_child_nodes(node):
+            self.visit(child)
+        return self.plan
+
+    def _nested(self, node: ast.AST) -> None:  # another code object: its events are its own
+        return None
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = _nested
+
+    def _loop(self, node: ast.For | ast.While | ast.AsyncFor) -> None:
+        self.plan.loops.append((node.lineno, node.end_lineno or node.lineno))
+        self.generic_visit(node)
+
+    visit_For = visit_While = visit_AsyncFor = _loop
+
+    def visit_If(self, node: ast.If) -> None:
+        if node.orelse:
+            body = (node.body[0].lineno, node.body[-1].end_lineno or node.body[-1].lineno)
+            orelse = (node.orelse[0].lineno, node.orelse[-1].end_lineno or node.orelse[-1].lineno)
+            self.plan.branches.append((body, orelse))
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in ("backward", "step"):
+            line = getattr(func, "end_lineno", None) or node.lineno
+            self.plan.events.append(Event(node.lineno, max(line, node.end_lineno or line), func.attr, dotted_name(func.value)))
+        self.generic_visit(node)
+
+
+def dotted_name(node: ast.expr) -> str | None:
+    """``a.b.c`` for a chain of attributes on a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+@functools.lru_cache(maxsize=256)
+def _source_tree(filename: str) -> ast.Module | None:
+    try:
+        return ast.parse("".join(linecache.getlines(filename)) or "\x00", filename)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def function_node(code: CodeType) -> ast.AST | None:
+    """The AST of ``code``'s function (the module itself for module code), or None without source."""
+    tree = _source_tree(code.co_filename)
+    if tree is None or code.co_name == "<module>":
+        return tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            if first == code.co_firstlineno:
+                return node
+    return None
+
+
+class LoopSteps:
+    """Decides, at each training event, whether it ends the step (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._plans: dict[CodeType, LoopPlan | None] = {}
+        self._learnt: dict[CodeType, set[int]] = {}  # lines that led to training events
+        self._receivers: dict[tuple[CodeType, str], bool] = {}  # is this receiver an optimizer?
+        self.in_optimizer_step = 0  # depth of optimizer.step() calls running now
+        self.optimizer_seen = False
+
+    # ------------------------------------------------------------ the plan
+    def plan_of(self, code: CodeType) -> LoopPlan | None:
+        """The loops and candidate events of ``code``'s function (None when its source cannot be read)."""
+        if code not in self._plans:
+            node = function_node(code)
+            self._plans[code] = _PlanReader().read(node) if node is not None else None
+        return self._plans[code]
+
+    # ------------------------------------------------------------ decisions
+    def ends_step(self, frame: FrameType | None, kind: str, frees_graph: bool = True) -> bool:
+        """Whether a training event of ``kind`` ("backward" or "step") that ``frame`` runs ends the step."""
+        frames = list(_user_frames(frame))
+        self._learn(frames)
+        if kind == "step":
+            self.optimizer_seen = True
+        answer = self._from_source(frames)
+        if answer is None:  # no source: every optimizer step, or a freeing backward before any optimizer
+            return kind == "step" or (frees_graph and not self.optimizer_seen)
+        return answer
+
+    def _learn(self, frames: list[FrameType]) -> None:
+        for f in frames:
+            self._learnt.setdefault(f.f_code, set()).add(f.f_lineno)
+
+    def _from_source(self, frames: list[FrameType]) -> bool | None:
+        plans = [self.plan_of(f.f_code) for f in frames]
+        for i, (f, plan) in enumerate(zip(frames, plans)):
+            if plan is None:
+                return None
+            line = f.f_lineno
+            learnt = self._learnt.get(f.f_code, set())
+            events = [n for n in learnt if n != line] + [
+                e.line for e in plan.events if self._may_train(f, e) and not e.line <= line <= e.end_line
+            ]
+            caller = plans[i + 1] if i + 1 < len(plans) else None
+            loop = plan.loop_around(line, events, caller is not None and caller.in_loop(frames[i + 1].f_lineno))
+            last = loop[1] if loop is not None else 1 << 30
+            if any(line < n <= last and not plan.exclusive(line, n) for n in events):
+                return False
+            if loop is not None:
+                return True
+        return True if frames else None
+
+    def _may_train(self, frame: FrameType, event: Event) -> bool:
+        """Is this candidate a training event?  Backwards are; ``x.step()`` when ``x`` is an optimizer."""
+        if event.kind == "backward":
+            return True
+        receiver = event.receiver
+        if receiver is None or _SCHEDULER.search(receiver.rsplit(".", 1)[-1]):
+            return False
+        key = (frame.f_code, receiver)
+        if key not in self._receivers:
+            self._receivers[key] = _is_optimizer(_resolve(frame, receiver), receiver)
+        return self._receivers[key]
+
+
+def _user_frames(frame: FrameType | None) -> Iterator[FrameType]:
+    count = 0
+    while frame is not None and count < _MAX_CALLERS:
+        if is_user_file(frame.f_code.co_filename):
+            count += 1
+            yield frame
+        frame = frame.f_back
+
+
+_UNRESOLVED = object()
+
+
+def _resolve(frame: FrameType, dotted: str) -> object:
+    """The object a dotted name stands for in ``frame``, read without running any user code."""
+    head, *rest = dotted.split(".")
+    value = _UNRESOLVED
+    if head in frame.f_code.co_varnames or head in frame.f_code.co_cellvars or head in frame.f_code.co_freevars:
+        value = local_value(frame, head, _UNRESOLVED)
+    elif head in frame.f_globals:
+        value = frame.f_globals[head]
+    for attr in rest:
+        if value is _UNRESOLVED:
+            break
+        try:
+            value = inspect.getattr_static(value, attr)
+        except AttributeError:
+            value = _UNRESOLVED
+    return value
+
+
+def _is_optimizer(value: object, receiver: str) -> bool:
+    if value is _UNRESOLVED:  # not readable without running code: go by its name
+        return "opt" in receiver.lower() or "scaler" in receiver.lower()
+    if isinstance(value, torch.optim.Optimizer):
+        return True
+    step = getattr(type(value), "step", None)
+    return callable(step) and (hasattr(value, "param_groups") or type(value).__name__.endswith("GradScaler"))

@@ -1,0 +1,381 @@
+"""Steps follow the user's training loop (README, "How steps are counted"), and normal lag is not a leak.
+
+Each loop is a small real training program; the correct version must be
+silent and the buggy one named with the right kind, variable and line
+(lines are found by their ``# at: <tag>`` comments).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import graphwatch
+from graphwatch.model import Finding
+
+LEAKS = {"graph-carried-across-steps", "retained-graph", "graph-kept-alive", "memory-growth"}
+
+
+def watch() -> graphwatch.Session:
+    return graphwatch.watch(summary=False, snapshots="off")
+
+
+def at(function: object, tag: str) -> str:
+    """``file:line`` of the line of ``function`` tagged ``# at: tag``."""
+    lines, first = inspect.getsourcelines(function)  # type: ignore[arg-type]
+    number = next(first + i for i, text in enumerate(lines) if text.rstrip().endswith(f"# at: {tag}"))
+    return f"{os.path.relpath(inspect.getsourcefile(function))}:{number}"  # type: ignore[arg-type]
+
+
+def leaks(findings: list[Finding]) -> list[str]:
+    return [str(f) for f in findings if f.kind in LEAKS]
+
+
+def net(inputs: int = 4, outputs: int = 1) -> nn.Module:
+    return nn.Sequential(nn.Linear(inputs, 8), nn.Tanh(), nn.Linear(8, outputs))
+
+
+# --------------------------------------------------------------- the programs
+def gan(iterations: int = 6) -> None:
+    torch.manual_seed(0)
+    G, D = net(4, 2), net(2, 1)
+    opt_d, opt_g = torch.optim.Adam(D.parameters()), torch.optim.Adam(G.parameters())
+    bce = nn.BCEWithLogitsLoss()
+    for _ in range(iterations):
+        D.zero_grad()
+        err_d_real = bce(D(torch.randn(8, 2)), torch.ones(8, 1))
+        err_d_real.backward()
+        fake = G(torch.randn(8, 4))
+        err_d_fake = bce(D(fake.detach()), torch.zeros(8, 1))
+        err_d_fake.backward()
+        err_d = err_d_real + err_d_fake  # noqa: F841 (kept for logging, as in the upstream DCGAN loop)
+        opt_d.step()
+        G.zero_grad()
+        err_g = bce(D(fake), torch.ones(8, 1))
+        err_g.backward()
+        opt_g.step()
+
+
+def wgan(iterations: int = 21, n_critic: int = 5) -> None:
+    torch.manual_seed(0)
+    G, D = net(4, 2), net(2, 1)
+    opt_d, opt_g = torch.optim.Adam(D.parameters()), torch.optim.Adam(G.parameters())
+    for i in range(iterations):
+        opt_d.zero_grad()
+        d_loss = -D(torch.randn(8, 2)).mean() + D(G(torch.randn(8, 4)).detach()).mean()
+        d_loss.backward()
+        opt_d.step()
+        opt_g.zero_grad()
+        if i % n_critic == 0:
+            g_loss = -D(G(torch.randn(8, 4))).mean()  # kept until the next generator step
+            g_loss.backward()
+            opt_g.step()
+
+
+def lbfgs(iterations: int = 4, keep_result: bool = False) -> None:
+    torch.manual_seed(0)
+    model, x, y = net(3, 1), torch.randn(16, 3), torch.randn(16, 1)
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=6)
+    for _ in range(iterations):
+
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = (model(x) - y).pow(2).mean()
+            loss.backward()
+            return loss
+
+        if keep_result:
+            loss = opt.step(closure)  # noqa: F841 (the documented pattern)
+        else:
+            opt.step(closure)
+
+
+def accumulation(iterations: int = 12, every: int = 4) -> None:
+    torch.manual_seed(0)
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i in range(iterations):
+        loss = model(torch.randn(8, 4)).pow(2).mean() / every
+        loss.backward()
+        if (i + 1) % every == 0:
+            opt.step()
+            opt.zero_grad()
+
+
+def no_optimizer(iterations: int = 6, retain: bool = False) -> None:
+    torch.manual_seed(0)
+    model = net()
+    for _ in range(iterations):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        model.zero_grad()
+        loss.backward(retain_graph=retain)
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-0.01)
+
+
+def carried_without_optimizer(iterations: int = 6) -> None:
+    torch.manual_seed(0)
+    cell = nn.RNNCell(3, 4)
+    h = torch.zeros(2, 4)
+    for _ in range(iterations):
+        h = cell(torch.randn(2, 3), h)  # at: carried
+        loss = h.pow(2).mean()
+        cell.zero_grad()
+        loss.backward(retain_graph=True)
+        for p in cell.parameters():
+            p.data.add_(p.grad, alpha=-0.01)
+
+
+def several_losses(iterations: int = 5) -> None:
+    torch.manual_seed(0)
+    model = net(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(iterations):
+        out = model(torch.randn(8, 4))
+        losses = [out[:, 0].pow(2).mean(), out[:, 1].abs().mean()]
+        opt.zero_grad()
+        for k, loss in enumerate(losses):
+            loss.backward(retain_graph=k < len(losses) - 1)
+        opt.step()
+
+
+def grad_then_backward(iterations: int = 3) -> None:
+    torch.manual_seed(0)
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(iterations):
+        x = torch.randn(8, 4, requires_grad=True)
+        loss = model(x).pow(2).mean()
+        (g,) = torch.autograd.grad(loss, x, create_graph=True)
+        (loss + g.pow(2).sum()).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, chunks: torch.Tensor) -> None:
+    opt.zero_grad()
+    for chunk in chunks:
+        model(chunk).pow(2).mean().backward()
+    opt.step()
+
+
+def step_function_loop(iterations: int = 4) -> None:
+    torch.manual_seed(0)
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(iterations):
+        train_step(model, opt, torch.randn(3, 8, 4))
+
+
+class Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(3, 4)
+        self.out = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor, hidden: tuple) -> tuple:
+        output, hidden = self.rnn(x, hidden)
+        return self.out(output), hidden
+
+
+def repackage_hidden(h: object) -> object:
+    """As in PyTorch's word-language-model example."""
+    return h.detach() if isinstance(h, torch.Tensor) else tuple(repackage_hidden(v) for v in h)  # type: ignore[attr-defined]
+
+
+def lstm_tuple_hidden(iterations: int = 4, detach: bool = True) -> None:
+    torch.manual_seed(0)
+    model = Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    hidden = (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4))
+    for _ in range(iterations):
+        if detach:
+            hidden = repackage_hidden(hidden)
+        opt.zero_grad()
+        output, hidden = model(torch.randn(5, 2, 3), hidden)  # at: lstm-call
+        loss = output.pow(2).mean()
+        loss.backward(retain_graph=not detach)
+        opt.step()
+
+
+def gram(x: torch.Tensor) -> torch.Tensor:
+    return x @ x.t() / x.numel()
+
+
+class StyleLoss(nn.Module):
+    def __init__(self, target_feature: torch.Tensor, detach: bool) -> None:
+        super().__init__()
+        self.target = gram(target_feature).detach() if detach else gram(target_feature)  # at: target
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.loss = (gram(x) - self.target).pow(2).mean()
+        return x
+
+
+def module_attribute_target(iterations: int = 3, detach: bool = True) -> None:
+    torch.manual_seed(0)
+    features = net(4, 4)
+    style = StyleLoss(features(torch.randn(3, 4)), detach)
+    image = torch.randn(3, 4, requires_grad=True)
+    opt = torch.optim.Adam([image], lr=0.1)
+    for _ in range(iterations):
+        opt.zero_grad()
+        style(features(image))
+        style.loss.backward()
+        opt.step()
+
+
+GLOBAL_GRAPH: list[torch.Tensor] = []
+
+
+def global_graph_before_training(iterations: int = 8) -> None:
+    torch.manual_seed(0)
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    GLOBAL_GRAPH.append(model(torch.ones(1, 4)).sum())  # a graph made once, before the loop, never growing
+    for _ in range(iterations):
+        opt.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.step()
+    GLOBAL_GRAPH.clear()
+
+
+def validation_kept(iterations: int = 8, every: int = 4) -> None:
+    torch.manual_seed(0)
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x_val = torch.randn(64, 4)
+    for i in range(iterations):
+        opt.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.step()
+        if i % every == 0:
+            val_loss = model(x_val).pow(2).mean()  # at: validation
+            print(f"validation {val_loss.item():.3f}")
+
+
+def ring_of_two(iterations: int = 10) -> None:
+    torch.manual_seed(0)
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    recent: list[torch.Tensor] = []
+    for _ in range(iterations):
+        opt.zero_grad()
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        recent = recent[-1:] + [loss]  # the last two losses, for a smoothed log
+
+
+def growing_list(iterations: int = 8) -> None:
+    torch.manual_seed(0)
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    history = []
+    for _ in range(iterations):
+        opt.zero_grad()
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        history.append(loss)  # at: kept
+
+
+# ------------------------------------------------------------------ the tests
+@pytest.mark.parametrize(
+    ("program", "steps"),
+    [
+        (gan, 6),
+        (lambda: wgan(21, 5), 5),  # one step per generator step (the first iteration is one)
+        (lbfgs, 4),
+        (lambda: lbfgs(keep_result=True), 4),
+        (accumulation, 3),
+        (no_optimizer, 6),
+        (several_losses, 5),
+        (grad_then_backward, 3),
+        (step_function_loop, 4),
+        (lstm_tuple_hidden, 4),
+        (module_attribute_target, 3),
+        (global_graph_before_training, 8),
+        (ring_of_two, 10),
+    ],
+    ids=lambda p: getattr(p, "__name__", str(p)),
+)
+def test_correct_loop_is_one_step_per_iteration_and_silent(program: object, steps: int) -> None:
+    with watch() as gw:
+        program()  # type: ignore[operator]
+    assert len(gw.trace.steps) == steps, [s.source for s in gw.trace.steps]
+    assert leaks(gw.findings) == []
+
+
+def test_needless_retain_graph_without_optimizer_is_one_step_per_iteration_and_reported() -> None:
+    with watch() as gw:
+        no_optimizer(retain=True)
+    assert len(gw.trace.steps) == 6
+    assert {f.kind for f in gw.findings} == {"retained-graph"}
+
+
+def test_validation_every_step_kept_one_step_is_lag_not_a_leak() -> None:
+    with watch() as gw:
+        validation_kept(iterations=8, every=1)
+    assert leaks(gw.findings) == []
+
+
+def test_validation_graph_held_for_several_steps_is_kept_alive() -> None:
+    with watch() as gw:
+        validation_kept(iterations=9, every=4)
+    finding = next(f for f in gw.findings if f.kind == "graph-kept-alive")
+    assert finding.evidence["holder"] == "val_loss"
+    assert at(validation_kept, "validation") in finding.evidence["sites"]
+    assert "no_grad" in finding.fix  # the validation forward is never backwarded: no_grad is safe there
+
+
+def test_growing_list_is_kept_alive_at_the_append() -> None:
+    with watch() as gw:
+        growing_list()
+    finding = next(f for f in gw.findings if f.kind == "graph-kept-alive")
+    assert finding.evidence["holder"] == "history"
+    assert finding.evidence["sites"][0] == at(growing_list, "kept")
+    assert "history.append(loss.item())" in finding.fix
+
+
+def test_carried_state_without_optimizer_is_found_per_iteration() -> None:
+    with watch() as gw:
+        carried_without_optimizer()
+    assert len(gw.trace.steps) == 6
+    finding = next(f for f in gw.findings if f.kind == "graph-carried-across-steps")
+    assert finding.evidence["carrier"] == "h" and finding.evidence["carrier_where"] == at(carried_without_optimizer, "carried")
+    assert finding.fix.startswith("`h = h.detach()`")
+
+
+def test_lstm_tuple_hidden_names_the_state_fed_back_in_the_loop() -> None:
+    with pytest.raises(RuntimeError), watch() as gw:  # the optimizer step changes a saved weight
+        lstm_tuple_hidden(detach=False)
+    finding = next(f for f in gw.findings if f.kind == "graph-carried-across-steps")
+    assert finding.evidence["carrier"] == "hidden"
+    assert finding.evidence["carrier_where"] == at(lstm_tuple_hidden, "lstm-call")
+    assert finding.fix.startswith("`hidden = repackage_hidden(hidden)`")
+    assert "output" not in finding.fix
+
+
+def test_module_attribute_target_is_named_as_the_attribute() -> None:
+    with pytest.raises(graphwatch.BackwardTwiceError) as info, watch():
+        module_attribute_target(detach=False)
+    finding = info.value.finding
+    assert finding.evidence["carrier"] == "style.target"
+    assert finding.evidence["carrier_at"] == at(StyleLoss.__init__, "target")
+    assert "`style.target.detach()`" in info.value.args[0]
+
+
+def test_no_placeholder_when_the_carrier_has_no_name() -> None:
+    with watch() as gw:
+        cell = nn.RNNCell(3, 4)
+        states = [torch.zeros(2, 4)]
+        for _ in range(4):
+            states.append(cell(torch.randn(2, 3), states.pop()))
+            states[-1].pow(2).mean().backward(retain_graph=True)
+    texts = [str(f) for f in gw.findings]
+    assert texts and not any("`the tensor" in t for t in texts)
