@@ -31,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +41,9 @@ from typing import Any
 from . import __version__
 from .errors import TraceFormatError, UsageError
 from .runner import (
+    EXIT_INTERRUPTED,
     EXIT_SIGTERM,
+    ScriptRun,
     check_out_dir,
     finish_report,
     in_distributed_job,
@@ -65,28 +68,78 @@ def error(message: str) -> int:
 
 # ------------------------------------------------------------------ run
 def cmd_run(args: argparse.Namespace) -> int:
-    """``graphwatch run``: the script's exit code, 143 after SIGTERM, or 3 for --strict leaks (per rank under torchrun)."""
+    """``graphwatch run``: the script's exit code, 143 after SIGTERM, or 3 for --strict leaks (per rank under torchrun).
+
+    Only the process that started the run writes the report: a child the
+    script forked, exiting through the same code, just exits.  A report that
+    cannot be written at the end costs exit 2 only when the script succeeded;
+    the summary is printed either way.
+    """
     since = time.time()
-    out = check_out_dir(args.out)
+    out = check_out_dir(args.out).absolute()  # before the script can os.chdir
     options = {"level": args.level}
     show_progress = not (args.quiet or args.no_progress or in_distributed_job())  # ranks share one terminal
+    started_in = os.getpid()
     with SignalGuard() as guard:
         run = run_script(
             args.script, args.args, session_options=options, guard=guard,
             progress=Path(args.script).name if show_progress else None,
         )
+        if os.getpid() != started_in:  # a forked child of the script: its parent writes the report
+            return run.exit_code
         if run.error is not None and not run.terminated:
             print_script_exception(run.error)
-        sys.stdout.flush()
-        report = finish_report(run, out, summary=not args.quiet, since=since, stop=lambda: guard.terminated)
-        if guard.terminated or run.terminated:
-            print(f"graphwatch: stopped by SIGTERM; the report (marked as ended early) is at {report}", file=sys.stderr)
-            return EXIT_SIGTERM
-    if run.exit_code == 0 and args.strict and run.leaks:
+        if sys.stdout is not None:  # None when started with stdout closed (`>&-`)
+            sys.stdout.flush()
+        report, failure = _write_report(run, out, args.quiet, since, lambda: guard.terminated)
+        code = _run_exit_code(run, guard, failure, args.strict)
+    _say_how_it_ended(run, guard, report, failure, code)
+    return code
+
+
+def _write_report(
+    run: ScriptRun, out: Path, quiet: bool, since: float, stop: Callable[[], bool]
+) -> tuple[Path | None, str | None]:
+    """Write the report and print the summary: (index.html, None), or (None, why) with the summary still printed."""
+    try:
+        return finish_report(run, out, summary=not quiet, since=since, stop=stop), None
+    except UsageError as exc:
+        if not quiet and not run.trace.rank:
+            from .rendering.terminal import print_summary
+
+            print_summary(run.trace, report=None)
+        return None, str(exc)
+
+
+def _run_exit_code(run: ScriptRun, guard: SignalGuard, failure: str | None, strict: bool) -> int:
+    """The script's own non-zero code wins (143 after SIGTERM, 130 after Ctrl-C); then 2 for a report that
+    could not be written; then 3 for --strict leaks."""
+    if guard.terminated or run.terminated:
+        return EXIT_SIGTERM
+    if run.exit_code:
+        return run.exit_code
+    if guard.interrupted:
+        return EXIT_INTERRUPTED
+    if failure is not None:
+        return EXIT_USAGE
+    return EXIT_STRICT if strict and run.leaks else 0
+
+
+def _say_how_it_ended(run: ScriptRun, guard: SignalGuard, report: Path | None, failure: str | None, code: int) -> None:
+    """One line on stderr for each way the run did not simply end: no report, a signal, --strict leaks."""
+    if failure is not None:
+        error(f"{failure}; the report could not be written (the summary above is all there is)")
+    if code == EXIT_SIGTERM:
+        where = "no report was written" if report is None else (
+            f"the report (marked as ended early) is at {report}" if run.trace.ended_early
+            else f"it came after the script had ended; the report is complete: {report}"
+        )
+        print(f"graphwatch: stopped by SIGTERM; {where}", file=sys.stderr)
+    elif guard.interrupted and not run.exit_code:
+        print(f"graphwatch: interrupted while the report was written; it was finished first: {report}", file=sys.stderr)
+    elif code == EXIT_STRICT and not run.exit_code:
         kinds = ", ".join(sorted({f.kind for f in run.leaks}))
         print(f"graphwatch: --strict: {len(run.leaks)} leak finding(s) ({kinds}); exit {EXIT_STRICT}", file=sys.stderr)
-        return EXIT_STRICT
-    return run.exit_code
 
 
 # --------------------------------------------------------------- report
@@ -247,4 +300,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return error(str(exc))
     except KeyboardInterrupt:
         print("graphwatch: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED

@@ -357,6 +357,7 @@ def run_script(
     run.terminated = isinstance(run.error, Terminated) or (guard is not None and guard.terminated)
     if run.terminated:
         run.exit_code = EXIT_SIGTERM
+        run.trace.ended_early = run.trace.ended_early or "Terminated: received SIGTERM"
     elif isinstance(run.error, KeyboardInterrupt):
         run.exit_code = EXIT_INTERRUPTED
     elif run.error is not None:

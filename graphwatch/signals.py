@@ -59,7 +59,10 @@ class SignalGuard:
         self.signals = signals
         self.terminated = False  # SIGTERM arrived (at any time inside the guard)
         self._previous: dict[int, Any] = {}
+        self.interrupted = False  # a Ctrl-C arrived after the script, while the report was written
         self._armed = False
+        self._script_done = False
+        self._sigchld: Any = None
         self._active = sys.platform != "win32" and threading.current_thread() is threading.main_thread()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -67,11 +70,16 @@ class SignalGuard:
             self.terminated = True
         if not self._armed:
             if signum == signal.SIGINT:
-                raise KeyboardInterrupt
+                if self.interrupted or not self._script_done:
+                    raise KeyboardInterrupt  # a second Ctrl-C: the user insists
+                self.interrupted = True  # one Ctrl-C while the report is written: finish it first
             return
         if _interrupts_user_code(frame):
             self._armed = False  # one stop per run
-            raise Terminated("received SIGTERM") if signum == signal.SIGTERM else KeyboardInterrupt()
+            stop = Terminated("received SIGTERM") if signum == signal.SIGTERM else KeyboardInterrupt()
+            if signum == signal.SIGTERM:
+                _Unswallowable(stop).start(frame)
+            raise stop
         retry = threading.Timer(self.RETRY_SECONDS, os.kill, (os.getpid(), signum))
         retry.daemon = True
         retry.start()
@@ -86,9 +94,26 @@ class SignalGuard:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._shield_children(False)
         while self._previous:
             signum, handler = self._previous.popitem()
-            signal.signal(signum, handler)
+            if signal.getsignal(signum) == self._handle:  # a handler the user installed meanwhile stays
+                signal.signal(signum, handler)
+
+    def _shield_children(self, on: bool) -> None:
+        """While the report is written, a child's death (SIGCHLD) runs none of the script's handlers.
+
+        torch's DataLoader raises "worker ... killed by signal" from its SIGCHLD handler: after a
+        SIGTERM to the whole process group, that would cut the report short.
+        """
+        if not self._active or not hasattr(signal, "SIGCHLD"):
+            return
+        if on and self._sigchld is None:
+            self._sigchld = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        elif not on and self._sigchld is not None:
+            if signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL:
+                signal.signal(signal.SIGCHLD, self._sigchld)
+            self._sigchld = None
 
     def arm(self) -> None:
         """From now until exit, signals raise in the user's code (a session arms its Ctrl-C guard at once)."""
@@ -102,6 +127,9 @@ class SignalGuard:
             yield
         finally:
             self._armed = False
+            self._script_done = True
+            _Unswallowable.stop()
+            self._shield_children(True)
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -123,3 +151,46 @@ def _interrupts_user_code(frame: FrameType | None) -> bool:
     return True
 
 
+
+
+class _Unswallowable:
+    """After SIGTERM stopped the script: :class:`Terminated` again wherever the script goes on without it.
+
+    Bare Python dies at the first SIGTERM; a ``try: ... except: pass`` around
+    a training step would catch the exception graphwatch raises instead.  A
+    trace function raises it again at the next line or call of the script's
+    code that does not run while it is being handled (an ``except`` or
+    ``finally`` body may run, as it would for any exception).
+    """
+
+    _current: _Unswallowable | None = None
+
+    def __init__(self, stop: BaseException) -> None:
+        self._stop = stop
+
+    def start(self, frame: FrameType | None) -> None:
+        """Trace ``frame`` and its callers, and every frame from now on, until :meth:`stop`."""
+        _Unswallowable._current = self
+        while frame is not None:
+            if not _is_graphwatch(frame):
+                frame.f_trace = self._trace
+            frame = frame.f_back
+        sys.settrace(self._trace)
+
+    @classmethod
+    def stop(cls) -> None:
+        """The script has ended: no more tracing."""
+        if cls._current is not None:
+            cls._current = None
+            sys.settrace(None)
+
+    def _trace(self, frame: FrameType, event: str, arg: object) -> Any:
+        if _is_graphwatch(frame):
+            return None
+        if event in ("call", "line") and _interrupts_user_code(frame) and not isinstance(sys.exc_info()[1], Terminated):
+            raise Terminated("received SIGTERM")
+        return self._trace
+
+
+def _is_graphwatch(frame: FrameType) -> bool:
+    return os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR)

@@ -33,6 +33,7 @@ import torch
 
 from ..model import NodeRecord
 from .saved import SavedHandle
+from .stack_limit import TouchedNodes
 
 if TYPE_CHECKING:
     from .recorder import Recorder
@@ -58,9 +59,11 @@ class NodeTag:
         self.backward: int | None = None  # id of the last backward whose walk visited the node
         self.mark = -1  # id of the last walk that visited the node
         self.record: NodeRecord | None = None
+        TouchedNodes.alive += 1
 
     def __del__(self) -> None:
         try:
+            TouchedNodes.died()
             self.recorder.node_died(self)
         except Exception:  # never raise from a finalizer
             pass
