@@ -5,8 +5,9 @@ enters it), a wrapper around the autograd engine's entry point, and global
 optimizer hooks; it removes every one of them on exit, whatever the exit.
 
 How steps are counted: explicit ``gw.step()`` blocks (or ``@graphwatch.step``)
-where used; otherwise each ``optimizer.step()`` ends a step; otherwise each
-top-level backward that frees its graph ends the step, at the next forward op.
+where used; otherwise one pass of the training loop, read from the source of
+the loop that runs the backwards and optimizer steps (see
+:mod:`graphwatch.capture.loop_steps`).
 
 Example::
 
@@ -50,10 +51,11 @@ from .backwards import BackwardWatch
 from .capture import EnginePatch, Recorder, parse_engine_args
 from .capture.call_mode import CallSiteMode
 from .capture.holders import HolderSearch
+from .capture.loop_steps import LoopSteps
 from .capture.optimizer import GradResetTracker, OptimizerHooks
 from .capture.ranks import rank_and_world_size
 from .capture.saved import make_chained_hooks, make_hooks
-from .capture.stack_limit import raise_stack_limit
+from .capture.stack_limit import claim_stack
 from .capture.transforms import step_aside_for_disable, transforming
 from .errors import GraphLeakError, UsageError
 from .model import BackwardRecord, Finding, StepRecord, Trace, save_trace
@@ -62,6 +64,8 @@ from .signals import SignalGuard
 
 LEVELS = ("default", "light", "precise")
 _OPTIONS = ("strict", "level", "summary", "out", "keep_steps", "snapshots", "max_snapshots")
+# What a step's end says about graphs still held: not said of a step an exception cut short.
+_HOLDING_KINDS = frozenset({"graph-kept-alive", "memory-growth"})
 _lock = threading.Lock()
 _active: Session | None = None
 
@@ -133,7 +137,7 @@ class Session:
         self._grads = GradResetTracker()
         self._installed: list[Callable[[], None]] = []
         self._explicit = False
-        self._optimizer_steps = False
+        self._loop = LoopSteps()
         self._holder_search = HolderSearch()
         self._backwards = BackwardWatch(self._recorder, self._log, self._grads, self.snapshots, max_snapshots)
         self._entered_at = ""
@@ -182,7 +186,7 @@ class Session:
         if not self._explicit:
             self._explicit = True
             if recorder.boundary_pending or recorder.current.saved_packed or recorder.current.backwards:
-                self._end_step(recorder.pending_source if not self._optimizer_steps else "optimizer", sys._getframe(2))
+                self._end_step(recorder.pending_source if not self._loop.optimizer_seen else "optimizer", sys._getframe(2))
         try:
             yield self
         finally:
@@ -214,10 +218,13 @@ class Session:
         try:
             if exc_type is not None:
                 self.trace.ended_early = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
+            found = len(self.findings)
             try:
                 self._finish_steps()
             except GraphLeakError as error:
                 leak = error  # raised below, unless the user's own exception is propagating
+            if exc_type is not None:  # a step cut short: the graphs it still holds are not kept-alive leaks
+                self.findings[found:] = [f for f in self.findings[found:] if f.kind not in _HOLDING_KINDS]
         finally:
             self._uninstall()
             self._finalize(raise_leaks=exc_type is None and leak is None, failing=exc_type is not None)
@@ -226,6 +233,9 @@ class Session:
 
     def _install(self) -> None:
         recorder = self._recorder
+        self.level, give_back_stack = claim_stack(self.level)  # "light" where deep frees could overflow the stack
+        recorder.trace.options["level"] = self.level
+        self._installed.append(give_back_stack)
         recorder.boundary_hook = self._pending_boundary
         if self.level == "precise":
             recorder.precise = recorder.detail_always = True
@@ -241,10 +251,8 @@ class Session:
             self._installed.append(step_aside_for_disable(hooks))
         patch = EnginePatch(self._on_engine).install()
         self._installed.append(patch.remove)
-        optimizer_hooks = OptimizerHooks(self._before_optimizer if self.level != "light" else None, self._after_optimizer)
+        optimizer_hooks = OptimizerHooks(self._before_optimizer, self._after_optimizer)
         self._installed.append(optimizer_hooks.remove)
-        restore_stack = raise_stack_limit()
-        self._installed.append(lambda: self._recorder.has_live_nodes() or restore_stack())
         interrupts = SignalGuard(signals=(signal.SIGINT,)).__enter__()  # a Ctrl-C in a finalizer is not lost
         interrupts.arm()
         self._installed.append(lambda: interrupts.__exit__(None, None, None))
@@ -309,7 +317,8 @@ class Session:
         if self._backwards.retained:
             self._backwards.settle_retained(current)
         if frame is not None and self.level != "light":
-            current.holders = self._holder_search.at_step_end(recorder, frame, recorder.earlier_steps_alive())
+            census = recorder.step & (recorder.step - 1) == 0  # steps 0, 1, 2, 4, 8, ...: see HolderSearch
+            current.holders = self._holder_search.at_step_end(recorder, frame, census)
         record = recorder.end_step(source)
         if self.level == "light":  # no walks and no saved tensors: nothing a step detector starts from
             return record
@@ -326,22 +335,24 @@ class Session:
         return record
 
     def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        """Not installed at the light level: it does not walk graphs, so it cannot tell accumulations."""
         if not self._owns_thread():
             return
-        current = self._recorder.current
-        current.stale_grads += self._grads.before_step(optimizer)
-        current.optimizer_site = self._recorder.sites.here(2)
+        self._loop.in_optimizer_step += 1  # backwards from here to the post hook are its closure's
+        if self.level != "light":  # the light level walks no graphs, so it cannot tell accumulations
+            current = self._recorder.current
+            current.stale_grads += self._grads.before_step(optimizer)
+            current.optimizer_site = self._recorder.sites.here(2)
 
     def _after_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._owns_thread():
             return
+        loop = self._loop
+        loop.in_optimizer_step = max(0, loop.in_optimizer_step - 1)
         if self.level != "light":
             self._grads.after_step(optimizer)
-        recorder = self._recorder
-        recorder.current.optimizer_steps += 1
-        self._optimizer_steps = True
-        if not self._explicit:
+        self._recorder.current.optimizer_steps += 1
+        self._backwards.optimizer_steps += 1
+        if not self._explicit and not loop.in_optimizer_step and loop.ends_step(sys._getframe(1), "step"):
             self._end_step("optimizer", sys._getframe(2))
 
     def _owns_thread(self) -> bool:
@@ -364,6 +375,7 @@ class Session:
             create_graph=create_graph,
         )
         freed = self._backwards.walk_before(record, roots, accumulate) if self.level != "light" else None
+        self._backwards.started(record)
         recorder.begin_backward(record)
         started = time.perf_counter()
         try:
@@ -375,8 +387,11 @@ class Session:
             raise
         finally:
             recorder.end_backward(record, time.perf_counter() - started)
-        if not retain_graph and not self._explicit and not self._optimizer_steps:
-            recorder.request_boundary("backward")
+        loop = self._loop
+        consumes = accumulate or not (retain_graph or create_graph)  # a freeing autograd.grad counts too
+        if consumes and not self._explicit and not loop.in_optimizer_step:
+            if loop.ends_step(sys._getframe(1), "backward", frees_graph=not retain_graph):
+                recorder.request_boundary("backward")
         return result
 
 

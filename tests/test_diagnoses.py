@@ -378,7 +378,8 @@ def test_running_total_of_loss_tensors() -> None:
     with watch() as gw:
         run(running_total)
     finding = only(gw.findings, "graph-kept-alive")
-    assert finding.step == 1 and finding.evidence["holder"] == "total_loss" and cited(finding, "total")
+    # steps 0 and 1 alive could still be a variable's last value and set-up: growth shows at step 3
+    assert finding.step == 3 and finding.evidence["holder"] == "total_loss" and cited(finding, "total")
     assert finding.evidence["kept_steps"] == [0, 1, 2, 3, 4] and finding.evidence["nodes"] >= 5
     made = f"({at('total')} (`total_loss += loss  # at: total`))"
     assert f"`total_loss` {made} keeps the graphs of steps 0..4" in finding.message
@@ -443,22 +444,25 @@ def test_gradient_accumulation_is_not_missing_zero_grad() -> None:
 
 # --------------------------------------------------------------- strict mode
 @pytest.mark.parametrize(
-    ("loop", "kind"),
+    ("loop", "kind", "first"),
     [
-        (leaky_rnn_retained, "graph-carried-across-steps"),
-        (running_total, "graph-kept-alive"),
-        (lambda: two_losses(retain_last=True), "retained-graph"),
+        (leaky_rnn_retained, "graph-carried-across-steps", 1),
+        # one earlier graph alive could be a variable's last value: growth shows at step 3 (README)
+        (running_total, "graph-kept-alive", 3),
+        (lambda: two_losses(retain_last=True), "retained-graph", 1),
     ],
     ids=["carried", "kept", "retained"],
 )
-def test_strict_mode_fails_at_the_end_of_the_first_leaking_step(loop: Callable[[], Iterator[int]], kind: str) -> None:
+def test_strict_mode_fails_at_the_end_of_the_first_leaking_step(
+    loop: Callable[[], Iterator[int]], kind: str, first: int
+) -> None:
     reached = -1
     with pytest.raises(graphwatch.GraphLeakError) as info, watch(strict=True):
         for reached in loop():
             pass
-    assert reached == 1, "raised by the optimizer step that ends step 1"
+    assert reached == first, f"raised by the optimizer step that ends step {first}"
     assert isinstance(info.value, AssertionError)
-    assert str(info.value).startswith("graphwatch strict mode: step 1 leaks a graph")
+    assert str(info.value).startswith(f"graphwatch strict mode: step {first} leaks a graph")
     assert [f.kind for f in info.value.findings] == [kind]
     assert graphwatch.active_session() is None
 

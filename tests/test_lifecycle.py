@@ -174,8 +174,8 @@ def test_nested_watch_raises_usage_error_naming_the_fix_and_outer_session_keeps_
     _assert_clean(before)
     assert len(outer.trace.backwards) == 2
     assert {outer.trace.nodes[r].op for b in outer.trace.backwards for r in b.roots} == {"SumBackward0"}
-    # exp's output, then sin's x, each 12 bytes: the outer session's hooks saw both
-    assert [(s.saved_packed, s.saved_bytes_packed) for s in outer.trace.steps] == [(1, 12), (1, 12)]
+    # exp's output, then sin's x, each 12 bytes: the outer session's hooks saw both (one step: no loop here)
+    assert [(s.saved_packed, s.saved_bytes_packed) for s in outer.trace.steps] == [(2, 24)]
 
 
 def test_reentering_the_same_session_raises_usage_error():
@@ -310,8 +310,8 @@ def test_work_before_the_first_explicit_step_is_closed_as_its_own_step():
         for _ in range(2):
             with gw.step():
                 _loss(model).backward()
-    assert [s.source for s in gw.trace.steps] == ["backward", "backward", "explicit", "explicit"]
-    assert [s.backwards for s in gw.trace.steps] == [[0], [1], [2], [3]]
+    assert [s.source for s in gw.trace.steps] == ["backward", "explicit", "explicit"]
+    assert [s.backwards for s in gw.trace.steps] == [[0, 1], [2], [3]]
 
 
 def test_optimizer_steps_end_steps_without_explicit_markers():
@@ -326,8 +326,8 @@ def test_optimizer_steps_end_steps_without_explicit_markers():
     assert [s.optimizer_steps for s in gw.trace.steps] == [1, 1, 1]
 
 
-def test_gradient_accumulation_steps_follow_the_optimizer_once_it_has_stepped():
-    """Documented rule: until the first optimizer.step() is seen, each freeing backward ends a step."""
+def test_gradient_accumulation_micro_batches_are_one_step_with_their_optimizer_step():
+    """Documented rule: a step ends after the loop's last training event, here the optimizer step."""
     model, opt = _model_and_opt()
     with graphwatch.watch(summary=False) as gw:
         for _ in range(3):
@@ -335,8 +335,8 @@ def test_gradient_accumulation_steps_follow_the_optimizer_once_it_has_stepped():
             for _ in range(2):
                 _loss(model).backward()
             opt.step()
-    assert [s.source for s in gw.trace.steps] == ["backward", "optimizer", "optimizer", "optimizer"]
-    assert [s.backwards for s in gw.trace.steps] == [[0], [1], [2, 3], [4, 5]]
+    assert [s.source for s in gw.trace.steps] == ["optimizer", "optimizer", "optimizer"]
+    assert [s.backwards for s in gw.trace.steps] == [[0, 1], [2, 3], [4, 5]]
 
 
 def test_freeing_backwards_end_steps_without_optimizer_or_explicit_markers():
@@ -350,7 +350,7 @@ def test_freeing_backwards_end_steps_without_optimizer_or_explicit_markers():
     assert [s.backwards for s in gw.trace.steps] == [[0], [1], [2], [3], [4]]
 
 
-def test_retaining_backwards_do_not_end_steps():
+def test_a_loop_step_ends_after_its_last_backward_retained_or_not():
     model, _ = _model_and_opt()
     with graphwatch.watch(summary=False) as gw:
         for _ in range(3):
@@ -360,11 +360,10 @@ def test_retaining_backwards_do_not_end_steps():
     assert [s.source for s in gw.trace.steps] == ["backward"] * 3
     assert [s.backwards for s in gw.trace.steps] == [[0, 1], [2, 3], [4, 5]]
 
-    with graphwatch.watch(summary=False) as gw:
+    with graphwatch.watch(summary=False) as gw:  # a loop's last backward ends its step, retained or not
         for _ in range(3):
             _loss(model).backward(retain_graph=True)
-    assert [s.source for s in gw.trace.steps] == ["session-end"]
-    assert gw.trace.steps[0].backwards == [0, 1, 2]
+    assert [s.backwards for s in gw.trace.steps] == [[0], [1], [2]]
 
 
 def test_freeing_backwards_end_steps_when_the_forward_saves_no_tensor():

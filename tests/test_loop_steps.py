@@ -365,9 +365,9 @@ def test_module_attribute_target_is_named_as_the_attribute() -> None:
     with pytest.raises(graphwatch.BackwardTwiceError) as info, watch():
         module_attribute_target(detach=False)
     finding = info.value.finding
-    assert finding.evidence["carrier"] == "style.target"
+    assert finding.evidence["carrier"] == "self.target"
     assert finding.evidence["carrier_at"] == at(StyleLoss.__init__, "target")
-    assert "`style.target.detach()`" in info.value.args[0]
+    assert "`self.target.detach()`" in info.value.args[0]
 
 
 def test_no_placeholder_when_the_carrier_has_no_name() -> None:
@@ -379,3 +379,43 @@ def test_no_placeholder_when_the_carrier_has_no_name() -> None:
             states[-1].pow(2).mean().backward(retain_graph=True)
     texts = [str(f) for f in gw.findings]
     assert texts and not any("`the tensor" in t for t in texts)
+
+
+def ema_teacher(iterations: int = 10, no_grad_update: bool = True) -> None:
+    torch.manual_seed(0)
+    student, teacher = net(), net()
+    teacher.load_state_dict(student.state_dict())
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    opt = torch.optim.SGD(student.parameters(), lr=0.01)
+    for _ in range(iterations):
+        x = torch.randn(8, 4)
+        with torch.no_grad():
+            target = teacher(x)
+        loss = (student(x) - target).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if no_grad_update:
+            with torch.no_grad():
+                for tp, sp in zip(teacher.parameters(), student.parameters()):
+                    tp.mul_(0.99).add_(0.01 * sp)
+        else:
+            for tp, sp in zip(teacher.parameters(), student.parameters()):
+                tp.mul_(0.99).add_(0.01 * sp)  # records a graph: it grows every step, and nothing walks it
+
+
+def test_ema_update_under_no_grad_is_silent() -> None:
+    with watch() as gw:
+        ema_teacher()
+    assert gw.findings == []
+
+
+def test_ema_update_without_no_grad_counts_graphs_no_backward_walks() -> None:
+    with watch() as gw:
+        ema_teacher(no_grad_update=False)
+    nodes = [s.live_nodes for s in gw.trace.steps]
+    assert nodes[-1] > nodes[2] > nodes[0], nodes  # the chain's nodes count, though no backward reaches them
+    finding = next(f for f in gw.findings if f.kind == "graph-kept-alive")
+    assert finding.evidence["holder"] == "teacher.parameters()"
+    assert finding.fix.startswith("update `teacher`'s parameters under `with torch.no_grad():`")

@@ -168,9 +168,11 @@ def carrier_line(trace: Trace, carrier: NodeRecord) -> tuple[CallSite | None, st
     if carrier.carried_at is not None:
         return trace.sites[carrier.carried_at], name
     attr = name.rsplit(".", 1)[-1]
-    chain = site_chain(trace, carrier.site)
-    site = next((s for s in chain if re.match(rf"^\s*[\w.]*\b{re.escape(attr)}\s*=[^=]", s.source)), None)
-    return site or trace.site(carrier.site), name
+    for site in site_chain(trace, carrier.site):  # the line that assigns the attribute names it its way
+        spelled = re.match(rf"^\s*([\w.]*\.{re.escape(attr)})\s*=[^=]", site.source)
+        if spelled:
+            return site, spelled.group(1)
+    return trace.site(carrier.site), name
 
 
 def carried_pattern(trace: Trace, carrier: NodeRecord, site: CallSite | None, step: int) -> str:

@@ -78,7 +78,9 @@ def memory_growth(trace: Trace, explained_by: list[Finding]) -> list[Finding]:
         "nodes_first": int(nodes[0]),
         "nodes_per_step": by_nodes[0] if by_nodes else None,
         "projected_nodes": by_nodes[1] if by_nodes else None,
-        "explained_by": [f"{f.kind} at {f.evidence['sites'][0]}" if f.evidence["sites"] else f.kind for f in causes],
+        "explained_by": list(
+            dict.fromkeys(f"{f.kind} at {f.evidence['sites'][0]}" if f.evidence["sites"] else f.kind for f in causes)
+        ),
     }
     return [make_finding("memory-growth", "warning", steps[-1].index, evidence)]
 

@@ -122,13 +122,13 @@ def _render_retained(ev: dict) -> tuple[str, str]:
 # a graph of the step just before is normal lag, never a finding.
 LAG_STEPS = 1
 # Growing: graphs of at least this many earlier steps, each older than the lag, alive at once, and more
-# of them than at the previous step's end (``total_loss += loss``, a list of losses).
-GROWING_STEPS = 3
+# of them than at the previous step's end (``total_loss += loss``, a list of losses: found at step 3).
+GROWING_STEPS = 2
 # Held: one step's graph that still holds saved tensors (no backward ever ran through it: a validation
 # forward without ``no_grad``) alive this many steps after its own.
 HELD_STEPS = 3
-# Graphs of step 0 and before are the set-up's (a graph made before the loop and kept in a global): they
-# never count, since the loop does not make more of them.
+# Graphs of step 0 and before are also the set-up's (a graph made before the loop and kept in a global):
+# one of them held is never a finding; only growth beyond them is.
 FIRST_LOOP_STEP = 1
 
 
@@ -142,8 +142,8 @@ def suggest_number(source: str) -> str | None:
 
 
 def _beyond_lag(kept: list[int], index: int) -> list[int]:
-    """The kept steps that are older than the lag at the end of step ``index`` (set-up steps left out)."""
-    return [s for s in kept if FIRST_LOOP_STEP <= s < index - LAG_STEPS]
+    """The kept steps that are older than the lag at the end of step ``index``."""
+    return [s for s in kept if s < index - LAG_STEPS]
 
 
 def _leaks(kept: list[int], step: StepRecord, before: list[int], holds_saved: bool) -> bool:
@@ -151,7 +151,8 @@ def _leaks(kept: list[int], step: StepRecord, before: list[int], holds_saved: bo
     old = _beyond_lag(kept, step.index)
     if len(old) >= GROWING_STEPS and len(old) > len(_beyond_lag(before, step.index - 1)):
         return True
-    return holds_saved and bool(old) and old[0] <= step.index - HELD_STEPS
+    loop = [s for s in old if s >= FIRST_LOOP_STEP]
+    return holds_saved and bool(loop) and loop[0] <= step.index - HELD_STEPS
 
 
 def _kept_before(trace: Trace, step: StepRecord, key: tuple) -> list[int]:
@@ -215,6 +216,7 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
         "never_backwarded": live > 0 and not backwarded and not any(h.nodes for h in holders) and bool(evaluation),
         "evaluation_at": evaluation,
         "suggestion": suggest_number(site.source) if site and not backwarded else None,
+        "parameters": name.endswith(".parameters()"),
     }
     return make_finding("graph-kept-alive", "warning", step.index, evidence)
 
@@ -271,14 +273,23 @@ def _render_kept(ev: dict) -> tuple[str, str]:
     if ev["holder"] is None:
         who = "something outside the training loop's frames (a list, an attribute, a global) keeps"
     else:
-        items = f", through {ev['items']} of its items" if ev.get("items") else ""
-        who = f"`{ev['holder']}` ({ev['holder_at']}{items}) keeps"
+        items = f"through {ev['items']} of its items" if ev.get("items") else ""
+        where = "" if ev.get("parameters") else ev["holder_at"]
+        detail = ", ".join(part for part in (where, items) if part)
+        who = f"`{ev['holder']}`" + (f" ({detail})" if detail else "") + " keeps"
     message = (
         f"{who} the graphs of {steps_text(ev['kept_steps'])} alive at the end of step {end}"
         + (f": {size}" if size else "")
         + f" that no backward will use{made}"
     )
-    if ev["never_backwarded"]:
+    if ev.get("parameters"):
+        module = ev["holder"][: -len(".parameters()")]
+        fix = (
+            f"update `{module}`'s parameters under `with torch.no_grad():` (an in-place update of a parameter "
+            "outside no_grad, as in an EMA teacher or a hand-written SGD step, records a graph that grows every "
+            "step)"
+        )
+    elif ev["never_backwarded"]:
         forward = (ev.get("evaluation_at") or ev["graph_at"] or ["the forward no backward uses"])[0]
         fix = f"run the forward at {forward} under `with torch.no_grad():` (evaluation builds no graph then)"
         if ev["suggestion"]:

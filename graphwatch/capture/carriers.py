@@ -154,7 +154,8 @@ def _loop_carried(frame: FrameType) -> set[str]:
         return set()
     carried: set[str] = set()
     for loop in (n for n in ast.walk(node) if isinstance(n, (ast.For, ast.While))):
-        assigned: set[str] = set()
+        target = loop.target if isinstance(loop, ast.For) else None  # the loop rebinds it every iteration
+        assigned = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)} if target is not None else set()
         for statement in _statements(loop.body):
             reads = {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
             if isinstance(statement, ast.AugAssign) and isinstance(statement.target, ast.Name):

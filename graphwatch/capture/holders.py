@@ -64,6 +64,9 @@ def _tensors_in(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, to
             for attr, item in vars(module).items():
                 if not attr.startswith("_"):
                     yield from _tensors_in(f"{module_name}.{attr}", item, depth + 1)
+            for attr, param in module._parameters.items():  # a parameter updated in place outside no_grad
+                if param is not None and param.grad_fn is not None:
+                    yield f"{name}.parameters()[{f'{module_name}.{attr}'[len(name) + 1:]}]", param
 
 
 def tensors_in_frame(frame: FrameType, include_globals: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
@@ -149,8 +152,17 @@ class HolderSearch:
         self._holders: list[Holder] = []
         self._searched: set[int] = set()  # the earlier steps alive at the last search
 
-    def at_step_end(self, recorder: Recorder, start: FrameType | None, alive: set[int]) -> list[Holder]:
-        """The holders of the graphs of the ``alive`` earlier steps (searched now, or kept from the last search)."""
+    def at_step_end(self, recorder: Recorder, start: FrameType | None, census: bool = False) -> list[Holder]:
+        """The holders of the graphs of the earlier steps alive (searched now, or kept from the last search).
+
+        ``census``: search whatever is alive, walking every graph the frames reach; that also counts the
+        nodes of graphs no backward walks (a chain an in-place update of a parameter grows each step).
+        """
+        alive = recorder.earlier_steps_alive()
+        if census:
+            self._holders = find_holders(recorder, start)
+            self._searched = recorder.earlier_steps_alive()
+            return list(self._holders)
         if alive == self._searched:
             return list(self._holders)
         if alive < self._searched:

@@ -19,23 +19,26 @@ its iteration, from the source of the function that runs it:
    led to events before count as events too, so a shape that the source alone
    does not show is learnt after one iteration.
 4. Backwards inside ``optimizer.step(closure)`` never end a step: they
-   belong to that optimizer step.  ``torch.autograd.grad`` is never an event.
+   belong to that optimizer step.  ``torch.autograd.grad`` is an event only
+   when it frees its graph (no ``retain_graph``/``create_graph``): a gradient
+   penalty's ``grad(..., create_graph=True)`` is part of the step's forward.
 
 When the source cannot be read, an optimizer step ends the step, and a
 backward that frees its graph does so while no optimizer has stepped.
 
 Example::
 
-    >>> import sys
+    >>> import torch
     >>> from graphwatch.capture.loop_steps import LoopSteps
-    >>> steps = LoopSteps()
-    >>> def run():
+    >>> def train(model, opt):
     ...     for _ in range(2):
-    ...         x.backward()                        # doctest: +SKIP
-    ...         opt.step()                          # doctest: +SKIP
-    >>> plan = steps.plan_of(run.__code__)
-    >>> [(e.line - run.__code__.co_firstlineno, e.kind) for e in plan.events]
-    [(2, 'backward'), (3, 'step')]
+    ...         model(torch.ones(1, 1)).sum().backward()
+    ...         opt.step()
+    >>> plan = LoopSteps().plan_of(train.__code__)
+    >>> [(e.line - train.__code__.co_firstlineno, e.kind, e.receiver) for e in plan.events]
+    [(2, 'backward', None), (3, 'step', 'opt')]
+    >>> plan.loops == [(train.__code__.co_firstlineno + 1, train.__code__.co_firstlineno + 3)]
+    True
 """
 
 from __future__ import annotations
@@ -130,10 +133,22 @@ class _PlanReader(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
-        if isinstance(func, ast.Attribute) and func.attr in ("backward", "step"):
-            line = getattr(func, "end_lineno", None) or node.lineno
-            self.plan.events.append(Event(node.lineno, max(line, node.end_lineno or line), func.attr, dotted_name(func.value)))
+        if isinstance(func, ast.Attribute):
+            receiver = dotted_name(func.value)
+            kind = func.attr if func.attr in ("backward", "step") else None
+            if func.attr == "grad" and (receiver or "").endswith("autograd") and not _keeps_graph(node):
+                kind = "backward"  # torch.autograd.grad that frees its graph consumes it as a backward does
+            if kind is not None:
+                self.plan.events.append(Event(node.lineno, node.end_lineno or node.lineno, kind, receiver))
         self.generic_visit(node)
+
+
+def _keeps_graph(call: ast.Call) -> bool:
+    """A call passing ``retain_graph=`` or ``create_graph=`` (other than a literal False)."""
+    return any(
+        k.arg in ("retain_graph", "create_graph") and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+        for k in call.keywords
+    )
 
 
 def dotted_name(node: ast.expr) -> str | None:
