@@ -224,11 +224,19 @@ def to_json_columns(records: Iterable[Any], columns: Columns, plain: Any) -> dic
     return {"count": count, "columns": {name: _encode(column) for name, column in values.items()}, "extra": extra}
 
 
-def from_json_columns(data: Any, columns: Columns) -> list[dict]:
-    """The rows (one dict per record) of :func:`to_json_columns` output; ValueError naming what is damaged."""
+MAX_RECORDS = 10**8  # more steps or backwards than any trace holds: a damaged count
+
+
+def from_json_columns(data: Any, columns: Columns, range_limit: int = MAX_RECORDS) -> list[dict]:
+    """The rows (one dict per record) of :func:`to_json_columns` output; ValueError naming what is damaged.
+
+    ``range_limit``: a ``ranges`` field (a step's backwards) names ids below it.
+    """
     if not isinstance(data, dict) or not isinstance(data.get("count"), int) or not isinstance(data.get("columns"), dict):
         raise ValueError("expected an object with 'count' and 'columns'")
     count, encoded = data["count"], data["columns"]
+    if isinstance(count, bool) or not 0 <= count <= MAX_RECORDS:
+        raise ValueError(f"'count' is {count!r}, not a number of records")
     rows: list[dict] = [{} for _ in range(count)]
     for name, column in encoded.items():
         for row, value in zip(rows, _decode(column, count, name)):
@@ -238,6 +246,8 @@ def from_json_columns(data: Any, columns: Columns) -> list[dict]:
             first, n = row.pop(f"{name}.first", 0), row.pop(f"{name}.count", 0)
             if not isinstance(first, int) or not isinstance(n, int):
                 raise ValueError(f"column {name!r} should hold whole numbers")
+            if first < 0 or n < 0 or first + n > range_limit:
+                raise ValueError(f"column {name!r} names ids {first} to {first + n - 1}, outside 0 to {range_limit - 1}")
             row[name] = list(range(first, first + n))
     extra = data.get("extra", [])
     if not isinstance(extra, list):

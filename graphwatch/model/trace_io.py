@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import tempfile
 import types
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TraceFormatError, UsageError
-from .columns import TRACE_COLUMNS, RecordList, freeze_step, from_json_columns, to_json_columns
+from .columns import MAX_RECORDS, TRACE_COLUMNS, RecordList, freeze_step, from_json_columns, to_json_columns
 from .records import (
     BackwardRecord,
     CallSite,
@@ -202,7 +203,7 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
         value = data[f.name]
         if f.name in TRACE_COLUMNS and version >= 2:
             try:
-                rows = from_json_columns(value, TRACE_COLUMNS[f.name])
+                rows = from_json_columns(value, TRACE_COLUMNS[f.name], len(trace.backwards) if f.name == "steps" else MAX_RECORDS)
             except ValueError as exc:
                 raise TraceFormatError(
                     f"{source}: field {f.name!r}: {exc}; the trace file is damaged - record the run again"
@@ -218,7 +219,8 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
         setattr(trace, f.name, value)
     try:
         _check_fields(trace, "the trace's")
-    except TypeError as exc:
+        _check_ranges(trace)
+    except (TypeError, ValueError) as exc:
         raise TraceFormatError(f"{source}: {exc}; the trace file is damaged - record the run again") from None
     for index, step in enumerate(trace.steps):  # as compact as the session kept it
         if not step.detail:
@@ -230,6 +232,63 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
                     "the trace file is damaged - record the run again"
                 ) from None
     return trace
+
+
+_LARGEST = 2**53  # beyond this a number cannot be a count, a size or an id of a real run
+_SITE_FIELDS = ("site", "optimizer_site")
+_ID_FIELDS = ("id", "step", "index", "seq", "backward", "node", "freed_by", "died_step", *_SITE_FIELDS)
+
+
+def _check_ranges(trace: Trace) -> None:
+    """A ValueError naming the first field whose value is out of range (types are checked already).
+
+    Numbers are finite and of a size a run can have; ids are not negative;
+    records sit at their own index; sites, backwards and steps a record
+    names exist; a finding's evidence ``steps`` and ``sites`` are lists of
+    step numbers and of ``file:line`` strings.
+    """
+    for name, records in (("steps", trace.steps), ("backwards", trace.backwards)):
+        key = "index" if name == "steps" else "id"
+        for position, record in enumerate(records):
+            if getattr(record, key) != position:
+                raise ValueError(f"{name}[{position}] field {key!r} is {getattr(record, key)!r}, expected {position}")
+    tables = [*trace.sites, *trace.nodes.values(), *trace.saved.values(), *trace.steps, *trace.backwards]
+    for record in [*tables, *trace.findings, *trace.snapshots]:
+        for f in dataclasses.fields(record):
+            _check_number(f.name, getattr(record, f.name), type(record).__name__)
+            if f.name in _SITE_FIELDS and getattr(record, f.name) is not None and getattr(record, f.name) >= len(trace.sites):
+                raise ValueError(f"{type(record).__name__} field {f.name!r} names site {getattr(record, f.name)} of {len(trace.sites)}")
+    for step in trace.steps:
+        if any(b >= len(trace.backwards) for b in step.backwards):
+            raise ValueError(f"StepRecord field 'backwards' names backwards {step.backwards} of {len(trace.backwards)}")
+    for finding in trace.findings:
+        _check_evidence(finding.evidence)
+    _check_number("untracked_saved", trace.untracked_saved, "the trace's")
+
+
+def _check_number(name: str, value: Any, what: str) -> None:
+    """Every number in ``value`` (searched through lists and dicts) finite and of a plausible size."""
+    if isinstance(value, bool) or value is None:
+        return
+    if isinstance(value, (int, float)):
+        bad = not math.isfinite(value) or abs(value) > _LARGEST or (name in _ID_FIELDS and value < 0)
+        if bad:
+            raise ValueError(f"{what} field {name!r} is {value!r}, out of range")
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _check_number(name, item, what)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_number(name, key, what)
+            _check_number(name, item, what)
+
+
+def _check_evidence(evidence: dict) -> None:
+    steps, sites = evidence.get("steps"), evidence.get("sites")
+    if steps is not None and not (isinstance(steps, list) and all(_is_a(s, int) and s >= 0 for s in steps)):
+        raise ValueError(f"Finding field 'evidence' has 'steps' {steps!r:.40}, expected a list of step numbers")
+    if sites is not None and not (isinstance(sites, list) and all(isinstance(s, str) for s in sites)):
+        raise ValueError(f"Finding field 'evidence' has 'sites' {sites!r:.40}, expected a list of 'file:line' strings")
 
 
 def _rows(value: Any, name: str, source: str) -> list[dict]:
