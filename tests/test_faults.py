@@ -546,3 +546,57 @@ def test_absurdly_nested_json_says_what_is_wrong(tmp_path, capsys):
     path = tmp_path / "trace.json"
     path.write_text("[" * 100_000 + "]" * 100_000)
     _assert_one_line_error(*_report(path, tmp_path / "out", capsys), "corrupted")
+
+
+OUT_OF_RANGE = [2**70, -1, -(2**70), float("nan"), float("inf"), [[1]], {"a": [1]}, [None], "x", True]
+
+
+def _range_mutations(data: dict) -> Iterator[tuple[str, str, dict]]:
+    """(label, field, trace): every column, extra field, row field and evidence entry set to each bad value."""
+    for field, value in data.items():
+        if isinstance(value, dict) and "columns" in value:
+            for name in value["columns"]:
+                for bad in OUT_OF_RANGE:
+                    columns = {**value["columns"], name: [bad] * value["count"]}
+                    yield f"{field}.{name}={bad!r}", name.split(".")[0], {**data, field: {**value, "columns": columns}}
+            for bad in (2**70, -1):
+                yield f"{field}.count={bad!r}", "count", {**data, field: {**value, "count": bad}}
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            for name, good in value[0].items():
+                nested = good.items() if isinstance(good, dict) else [(None, None)]
+                for key, _ in nested:
+                    for bad in OUT_OF_RANGE:
+                        row = {**value[0], name: bad if key is None else {**good, key: bad}}
+                        yield f"{field}[0].{name}.{key}={bad!r}", name, {**data, field: [row, *value[1:]]}
+
+
+def test_fields_out_of_range_or_of_nested_wrong_shapes_are_named_not_a_traceback(good_trace, tmp_path, capsys):
+    data = json.loads(good_trace.read_text())
+    path = tmp_path / "trace.json"
+    outcomes = {0: 0, 2: 0}
+    for label, field, damaged in _range_mutations(data):
+        path.write_text(json.dumps(damaged))  # NaN and Infinity as Python's json writes them
+        try:
+            code, err = _report(path, tmp_path / "out", capsys)
+        except Exception as exc:  # noqa: BLE001 - the point: nothing but a clear error may come out
+            pytest.fail(f"{label}: graphwatch report raised {type(exc).__name__}: {exc}")
+        if code != 0:  # some values are legal where they land (a string in a free-text evidence entry)
+            _assert_one_line_error(code, err, str(path), "damaged")
+            assert repr(field) in err or "'count'" in err or "column" in err, (label, err)
+        outcomes[code] += 1
+    assert outcomes[2] > 500, outcomes
+
+
+@pytest.mark.parametrize(
+    ("where", "bad"),
+    [("steps", 2**70), ("backwards", -1), ("steps", float("inf")), ("steps", float("nan"))],
+    ids=["huge-step-index", "negative-backward-id", "infinite-seconds", "nan-seconds"],
+)
+def test_load_refuses_numbers_out_of_range(good_trace, tmp_path, where, bad):
+    data = json.loads(good_trace.read_text())
+    name = {"steps": "index" if isinstance(bad, int) else "seconds", "backwards": "id"}[where]
+    data[where]["columns"][name] = [bad] * data[where]["count"]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(graphwatch.TraceFormatError, match=f"{name}.*damaged"):
+        graphwatch.load(path)
