@@ -350,7 +350,9 @@ class Session:
         loop.in_optimizer_step = max(0, loop.in_optimizer_step - 1)
         if self.level != "light":
             self._grads.after_step(optimizer)
-        self._recorder.current.optimizer_steps += 1
+        recorder = self._recorder
+        recorder.current.optimizer_steps += 1
+        recorder.optimizer_stepped(optimizer, recorder.current.optimizer_site)  # noted by the pre-step hook
         self._backwards.optimizer_steps += 1
         if not self._explicit and not loop.in_optimizer_step and loop.ends_step(sys._getframe(1), "step"):
             self._end_step("optimizer", sys._getframe(2))

@@ -7,6 +7,8 @@ Kept small on purpose.  Nothing here is autouse and nothing is named like the
 
 from __future__ import annotations
 
+import inspect
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -58,3 +60,18 @@ def assert_all_equal(bare: dict[str, torch.Tensor], watched: dict[str, torch.Ten
 def same_tensors() -> Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], None]:
     """``check(bare, watched)``: every named tensor bit-identical on both sides."""
     return assert_all_equal
+
+
+def tagged_line(function: Callable[..., Any], tag: str) -> str:
+    """``file:line`` (relative to the working directory, as findings cite it) of the line of ``function``
+    that ends with the comment ``# at: <tag>``."""
+    function = inspect.unwrap(function)
+    lines, first = inspect.getsourcelines(function)
+    number = next(first + i for i, text in enumerate(lines) if text.rstrip().endswith(f"# at: {tag}"))
+    return f"{os.path.relpath(inspect.getsourcefile(function) or '')}:{number}"
+
+
+@pytest.fixture
+def at() -> Callable[[Callable[..., Any], str], str]:
+    """``at(function, tag)``: the ``file:line`` of ``function``'s line tagged ``# at: tag``."""
+    return tagged_line

@@ -438,9 +438,10 @@ def test_default_level_builds_records_only_where_it_looks_closer():
     assert [b.nodes_reached for b in trace.backwards] == [7] * 6  # quick walks count too
     # node records: step 0 (the first backward), step 3 (retain_graph), each backward's root (MeanBackward0);
     # at step 6's end step 5's `loss` is still alive, so the holder search walks it (on to PowBackward0, whose
-    # buffers step 5's quick-walked backward freed: the walk stops there) and kept's graph (6 nodes)
+    # buffers step 5's quick-walked backward freed: the walk stops there) and kept's graph (6 nodes); the
+    # census at the ends of steps 1, 2 and 4 (every graph the frames reach) walks that step's `loss` the same way
     nodes = sorted(Counter(n.step for n in trace.nodes.values()).items())
-    assert nodes == [(0, 7), (1, 1), (2, 1), (3, 7), (4, 1), (5, 2), (6, 6)]
+    assert nodes == [(0, 7), (1, 2), (2, 2), (3, 7), (4, 2), (5, 2), (6, 6)]
     pow_node = next(n for n in trace.nodes.values() if n.step == 5 and n.op == "PowBackward0")
     assert pow_node.freed_by == 5 and pow_node.backward == 5
     assert sorted(Counter(s.step for s in trace.saved.values()).items()) == [(0, 5), (3, 5), (6, 4)]

@@ -7,8 +7,7 @@ silent and the buggy one named with the right kind, variable and line
 
 from __future__ import annotations
 
-import inspect
-import os
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -22,13 +21,6 @@ LEAKS = {"graph-carried-across-steps", "retained-graph", "graph-kept-alive", "me
 
 def watch() -> graphwatch.Session:
     return graphwatch.watch(summary=False, snapshots="off")
-
-
-def at(function: object, tag: str) -> str:
-    """``file:line`` of the line of ``function`` tagged ``# at: tag``."""
-    lines, first = inspect.getsourcelines(function)  # type: ignore[arg-type]
-    number = next(first + i for i, text in enumerate(lines) if text.rstrip().endswith(f"# at: {tag}"))
-    return f"{os.path.relpath(inspect.getsourcefile(function))}:{number}"  # type: ignore[arg-type]
 
 
 def leaks(findings: list[Finding]) -> list[str]:
@@ -324,7 +316,7 @@ def test_validation_every_step_kept_one_step_is_lag_not_a_leak() -> None:
     assert leaks(gw.findings) == []
 
 
-def test_validation_graph_held_for_several_steps_is_kept_alive() -> None:
+def test_validation_graph_held_for_several_steps_is_kept_alive(at: Callable[[object, str], str]) -> None:
     with watch() as gw:
         validation_kept(iterations=9, every=4)
     finding = next(f for f in gw.findings if f.kind == "graph-kept-alive")
@@ -333,7 +325,7 @@ def test_validation_graph_held_for_several_steps_is_kept_alive() -> None:
     assert "no_grad" in finding.fix  # the validation forward is never backwarded: no_grad is safe there
 
 
-def test_growing_list_is_kept_alive_at_the_append() -> None:
+def test_growing_list_is_kept_alive_at_the_append(at: Callable[[object, str], str]) -> None:
     with watch() as gw:
         growing_list()
     finding = next(f for f in gw.findings if f.kind == "graph-kept-alive")
@@ -342,7 +334,7 @@ def test_growing_list_is_kept_alive_at_the_append() -> None:
     assert "history.append(loss.item())" in finding.fix
 
 
-def test_carried_state_without_optimizer_is_found_per_iteration() -> None:
+def test_carried_state_without_optimizer_is_found_per_iteration(at: Callable[[object, str], str]) -> None:
     with watch() as gw:
         carried_without_optimizer()
     assert len(gw.trace.steps) == 6
@@ -351,7 +343,7 @@ def test_carried_state_without_optimizer_is_found_per_iteration() -> None:
     assert finding.fix.startswith("`h = h.detach()`")
 
 
-def test_lstm_tuple_hidden_names_the_state_fed_back_in_the_loop() -> None:
+def test_lstm_tuple_hidden_names_the_state_fed_back_in_the_loop(at: Callable[[object, str], str]) -> None:
     with pytest.raises(RuntimeError), watch() as gw:  # the optimizer step changes a saved weight
         lstm_tuple_hidden(detach=False)
     finding = next(f for f in gw.findings if f.kind == "graph-carried-across-steps")
@@ -361,7 +353,7 @@ def test_lstm_tuple_hidden_names_the_state_fed_back_in_the_loop() -> None:
     assert "output" not in finding.fix
 
 
-def test_module_attribute_target_is_named_as_the_attribute() -> None:
+def test_module_attribute_target_is_named_as_the_attribute(at: Callable[[object, str], str]) -> None:
     with pytest.raises(graphwatch.BackwardTwiceError) as info, watch():
         module_attribute_target(detach=False)
     finding = info.value.finding

@@ -83,6 +83,10 @@ class SiteTable:
             return self._site([inner], (id(inner.f_code), position), line)
         return self._site([inner, caller], (id(inner.f_code), position, id(caller.f_code), caller.f_lasti), line)
 
+    def from_code(self, code: CodeType, line: int) -> int:
+        """The site id of ``line`` in ``code``'s function, with no caller (a line not running now)."""
+        return self._intern(((code, line),))
+
     def _user_frame(self, frame: FrameType | None) -> FrameType | None:
         """The first user frame from ``frame`` outwards (the hot loop: a few attribute reads per frame)."""
         while frame is not None:

@@ -39,7 +39,7 @@ import torch
 
 from .graph_walk import METADATA_KEY
 from .holders import local_value, user_frames
-from .loop_steps import dotted_name, function_node
+from .source import assignments, function_node
 
 if TYPE_CHECKING:
     from ..model import NodeRecord
@@ -184,25 +184,9 @@ def _assignment_line(frame: FrameType, name: str) -> int | None:
     node = function_node(frame.f_code)
     if node is None or name.startswith("self."):
         return None
-    target = name.split("[")[0]
-    lines = [
-        statement.lineno
-        for statement in ast.walk(node)
-        if isinstance(statement, (ast.Assign, ast.AugAssign, ast.AnnAssign))
-        and any(dotted_name(t) == target for t in _targets(statement))
-    ]
+    lines = [line for line, _ in assignments(node, name.split("[")[0])]
     here = frame.f_lineno
     loops = [n for n in ast.walk(node) if isinstance(n, (ast.For, ast.While)) and n.lineno <= here <= (n.end_lineno or 0)]
     in_loop = [n for n in lines if any(loop.lineno <= n <= (loop.end_lineno or 0) for loop in loops)]
     before = [n for n in lines if n <= here]
     return max(in_loop) if in_loop else (max(before) if before else None)
-
-
-def _targets(statement: ast.Assign | ast.AugAssign | ast.AnnAssign) -> Iterator[ast.expr]:
-    stack = list(statement.targets) if isinstance(statement, ast.Assign) else [statement.target]
-    while stack:
-        target = stack.pop()
-        if isinstance(target, (ast.Tuple, ast.List)):
-            stack.extend(target.elts)
-        else:
-            yield target

@@ -23,8 +23,6 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 import inspect
-import linecache
-import re
 import sys
 from collections.abc import Iterator
 from types import CodeType, FrameType
@@ -35,14 +33,13 @@ import torch
 from ..model import Holder
 from .callsite import is_user_file
 from .graph_walk import walk
+from .source import assignments, function_node
 
 if TYPE_CHECKING:
     from .recorder import Recorder
 
 _SNAPSHOT_LOCALS = sys.version_info < (3, 13)
 _CONTAINER_LIMIT = 64  # items looked at per list/tuple/dict
-_ASSIGNMENT = r"^\s*{name}\s*(?:[-+*/]?=[^=]|\.(?:add_|append|extend)\()"
-_GROWING = r"^\s*{name}\s*(?:[-+*/]=|\.(?:add_|append|extend)\()"
 
 
 def _tensors_in(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
@@ -62,8 +59,8 @@ def _tensors_in(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, to
     elif isinstance(value, torch.nn.Module):
         for module_name, module in value.named_modules(prefix=name):
             for attr, item in vars(module).items():
-                if not attr.startswith("_"):
-                    yield from _tensors_in(f"{module_name}.{attr}", item, depth + 1)
+                if not attr.startswith("_") and not isinstance(item, torch.nn.Module):  # a list kept on self too
+                    yield from _tensors_in(f"{module_name}.{attr}", item, depth)
             for attr, param in module._parameters.items():  # a parameter updated in place outside no_grad
                 if param is not None and param.grad_fn is not None:
                     yield f"{name}.parameters()[{f'{module_name}.{attr}'[len(name) + 1:]}]", param
@@ -110,31 +107,44 @@ def user_frames(start: FrameType | None) -> Iterator[FrameType]:
         frame = frame.f_back
 
 
-def assignment_line(frame: FrameType, name: str) -> int | None:
-    """The line of the frame's function that makes ``name`` hold a graph.
+def assignment_line(code: CodeType, name: str) -> int | None:
+    """The line of ``code``'s function that makes ``name`` hold a graph.
 
     A line that adds to it (``name += ...``, ``name.append(...)``) wins over a
     plain assignment (``name = []``); the whole function is read, since in a loop
     that line may lie below the current one (``total += loss`` after ``optimizer.step()``).
     """
-    return _assignment_line(frame.f_code, name.split("[")[0])
+    found = _assignment(code, name.split("[")[0])
+    return found[0] if found else None
 
 
 @functools.lru_cache(maxsize=1024)
-def _assignment_line(code: CodeType, name: str) -> int | None:
-    """assignment_line for a code object: the same at every step end (read once, not per holder per step)."""
-    base = re.escape(name)
-    pattern = re.compile(_ASSIGNMENT.format(name=base))
-    growing = re.compile(_GROWING.format(name=base))
-    last = max((line for _, _, line in code.co_lines() if line is not None), default=code.co_firstlineno)
-    found = grown = None
-    for line in range(code.co_firstlineno, last + 1):
-        text = linecache.getline(code.co_filename, line)
-        if pattern.match(text):
-            found = line
-            if growing.match(text):
-                grown = line
-    return grown or found
+def _assignment(code: CodeType, name: str) -> tuple[int, bool] | None:
+    """(line, whether it adds to the value), read once per code object and name (not per holder per step)."""
+    node = function_node(code)
+    found = sorted(assignments(node, name), key=lambda pair: (pair[1], pair[0])) if node is not None else []
+    return found[-1] if found else None
+
+
+def _attribute_site(recorder: Recorder, frame: FrameType, name: str) -> int | None:
+    """For ``obj.attr`` (``model.outputs``): the line of ``obj``'s class that assigns or adds to ``self.attr``."""
+    head, _, rest = name.split("[")[0].partition(".")
+    if not rest:
+        return None
+    owner = local_value(frame, head) if head in frame.f_code.co_varnames else frame.f_globals.get(head)
+    *path, attr = rest.split(".")
+    for part in path:
+        owner = getattr(owner, part, None)
+    best: tuple[bool, int, CodeType] | None = None  # a method that adds to it wins over one that assigns it
+    for cls in type(owner).__mro__:
+        if cls.__module__.startswith(("torch.", "builtins")):
+            break
+        for function in vars(cls).values():
+            code = getattr(function, "__code__", None)
+            found = _assignment(code, f"self.{attr}") if isinstance(code, CodeType) else None
+            if found is not None and (best is None or found[1] > best[0]):
+                best = (found[1], found[0], code)
+    return None if best is None else recorder.sites.from_code(best[2], best[1])
 
 
 class HolderSearch:
@@ -204,5 +214,7 @@ def find_holders(recorder: Recorder, start: FrameType | None) -> list[Holder]:
 
 
 def _making_site(recorder: Recorder, frame: FrameType, name: str) -> int | None:
-    line = assignment_line(frame, name)
-    return None if line is None else recorder.sites.from_frame(frame, line)
+    line = assignment_line(frame.f_code, name)
+    if line is not None:
+        return recorder.sites.from_frame(frame, line)
+    return _attribute_site(recorder, frame, name)

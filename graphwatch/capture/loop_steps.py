@@ -44,7 +44,6 @@ Example::
 from __future__ import annotations
 
 import ast
-import functools
 import inspect
 import linecache
 import re
@@ -56,6 +55,7 @@ import torch
 
 from .callsite import is_user_file
 from .holders import local_value
+from .source import dotted_name, function_node
 
 _MAX_CALLERS = 8  # user frames walked up from an event to find the loop
 _SCHEDULER = re.compile(r"sched|lr_?", re.IGNORECASE)
@@ -149,39 +149,6 @@ def _keeps_graph(call: ast.Call) -> bool:
         k.arg in ("retain_graph", "create_graph") and not (isinstance(k.value, ast.Constant) and k.value.value is False)
         for k in call.keywords
     )
-
-
-def dotted_name(node: ast.expr) -> str | None:
-    """``a.b.c`` for a chain of attributes on a name, else None."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
-
-
-@functools.lru_cache(maxsize=256)
-def _source_tree(filename: str) -> ast.Module | None:
-    try:
-        return ast.parse("".join(linecache.getlines(filename)) or "\x00", filename)
-    except (SyntaxError, ValueError):
-        return None
-
-
-def function_node(code: CodeType) -> ast.AST | None:
-    """The AST of ``code``'s function (the module itself for module code), or None without source."""
-    tree = _source_tree(code.co_filename)
-    if tree is None or code.co_name == "<module>":
-        return tree
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
-            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            if first == code.co_firstlineno:
-                return node
-    return None
 
 
 class LoopSteps:

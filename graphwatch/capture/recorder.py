@@ -108,6 +108,9 @@ class Recorder:
         self._op_site: int | None = None
         self.closed = False
         self._rss = _ResidentMemory()
+        # id(optimizer) -> (weak ref to it, site of its last step() call, step index then): what changed
+        # parameters in place, for the "modified by an inplace operation" hint
+        self._optimizer_steps: dict[int, tuple[weakref.ref, int | None, int]] = {}
 
     # --------------------------------------------------------------- nodes
     def node_born(self, step: int) -> None:
@@ -336,6 +339,48 @@ class Recorder:
             self.trace.nodes.pop(node_id, None)
         for saved_id in self._saved_ids_by_step.pop(old, ()):
             self.trace.saved.pop(saved_id, None)
+
+    # ----------------------------------------------------------- optimizers
+    def optimizer_stepped(self, optimizer: torch.optim.Optimizer, site: int | None) -> None:
+        """``optimizer.step()`` at ``site`` just updated its parameters in place."""
+        self._optimizer_steps[id(optimizer)] = (weakref.ref(optimizer), site, self.step)
+
+    def inplace_hint(self, handle: SavedHandle) -> str | None:
+        """Why a saved parameter's version moved, when an ``optimizer.step()`` did it; else None."""
+        if handle.storage is None or handle.kind != "parameter":
+            return None
+        for ref, site, step in self._optimizer_steps.values():
+            optimizer = ref()
+            if optimizer is None or step < handle.step:
+                continue
+            if any(p.data_ptr() == handle.storage[0] for g in optimizer.param_groups for p in g["params"]):
+                return self._optimizer_hint(site, handle)
+        return None
+
+    def _optimizer_hint(self, site: int | None, handle: SavedHandle) -> str:
+        where = self.trace.where(site)
+        if handle.step < self.step:
+            carried = self._carried_name()
+            return (
+                f"Hint: optimizer.step() at {where} updated this parameter in place after step {handle.step}'s "
+                f"graph saved it, and step {self.step}'s backward runs into that graph again: a graph of an "
+                f"earlier step is reused{carried}. Detach what carries it at the start of each step (and drop "
+                "retain_graph=True), so that each backward uses only its own step's graph."
+            )
+        return (
+            f"Hint: optimizer.step() at {where} updated this parameter in place after the graph saved it, and "
+            "this backward ran after that step through the same graph. Run this backward before that "
+            "optimizer step, or recompute the forward after the step (a GAN: the generator's loss on a fresh "
+            "D(fake) made after D's step)."
+        )
+
+    def _carried_name(self) -> str:
+        backward = self.backward
+        if backward is None or not backward.crossings:
+            return ""
+        node = self.trace.nodes.get(backward.crossings[0][1])
+        name = node.carried_as if node is not None else None
+        return f" (carried by `{name}`)" if name else ""
 
     # ------------------------------------------------------------ backward
     def begin_backward(self, record: BackwardRecord) -> None:

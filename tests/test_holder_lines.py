@@ -1,0 +1,69 @@
+"""Holders are named where the user can fix them: the line that appends to or assigns the holder."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+import graphwatch
+
+
+class Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(4, 1)
+        self.outputs: list[torch.Tensor] = []  # at: created
+
+    def training_step(self, x: torch.Tensor) -> torch.Tensor:
+        loss = self.net(x).pow(2).mean()
+        self.outputs.append(loss)  # at: appended
+        return loss
+
+
+def attribute_list(iterations: int = 8) -> None:
+    torch.manual_seed(0)
+    model = Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(iterations):
+        opt.zero_grad()
+        loss = model.training_step(torch.randn(8, 4))
+        loss.backward()
+        opt.step()
+
+
+def test_a_list_kept_on_a_module_is_cited_at_the_method_that_appends(at: Callable[[object, str], str]) -> None:
+    with graphwatch.watch(summary=False, snapshots="off") as gw:
+        attribute_list()
+    kept = [f for f in gw.findings if f.kind == "graph-kept-alive"]
+    assert len(kept) == 1, [str(f) for f in gw.findings]
+    assert kept[0].evidence["holder"] == "model.outputs"
+    assert kept[0].evidence["sites"][0] == at(Model.training_step, "appended")
+    assert "`self.outputs.append(loss.item())`" in kept[0].fix
+
+
+HISTORY: list[torch.Tensor] = []
+
+
+@graphwatch.step
+def decorated_step(model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+    HISTORY.append(model(torch.randn(16, 4)).pow(2).mean())  # at: history
+
+
+def test_a_global_list_under_the_step_decorator_is_cited_at_the_append_once(at: Callable[[object, str], str]) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with graphwatch.watch(summary=False, snapshots="off") as gw:
+        for _ in range(8):
+            decorated_step(model, opt)
+    HISTORY.clear()
+    kept = [f for f in gw.findings if f.kind == "graph-kept-alive"]
+    assert len(kept) == 1, [str(f) for f in gw.findings]  # no second "something outside" finding
+    assert kept[0].evidence["holder"] == "HISTORY"
+    assert kept[0].evidence["sites"][0] == at(decorated_step, "history")
+    assert "no_grad" in kept[0].fix  # the appended forward is never backwarded
