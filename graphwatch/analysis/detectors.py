@@ -89,6 +89,7 @@ def carried_across_steps(trace: Trace, step: StepRecord) -> list[Finding]:
             "carrier_step": carrier.step if carrier else earliest,
             "used_at": describe(used) if used and used is not site else None,
             "pattern": "recurrent" if recurrent else "cached",
+            "constant": carrier is not None and carrier.carried_kind == "constant",
             "per_step": [[bw.step, bw.earlier_nodes_reached, bw.nodes_reached, round(bw.seconds, 6), earliest]],
             "failed": bw.error is not None,
             "bytes": sum(b for s, b in step.saved_alive_by_step.items() if s < step.index),
@@ -139,6 +140,11 @@ def _render_carried(ev: dict) -> tuple[str, str]:
             + f" at the start of each step, before {where} "
             "(the value is kept, the graph is cut: truncated backpropagation through time); then no "
             "`retain_graph=True` is needed"
+        )
+    elif ev.get("constant") and name:
+        fix = (
+            f"keep a detached copy: `{name}.detach()` where it is made ({where}); what made it is not trained, so "
+            "no gradient needs to flow there"
         )
     else:
         fix = (

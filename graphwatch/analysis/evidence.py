@@ -178,7 +178,7 @@ def carrier_line(trace: Trace, carrier: NodeRecord) -> tuple[CallSite | None, st
 def carried_pattern(trace: Trace, carrier: NodeRecord, site: CallSite | None, step: int) -> str:
     """"recurrent" when the loop feeds each step's new value on, "cached" when one value is reused."""
     if carrier.carried_kind is not None:
-        return carrier.carried_kind
+        return "cached" if carrier.carried_kind == "constant" else carrier.carried_kind
     return "recurrent" if site is not None and line_runs_in(trace, site.where, step) else "cached"
 
 

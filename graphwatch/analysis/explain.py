@@ -111,6 +111,12 @@ def _fixes(pattern: str, names: dict[str, str]) -> list[str]:
             "or keep a detached copy (`{carrier}.detach()`) if no gradient should flow into what made it",
             not_retain,
         ],
+        "constant": [  # cached, but what made it is trained by no optimizer: a fixed target
+            "keep a detached copy: `{carrier}.detach()` where it is made ({carrier_where}); what made it is "
+            "not trained, so no gradient needs to flow there",
+            "or compute {carrier_text} inside the step that uses it ({used_where})",
+            not_retain,
+        ],
         "handoff": [
             "if the backward at {freeing_where} should not reach what made {carrier_text} (a GAN's discriminator "
             "step), detach it in that loss: `{carrier}.detach()` where the loss of that backward uses it (as in "
@@ -195,7 +201,8 @@ def explain_backward_twice(
         if freeing
         else "something had already freed"
     )
-    fixes = _fixes(pattern, names)
+    fixes = _fixes("constant" if pattern == "cached" and carrier is not None and carrier.carried_kind == "constant"
+                   else pattern, names)
     lines = [
         f"graphwatch: the backward at {describe_site(trace, backward.site)} ({step_name(backward.step)}) reached "
         f"{stale.op}, created at {describe_site(trace, stale.site)} in {step_name(stale.step)}, whose saved "

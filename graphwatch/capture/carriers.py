@@ -76,9 +76,26 @@ def name_carrier(recorder: Recorder, start: FrameType | None, carrier: NodeRecor
             if same or renewed:
                 line = _assignment_line(frame, name)
                 site = recorder.sites.from_frame(frame, line) if line is not None else None
-                kind = "cached" if same else "recurrent"
+                kind = "recurrent" if not same else ("cached" if _reaches_trained(tensor, recorder) else "constant")
                 return CarrierName(name, line, site, detach_statement(name, value, frame.f_globals), kind)
     return None
+
+
+def _reaches_trained(tensor: torch.Tensor, recorder: Recorder, limit: int = 10_000) -> bool:
+    """Whether the tensor's graph reaches a parameter an optimizer updates (any leaf that requires grad,
+    before any optimizer has stepped)."""
+    trained = recorder.optimized_parameters()
+    stack, seen = [tensor.grad_fn], set()
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)
+        if variable is not None and (id(variable) in trained if trained else variable.requires_grad):
+            return True
+        stack.extend(child for child, _ in node.next_functions)
+    return False
 
 
 def frontier(roots: list[Any], step: int) -> list[tuple[int, int]]:

@@ -345,6 +345,16 @@ class Recorder:
         """``optimizer.step()`` at ``site`` just updated its parameters in place."""
         self._optimizer_steps[id(optimizer)] = (weakref.ref(optimizer), site, self.step)
 
+    def optimized_parameters(self) -> set[int]:
+        """``id()`` of every parameter of the optimizers that stepped so far."""
+        return {
+            id(p)
+            for ref, _, _ in self._optimizer_steps.values()
+            if (optimizer := ref()) is not None
+            for group in optimizer.param_groups
+            for p in group["params"]
+        }
+
     def inplace_hint(self, handle: SavedHandle) -> str | None:
         """Why a saved parameter's version moved, when an ``optimizer.step()`` did it; else None."""
         if handle.storage is None or handle.kind != "parameter":

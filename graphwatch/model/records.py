@@ -61,7 +61,9 @@ class NodeRecord:
     carried_as: str | None = None
     carried_at: int | None = None  # CallSite id
     carried_fix: str | None = None
-    carried_kind: str | None = None  # "recurrent": a loop variable fed back in; "cached": the same value reused
+    # "recurrent": a loop variable fed back in; "cached": the same value reused; "constant": cached, and
+    # made from nothing an optimizer trains (a fixed target: detach it)
+    carried_kind: str | None = None
 
     @property
     def alive(self) -> bool:
