@@ -52,8 +52,11 @@ _next_sequence_nr = torch._C._autograd._get_sequence_nr
 _INPLACE_MESSAGE = (
     "one of the variables needed for gradient computation has been modified by an inplace operation: "
     "[{type} {shape}], which was saved at {where} (step {step}), is at version {now}; "
-    "expected version {then} instead. Hint: the line above changed the tensor in place after autograd "
-    "saved it; use the out-of-place form (e.g. x = x.add(1) instead of x.add_(1)) or .clone() it first."
+    "expected version {then} instead. {hint}"
+)
+_INPLACE_HINT = (
+    "Hint: the line above changed the tensor in place after autograd saved it; use the out-of-place form "
+    "(e.g. x = x.add(1) instead of x.add_(1)) or .clone() it first."
 )
 
 
@@ -186,4 +189,5 @@ def inplace_message(recorder: Recorder, handle: SavedHandle, tensor: torch.Tenso
         step=handle.step,
         now=alias._version,
         then=handle.version,
+        hint=recorder.inplace_hint(handle) or _INPLACE_HINT,  # an optimizer.step() is named as the cause
     )
