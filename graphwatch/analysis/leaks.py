@@ -172,9 +172,27 @@ def _backwarded_names(trace: Trace, step: StepRecord) -> set[str]:
     return {backward_name(trace, bw, "") for bw in backwards_of(trace, step)} - {""}
 
 
-def _trained_lines(trace: Trace) -> set[str]:
-    """Lines whose saved tensors a backward freed: training forwards, never to be put under ``no_grad``."""
-    return {trace.where(r.site) for r in trace.saved.values() if r.freed_by is not None and r.site is not None}
+def _outer_where(trace: Trace, site_id: int) -> str:
+    """``file:line`` of the outermost user frame a site knows: the loop's call of a module, not its forward."""
+    site = trace.sites[site_id]
+    while site.caller is not None:
+        site = trace.sites[site.caller]
+    return site.where
+
+
+def _evaluation_lines(trace: Trace, kept: set[int]) -> list[str]:
+    """The loop's lines whose kept graphs no backward ever freed, and no backward freed any graph of:
+    forwards that only evaluate, safe to put under ``no_grad`` (a training forward never is)."""
+    trained, alive = set(), {}
+    for record in trace.saved.values():
+        if record.site is None:
+            continue
+        where = _outer_where(trace, record.site)
+        if record.freed_by is not None:
+            trained.add(where)
+        elif record.alive and record.step in kept:
+            alive[where] = alive.get(where, 0) + max(record.nbytes, 1)
+    return sorted((w for w in alive if w not in trained), key=lambda w: -alive[w])
 
 
 def graph_kept_alive(trace: Trace, step: StepRecord) -> list[Finding]:
@@ -201,7 +219,7 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
     site = trace.site(site_id)
     graph = alive_graph_sites(trace, kept)
     backwarded = name in _backwarded_names(trace, step)  # its value is backwarded: no .item() or no_grad
-    evaluation = [w for w in graph if w not in _trained_lines(trace)]
+    evaluation = _evaluation_lines(trace, set(kept))
     evidence = {
         "key": site.where if site else f"{holders[0].scope}: {name}",
         "sites": list(dict.fromkeys(([site.where] if site else []) + graph)),
