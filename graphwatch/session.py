@@ -142,6 +142,7 @@ class Session:
         self._backwards = BackwardWatch(self._recorder, self._log, self._grads, self.snapshots, max_snapshots)
         self._entered_at = ""
         self._finished = False
+        self._pid = os.getpid()  # a forked child that leaves the session writes and prints nothing
 
     # ---------------------------------------------------------------- public
     @property
@@ -282,6 +283,8 @@ class Session:
         if self._finished:
             return
         self._finished = True
+        if os.getpid() != self._pid:
+            return
         self._recorder.close()
         new = [f for f in session_findings(self.trace) if self._log.add(f)]
         trace = self.trace

@@ -282,6 +282,32 @@ FORKS = """\
 """
 
 
+LIBRARY_FORKS = """\
+    import os, sys, torch, graphwatch
+    w = torch.ones(3, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.1)
+    with graphwatch.watch(out=sys.argv[1]) as gw:
+        for _ in range(3):
+            opt.zero_grad(); (w * w).exp().sum().backward(); opt.step()
+        pid = os.fork()
+        if pid == 0:
+            opt.zero_grad(); (w * w).exp().sum().backward(); opt.step()  # one more step, in the child only
+    if pid == 0:
+        os._exit(7)
+    _, status = os.waitpid(pid, 0)
+    print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_leaving_a_library_session_writes_no_report(tmp_path):
+    script = _script(tmp_path, LIBRARY_FORKS)
+    done = _run([str(script), str(tmp_path / "out")], tmp_path)
+    assert (done.returncode, done.stdout) == (0, "child 7\n"), done.stderr
+    trace = json.loads((tmp_path / "out" / "trace.json").read_text())
+    assert trace["steps"]["count"] == 3  # the parent's, not the child's four
+    assert done.stderr.count("graphwatch:") == 1  # one summary: the child prints none
+
+
 def test_a_forked_child_does_not_write_over_the_parents_report(tmp_path):
     done = _watched(_script(tmp_path, FORKS), "out")
     assert (done.returncode, done.stdout) == (0, "child 7\n"), done.stderr
