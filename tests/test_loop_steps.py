@@ -109,19 +109,6 @@ def no_optimizer(iterations: int = 6, retain: bool = False) -> None:
             p.data.add_(p.grad, alpha=-0.01)
 
 
-def carried_without_optimizer(iterations: int = 6) -> None:
-    torch.manual_seed(0)
-    cell = nn.RNNCell(3, 4)
-    h = torch.zeros(2, 4)
-    for _ in range(iterations):
-        h = cell(torch.randn(2, 3), h)  # at: carried
-        loss = h.pow(2).mean()
-        cell.zero_grad()
-        loss.backward(retain_graph=True)
-        for p in cell.parameters():
-            p.data.add_(p.grad, alpha=-0.01)
-
-
 def several_losses(iterations: int = 5) -> None:
     torch.manual_seed(0)
     model = net(4, 2)
@@ -161,64 +148,6 @@ def step_function_loop(iterations: int = 4) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(iterations):
         train_step(model, opt, torch.randn(3, 8, 4))
-
-
-class Model(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.rnn = nn.LSTM(3, 4)
-        self.out = nn.Linear(4, 1)
-
-    def forward(self, x: torch.Tensor, hidden: tuple) -> tuple:
-        output, hidden = self.rnn(x, hidden)
-        return self.out(output), hidden
-
-
-def repackage_hidden(h: object) -> object:
-    """As in PyTorch's word-language-model example."""
-    return h.detach() if isinstance(h, torch.Tensor) else tuple(repackage_hidden(v) for v in h)  # type: ignore[attr-defined]
-
-
-def lstm_tuple_hidden(iterations: int = 4, detach: bool = True) -> None:
-    torch.manual_seed(0)
-    model = Model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    hidden = (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4))
-    for _ in range(iterations):
-        if detach:
-            hidden = repackage_hidden(hidden)
-        opt.zero_grad()
-        output, hidden = model(torch.randn(5, 2, 3), hidden)  # at: lstm-call
-        loss = output.pow(2).mean()
-        loss.backward(retain_graph=not detach)
-        opt.step()
-
-
-def gram(x: torch.Tensor) -> torch.Tensor:
-    return x @ x.t() / x.numel()
-
-
-class StyleLoss(nn.Module):
-    def __init__(self, target_feature: torch.Tensor, detach: bool) -> None:
-        super().__init__()
-        self.target = gram(target_feature).detach() if detach else gram(target_feature)  # at: target
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.loss = (gram(x) - self.target).pow(2).mean()
-        return x
-
-
-def module_attribute_target(iterations: int = 3, detach: bool = True) -> None:
-    torch.manual_seed(0)
-    features = net(4, 4)
-    style = StyleLoss(features(torch.randn(3, 4)), detach)
-    image = torch.randn(3, 4, requires_grad=True)
-    opt = torch.optim.Adam([image], lr=0.1)
-    for _ in range(iterations):
-        opt.zero_grad()
-        style(features(image))
-        style.loss.backward()
-        opt.step()
 
 
 GLOBAL_GRAPH: list[torch.Tensor] = []
@@ -289,8 +218,6 @@ def growing_list(iterations: int = 8) -> None:
         (several_losses, 5),
         (grad_then_backward, 3),
         (step_function_loop, 4),
-        (lstm_tuple_hidden, 4),
-        (module_attribute_target, 3),
         (global_graph_before_training, 8),
         (ring_of_two, 10),
     ],
@@ -332,45 +259,6 @@ def test_growing_list_is_kept_alive_at_the_append(at: Callable[[object, str], st
     assert finding.evidence["holder"] == "history"
     assert finding.evidence["sites"][0] == at(growing_list, "kept")
     assert "history.append(loss.item())" in finding.fix
-
-
-def test_carried_state_without_optimizer_is_found_per_iteration(at: Callable[[object, str], str]) -> None:
-    with watch() as gw:
-        carried_without_optimizer()
-    assert len(gw.trace.steps) == 6
-    finding = next(f for f in gw.findings if f.kind == "graph-carried-across-steps")
-    assert finding.evidence["carrier"] == "h" and finding.evidence["carrier_where"] == at(carried_without_optimizer, "carried")
-    assert finding.fix.startswith("`h = h.detach()`")
-
-
-def test_lstm_tuple_hidden_names_the_state_fed_back_in_the_loop(at: Callable[[object, str], str]) -> None:
-    with pytest.raises(RuntimeError), watch() as gw:  # the optimizer step changes a saved weight
-        lstm_tuple_hidden(detach=False)
-    finding = next(f for f in gw.findings if f.kind == "graph-carried-across-steps")
-    assert finding.evidence["carrier"] == "hidden"
-    assert finding.evidence["carrier_where"] == at(lstm_tuple_hidden, "lstm-call")
-    assert finding.fix.startswith("`hidden = repackage_hidden(hidden)`")
-    assert "output" not in finding.fix
-
-
-def test_module_attribute_target_is_named_as_the_attribute(at: Callable[[object, str], str]) -> None:
-    with pytest.raises(graphwatch.BackwardTwiceError) as info, watch():
-        module_attribute_target(detach=False)
-    finding = info.value.finding
-    assert finding.evidence["carrier"] == "self.target"
-    assert finding.evidence["carrier_at"] == at(StyleLoss.__init__, "target")
-    assert finding.fix.startswith("keep a detached copy: `self.target.detach()` where it is made")
-
-
-def test_no_placeholder_when_the_carrier_has_no_name() -> None:
-    with watch() as gw:
-        cell = nn.RNNCell(3, 4)
-        states = [torch.zeros(2, 4)]
-        for _ in range(4):
-            states.append(cell(torch.randn(2, 3), states.pop()))
-            states[-1].pow(2).mean().backward(retain_graph=True)
-    texts = [str(f) for f in gw.findings]
-    assert texts and not any("`the tensor" in t for t in texts)
 
 
 def ema_teacher(iterations: int = 10, no_grad_update: bool = True) -> None:
