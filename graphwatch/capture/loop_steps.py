@@ -45,9 +45,7 @@ from __future__ import annotations
 
 import ast
 import inspect
-import linecache
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import CodeType, FrameType
 
@@ -157,6 +155,9 @@ class LoopSteps:
     def __init__(self) -> None:
         self._plans: dict[CodeType, LoopPlan | None] = {}
         self._learnt: dict[CodeType, set[int]] = {}  # lines that led to training events
+        self._learnt_lines: set[tuple[CodeType, int]] = set()
+        self._answers: dict[tuple, tuple[int, bool | None]] = {}  # call positions -> (lines learnt, answer)
+        self._user_code: dict[int, tuple[CodeType, bool]] = {}  # holds the codes, so that their ids stay theirs
         self._receivers: dict[tuple[CodeType, str], bool] = {}  # is this receiver an optimizer?
         self.in_optimizer_step = 0  # depth of optimizer.step() calls running now
         self.optimizer_seen = False
@@ -171,19 +172,44 @@ class LoopSteps:
 
     # ------------------------------------------------------------ decisions
     def ends_step(self, frame: FrameType | None, kind: str, frees_graph: bool = True) -> bool:
-        """Whether a training event of ``kind`` ("backward" or "step") that ``frame`` runs ends the step."""
-        frames = list(_user_frames(frame))
-        self._learn(frames)
+        """Whether a training event of ``kind`` ("backward" or "step") that ``frame`` runs ends the step.
+
+        The answer for one chain of user call positions is kept until a new line is learnt: after the
+        first iteration an event costs a walk up its frames and a dict lookup.
+        """
+        frames = self._user_frames(frame)
+        key = tuple((id(f.f_code), f.f_lasti) for f in frames)
         if kind == "step":
             self.optimizer_seen = True
-        answer = self._from_source(frames)
+        known = self._answers.get(key)
+        if known is not None and known[0] == len(self._learnt_lines):
+            answer = known[1]
+        else:
+            self._learn(frames)
+            answer = self._from_source(frames)
+            self._answers[key] = (len(self._learnt_lines), answer)
         if answer is None:  # no source: every optimizer step, or a freeing backward before any optimizer
             return kind == "step" or (frees_graph and not self.optimizer_seen)
         return answer
 
+    def _user_frames(self, frame: FrameType | None) -> list[FrameType]:
+        frames = []
+        while frame is not None and len(frames) < _MAX_CALLERS:
+            code = frame.f_code
+            known = self._user_code.get(id(code))  # by id: hashing a code object costs a microsecond
+            if known is None:
+                known = self._user_code[id(code)] = (code, is_user_file(code.co_filename))
+            if known[1]:
+                frames.append(frame)
+            frame = frame.f_back
+        return frames
+
     def _learn(self, frames: list[FrameType]) -> None:
         for f in frames:
-            self._learnt.setdefault(f.f_code, set()).add(f.f_lineno)
+            line = (f.f_code, f.f_lineno)
+            if line not in self._learnt_lines:
+                self._learnt_lines.add(line)
+                self._learnt.setdefault(f.f_code, set()).add(f.f_lineno)
 
     def _from_source(self, frames: list[FrameType]) -> bool | None:
         plans = [self.plan_of(f.f_code) for f in frames]
@@ -215,15 +241,6 @@ class LoopSteps:
         if key not in self._receivers:
             self._receivers[key] = _is_optimizer(_resolve(frame, receiver), receiver)
         return self._receivers[key]
-
-
-def _user_frames(frame: FrameType | None) -> Iterator[FrameType]:
-    count = 0
-    while frame is not None and count < _MAX_CALLERS:
-        if is_user_file(frame.f_code.co_filename):
-            count += 1
-            yield frame
-        frame = frame.f_back
 
 
 _UNRESOLVED = object()
