@@ -109,6 +109,22 @@ def no_optimizer(iterations: int = 6, retain: bool = False) -> None:
             p.data.add_(p.grad, alpha=-0.01)
 
 
+def optimizer_only_with_a_flag(iterations: int = 5, use_optimizer: bool = False) -> None:
+    """As in PyTorch's word-language-model example: the optimizer exists only with a command-line flag."""
+    torch.manual_seed(0)
+    model = net()
+    if use_optimizer:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(iterations):
+        model.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        if use_optimizer:
+            optimizer.step()
+        else:
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-0.01)
+
+
 def several_losses(iterations: int = 5) -> None:
     torch.manual_seed(0)
     model = net(4, 2)
@@ -216,6 +232,8 @@ def growing_list(iterations: int = 8) -> None:
         (accumulation, 3),
         (no_optimizer, 6),
         (several_losses, 5),
+        (optimizer_only_with_a_flag, 5),
+        (lambda: optimizer_only_with_a_flag(use_optimizer=True), 5),
         (grad_then_backward, 3),
         (step_function_loop, 4),
         (global_graph_before_training, 8),

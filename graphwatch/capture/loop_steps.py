@@ -244,18 +244,19 @@ class LoopSteps:
 
 
 _UNRESOLVED = object()
+_UNBOUND = object()
 
 
 def _resolve(frame: FrameType, dotted: str) -> object:
     """The object a dotted name stands for in ``frame``, read without running any user code."""
     head, *rest = dotted.split(".")
-    value = _UNRESOLVED
+    value = _UNBOUND  # a name bound nowhere now (an optimizer the script only makes with some flag)
     if head in frame.f_code.co_varnames or head in frame.f_code.co_cellvars or head in frame.f_code.co_freevars:
-        value = local_value(frame, head, _UNRESOLVED)
+        value = local_value(frame, head, _UNBOUND)
     elif head in frame.f_globals:
         value = frame.f_globals[head]
     for attr in rest:
-        if value is _UNRESOLVED:
+        if value is _UNRESOLVED or value is _UNBOUND:
             break
         try:
             value = inspect.getattr_static(value, attr)
@@ -265,6 +266,8 @@ def _resolve(frame: FrameType, dotted: str) -> object:
 
 
 def _is_optimizer(value: object, receiver: str) -> bool:
+    if value is _UNBOUND:  # cannot run as it stands; if it ever steps, the optimizer hook teaches its line
+        return False
     if value is _UNRESOLVED:  # not readable without running code: go by its name
         return "opt" in receiver.lower() or "scaler" in receiver.lower()
     if isinstance(value, torch.optim.Optimizer):
