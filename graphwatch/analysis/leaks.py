@@ -183,7 +183,8 @@ def _outer_where(trace: Trace, site_id: int) -> str:
 def _evaluation_lines(trace: Trace, kept: set[int]) -> list[str]:
     """The loop's lines whose kept graphs no backward ever freed, and no backward freed any graph of:
     forwards that only evaluate, safe to put under ``no_grad`` (a training forward never is)."""
-    trained, alive = set(), {}
+    trained: set[str] = set()
+    alive: dict[str, int] = {}
     for record in trace.saved.values():
         if record.site is None:
             continue

@@ -65,7 +65,7 @@ def name_carrier(recorder: Recorder, start: FrameType | None, carrier: NodeRecor
     for frame in list(user_frames(start))[:8]:
         carried = _loop_carried(frame)
         for name, value, tensor in _named_tensors(frame):
-            node = tensor.grad_fn
+            node: Any = tensor.grad_fn  # _named_tensors yields only tensors with a grad_fn
             tag = node.metadata.get(METADATA_KEY)
             same = tag is not None and tag.record is not None and tag.record.id == carrier.id
             renewed = (
@@ -85,7 +85,8 @@ def _reaches_trained(tensor: torch.Tensor, recorder: Recorder, limit: int = 10_0
     """Whether the tensor's graph reaches a parameter an optimizer updates (any leaf that requires grad,
     before any optimizer has stepped)."""
     trained = recorder.optimized_parameters()
-    stack, seen = [tensor.grad_fn], set()
+    stack: list[Any] = [tensor.grad_fn]
+    seen: set[Any] = set()
     while stack and len(seen) < limit:
         node = stack.pop()
         if node is None or node in seen:
@@ -107,7 +108,7 @@ def frontier(roots: list[Any], step: int) -> list[tuple[int, int]]:
     queue = [(root, None) for root in roots if root is not None]
     seen: set[int] = set()
     while queue:
-        next_queue = []
+        next_queue: list[tuple[Any, Any]] = []
         for node, parent in queue:
             tag = node.metadata.get(METADATA_KEY)
             record = None if tag is None else tag.record
@@ -203,7 +204,9 @@ def _assignment_line(frame: FrameType, name: str) -> int | None:
         return None
     lines = [line for line, _ in assignments(node, name.split("[")[0])]
     here = frame.f_lineno
-    loops = [n for n in ast.walk(node) if isinstance(n, (ast.For, ast.While)) and n.lineno <= here <= (n.end_lineno or 0)]
+    loops = [
+        n for n in ast.walk(node) if isinstance(n, (ast.For, ast.While)) and n.lineno <= here <= (n.end_lineno or 0)
+    ]
     in_loop = [n for n in lines if any(loop.lineno <= n <= (loop.end_lineno or 0) for loop in loops)]
     before = [n for n in lines if n <= here]
     return max(in_loop) if in_loop else (max(before) if before else None)

@@ -141,7 +141,9 @@ def _attribute_site(recorder: Recorder, frame: FrameType, name: str) -> int | No
             break
         for function in vars(cls).values():
             code = getattr(function, "__code__", None)
-            found = _assignment(code, f"self.{attr}") if isinstance(code, CodeType) else None
+            if not isinstance(code, CodeType):
+                continue
+            found = _assignment(code, f"self.{attr}")
             if found is not None and (best is None or found[1] > best[0]):
                 best = (found[1], found[0], code)
     return None if best is None else recorder.sites.from_code(best[2], best[1])

@@ -193,7 +193,7 @@ class LoopSteps:
         return answer
 
     def _user_frames(self, frame: FrameType | None) -> list[FrameType]:
-        frames = []
+        frames: list[FrameType] = []
         while frame is not None and len(frames) < _MAX_CALLERS:
             code = frame.f_code
             known = self._user_code.get(id(code))  # by id: hashing a code object costs a microsecond

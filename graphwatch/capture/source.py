@@ -73,7 +73,9 @@ def assignments(node: ast.AST, name: str) -> Iterator[tuple[int, bool]]:
     ``name = ...`` (also as one target of a tuple), ``name += ...``, ``name.append(...)``/``extend``."""
     for statement in ast.walk(node):
         if isinstance(statement, (ast.Assign, ast.AnnAssign)):
-            targets = list(statement.targets) if isinstance(statement, ast.Assign) else [statement.target]
+            targets: list[ast.expr] = (
+                list(statement.targets) if isinstance(statement, ast.Assign) else [statement.target]
+            )
             if any(dotted_name(t) == name for t in _flat(targets)):
                 yield statement.lineno, False
         elif isinstance(statement, ast.AugAssign) and dotted_name(statement.target) == name:
