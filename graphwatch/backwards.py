@@ -23,14 +23,20 @@ from __future__ import annotations
 
 import sys
 import warnings
+import weakref
 from array import array
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+import torch
+
 from .analysis import FindingLog, explain_backward_twice
+from .analysis.explain import handed_off
 from .capture import Recorder, frontier, path_to, quick_walk, root_records, walk
-from .capture.carriers import name_carrier
+from .capture.carriers import find_carrier, name_carrier, reaches
 from .capture.optimizer import GradResetTracker
+from .capture.step_clock import next_sequence_nr
 from .errors import BackwardTwiceError
 from .model import BackwardRecord, NodeRecord, Snapshot, StepRecord
 from .rendering.dot import snapshot_dot
@@ -56,12 +62,26 @@ class BackwardWatch:
         self._max_snapshots = max_snapshots
         self._first_drawn = False  # the "first backward" snapshot was tried (drawn or not)
         self.retained: list[tuple[BackwardRecord, set[int]]] = []  # with the node records each reached
-        self.optimizer_steps = 0  # optimizer.step() calls so far
-        self._optimizer_steps_before = array("q")  # per backward id: optimizer steps before it started
+        self._started_at = array("q")  # per backward id: the node sequence number when it started
+        # the last optimizer steps: (backwards started before it, the optimizer), to tell who trains what
+        self._recent_steps: deque[tuple[int, weakref.ref]] = deque(maxlen=32)
+
+    def optimizer_stepped(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.step()`` ran (after the backwards recorded so far)."""
+        self._recent_steps.append((len(self._started_at), weakref.ref(optimizer)))
+
+    def _optimizers_between(self, first: int, last: int) -> list[torch.optim.Optimizer]:
+        """The optimizers that stepped after backward ``first`` started and before backward ``last`` did."""
+        found = []
+        for started, ref in self._recent_steps:
+            optimizer = ref()
+            if first < started <= last and optimizer is not None and optimizer not in found:
+                found.append(optimizer)
+        return found
 
     def started(self, record: BackwardRecord) -> None:
         """A backward starts (its record is the next in the trace)."""
-        self._optimizer_steps_before.append(self.optimizer_steps)
+        self._started_at.append(next_sequence_nr())
 
     def walk_before(self, record: BackwardRecord, roots: list[Any], accumulate: bool) -> list[NodeRecord]:
         """Tag and count the graph the backward is about to run; return the nodes already freed."""
@@ -116,9 +136,20 @@ class BackwardWatch:
         trace = self._recorder.trace
         stale = freed[0] if freed else None  # the light level records no saved tensors: no stale node
         path = path_to(roots, stale) if stale is not None else []
-        before = self._optimizer_steps_before
-        stepped = stale is not None and stale.freed_by is not None and before[stale.freed_by] < before[record.id]
-        finding = explain_backward_twice(trace, record, stale, path, optimizer_between=stepped)
+        freeing = stale.freed_by if stale is not None else None
+        between = self._optimizers_between(freeing, record.id) if freeing is not None else []
+        handoff, detach_in_failing = None, False
+        if between and freeing is not None:
+            carrier, used = handed_off(path, self._started_at[freeing])
+            if carrier is not None and used is not None:
+                handoff = (carrier, used)
+                found = find_carrier(self._recorder, sys._getframe(2), carrier)
+                if found is not None:
+                    named, tensor = found
+                    carrier.carried_as, carrier.carried_at = named.name, named.frame_site
+                    # the optimizer between them trains what made it: the failing backward must not reach it
+                    detach_in_failing = reaches(tensor, self._recorder.optimized_parameters(between))
+        finding = explain_backward_twice(trace, record, stale, path, handoff, detach_in_failing)
         self._log.add(finding)
         self._recorder.keep_detail(record.step)
         self.snapshot(record.step, roots, "backward through a freed graph", force=True)

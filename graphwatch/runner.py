@@ -345,7 +345,7 @@ def run_script(
                     stack.enter_context(redirect_stdout(buffer))
                     stack.enter_context(redirect_stderr(buffer))
                 stack.enter_context(guard.armed() if guard is not None else nullcontext())
-                runpy.run_path(str(path), run_name="__main__")
+                session.script_globals = runpy.run_path(str(path), run_name="__main__")
         except SystemExit as exc:
             run.exit_code = exit_code_of(exc, stderr=buffer if capture_output else None)
             caught = exc if run.exit_code else None  # sys.exit(0) is a normal end

@@ -143,6 +143,7 @@ class Session:
         self._entered_at = ""
         self._finished = False
         self._pid = os.getpid()  # a forked child that leaves the session writes and prints nothing
+        self.script_globals: dict | None = None  # a finished script's globals (graphwatch run), searched last
 
     # ---------------------------------------------------------------- public
     @property
@@ -221,7 +222,7 @@ class Session:
                 self.trace.ended_early = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
             found = len(self.findings)
             try:
-                self._finish_steps()
+                self._finish_steps(sys._getframe(1))
             except GraphLeakError as error:
                 leak = error  # raised below, unless the user's own exception is propagating
             if exc_type is not None:  # a step cut short: the graphs it still holds are not kept-alive leaks
@@ -266,13 +267,14 @@ class Session:
             if _active is self:
                 _active = None
 
-    def _finish_steps(self) -> None:
+    def _finish_steps(self, frame: Any) -> None:
+        """End the last step; its holders are searched in ``frame`` (the ``with`` block's) and the script."""
         recorder = self._recorder
         current = recorder.current
         if recorder.boundary_pending:
-            self._end_step(recorder.pending_source, None)
+            self._end_step(recorder.pending_source, frame, final=True)
         elif current.saved_packed or current.backwards or not self.trace.steps:
-            self._end_step("session-end", None)
+            self._end_step("session-end", frame, final=True)
 
     def _finalize(self, raise_leaks: bool = False, failing: bool = False) -> None:
         """Close the trace, add session findings, write ``out`` and print the summary.
@@ -314,14 +316,15 @@ class Session:
     def _pending_boundary(self, source: str) -> None:
         self._end_step(source, sys._getframe(3))
 
-    def _end_step(self, source: str, frame: Any) -> StepRecord:
+    def _end_step(self, source: str, frame: Any, final: bool = False) -> StepRecord:
         recorder = self._recorder
         current = recorder.current
         if self._backwards.retained:
             self._backwards.settle_retained(current)
-        if frame is not None and self.level != "light":
-            census = recorder.step & (recorder.step - 1) == 0  # steps 0, 1, 2, 4, 8, ...: see HolderSearch
-            current.holders = self._holder_search.at_step_end(recorder, frame, census)
+        if (frame is not None or final) and self.level != "light":
+            census = final or recorder.step & (recorder.step - 1) == 0  # steps 0, 1, 2, 4, 8, ...: HolderSearch
+            script, self.script_globals = (self.script_globals, None) if final else (None, self.script_globals)
+            current.holders = self._holder_search.at_step_end(recorder, frame, census, script)
         record = recorder.end_step(source)
         if self.level == "light":  # no walks and no saved tensors: nothing a step detector starts from
             return record
@@ -356,7 +359,7 @@ class Session:
         recorder = self._recorder
         recorder.current.optimizer_steps += 1
         recorder.optimizer_stepped(optimizer, recorder.current.optimizer_site)  # noted by the pre-step hook
-        self._backwards.optimizer_steps += 1
+        self._backwards.optimizer_stepped(optimizer)
         if not self._explicit and not loop.in_optimizer_step and loop.ends_step(sys._getframe(1), "step"):
             self._end_step("optimizer", sys._getframe(2))
 

@@ -9,6 +9,8 @@ sends such a signal again a moment later, until it lands in user code.
 
 from __future__ import annotations
 
+import dis
+import functools
 import os
 import signal
 import sys
@@ -16,8 +18,10 @@ import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
+
+from .capture.callsite import is_user_file
 
 
 class Terminated(BaseException):
@@ -187,9 +191,38 @@ class _Unswallowable:
     def _trace(self, frame: FrameType, event: str, arg: object) -> Any:
         if _is_graphwatch(frame):
             return None
-        if event in ("call", "line") and _interrupts_user_code(frame) and not isinstance(sys.exc_info()[1], Terminated):
+        # Raised only where nothing of the script's can catch it: a trace function that raises is switched
+        # off by Python, so a raise that a bare ``except:`` swallowed would leave the script running.
+        if event == "line" and not isinstance(sys.exc_info()[1], Terminated) and _uncaught_here(frame):
             raise Terminated("received SIGTERM")
         return self._trace
+
+
+def _uncaught_here(frame: FrameType | None) -> bool:
+    """True when no frame of the script's (user code: not torch's, graphwatch's or the standard library's),
+    from ``frame`` out to graphwatch's runner, is inside a ``try`` (or ``with``) block at its current
+    instruction (Python 3.11+: the code's exception table says so)."""
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if filename in _OUTER_FILES:
+            return True
+        if filename.startswith(_PACKAGE_DIR):
+            return False
+        if is_user_file(frame.f_code.co_filename) and _in_handled_block(frame.f_code, frame.f_lasti):
+            return False
+        frame = frame.f_back
+    return True
+
+
+@functools.lru_cache(maxsize=512)
+def _handled_ranges(code: CodeType) -> tuple[tuple[int, int], ...]:
+    if not hasattr(code, "co_exceptiontable"):  # Python 3.10: blocks are not in a table
+        return ()
+    return tuple((entry.start, entry.end) for entry in dis.Bytecode(code).exception_entries)
+
+
+def _in_handled_block(code: CodeType, offset: int) -> bool:
+    return any(start <= offset < end for start, end in _handled_ranges(code))
 
 
 def _is_graphwatch(frame: FrameType) -> bool:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from collections.abc import Callable
 
 import torch
@@ -67,3 +72,57 @@ def test_a_global_list_under_the_step_decorator_is_cited_at_the_append_once(at: 
     assert kept[0].evidence["holder"] == "HISTORY"
     assert kept[0].evidence["sites"][0] == at(decorated_step, "history")
     assert "no_grad" in kept[0].fix  # the appended forward is never backwarded
+
+
+SHORT_RUN = """\
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+history = []
+for _ in range(3):
+    opt.zero_grad()
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward()
+    opt.step()
+    history.append(loss)
+probe = model(torch.randn(2, 4)).sum()  # work after the loop: the session's last step
+"""
+
+
+def _assert_named_at_the_append(findings: list[graphwatch.Finding], where: str) -> None:
+    kept = [f for f in findings if f.kind == "graph-kept-alive"]
+    assert len(kept) == 1, [str(f) for f in findings]
+    assert kept[0].evidence["holder"] == "history" and kept[0].evidence["sites"][0] == where
+
+
+def test_a_leak_first_seen_when_a_with_block_ends_is_named(at: Callable[[object, str], str]) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    history = []
+    with graphwatch.watch(summary=False, snapshots="off") as gw:
+        for _ in range(3):
+            opt.zero_grad()
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            history.append(loss)  # at: history
+        model(torch.randn(2, 4)).sum()  # work after the loop: the session's last step
+    where = at(test_a_leak_first_seen_when_a_with_block_ends_is_named, "history")
+    _assert_named_at_the_append(gw.findings, where)
+    assert [f.step for f in gw.findings if f.kind == "graph-kept-alive"] == [3]  # found as the session ended
+
+
+def test_a_leak_first_seen_when_the_script_ends_is_named_at_its_line(tmp_path: Path) -> None:
+    script = tmp_path / "short_run.py"
+    script.write_text(SHORT_RUN)
+    env = dict(os.environ, PYTHONPATH=str(Path(graphwatch.__file__).parent.parent))
+    done = subprocess.run(
+        [sys.executable, "-m", "graphwatch", "run", "--out", "out", script.name],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    _assert_named_at_the_append(graphwatch.load(tmp_path / "out" / "trace.json").findings, "short_run.py:13")

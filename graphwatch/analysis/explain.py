@@ -23,12 +23,13 @@ from __future__ import annotations
 from ..model import BackwardRecord, Finding, NodeRecord, Trace
 from .evidence import (
     backward_name,
+    carried_pattern,
+    carrier_fix,
     carrier_line,
     describe,
     describe_site,
-    carried_pattern,
-    carrier_fix,
     same_line,
+    site_chain,
     step_name,
 )
 
@@ -70,10 +71,11 @@ def _crossing(
     return path[index], path[index - 1]
 
 
-def _handed_off(path: list[NodeRecord], backward: BackwardRecord) -> tuple[NodeRecord | None, NodeRecord | None]:
-    """(the first node on the path an earlier backward freed, the newer node that uses it), or (None, None)."""
-    index = next((i for i, node in enumerate(path) if node.freed_by not in (None, backward.id)), None)
-    if not index:  # None: nothing freed on the path; 0: the root itself was backwarded
+def handed_off(path: list[NodeRecord], before_seq: int) -> tuple[NodeRecord | None, NodeRecord | None]:
+    """(the first node on the path made before sequence number ``before_seq`` — when the freeing backward
+    started —, the newer node that uses it), or (None, None): the tensor handed from one loss to the other."""
+    index = next((i for i, node in enumerate(path) if node.seq < before_seq), None)
+    if not index:  # None: the whole path is newer; 0: the root itself was backwarded
         return None, None
     return path[index], path[index - 1]
 
@@ -118,9 +120,9 @@ def _fixes(pattern: str, names: dict[str, str]) -> list[str]:
             not_retain,
         ],
         "handoff": [
-            "if the backward at {freeing_where} should not reach what made {carrier_text} (a GAN's discriminator "
-            "step), detach it in that loss: `{carrier}.detach()` where the loss of that backward uses it (as in "
-            "`D({carrier}.detach())`)",
+            "the backward at {detach_where} should not reach what made {carrier_text} (a GAN's discriminator "
+            "step): detach it in that loss, `{carrier}.detach()` where the loss of that backward uses it (as in "
+            "`D({carrier}.detach())`, at {used_outer})",
             "if both backwards need that graph, " + retain_earlier,
             "or recompute {carrier_text} before the backward at {backward_where}",
         ],
@@ -151,13 +153,16 @@ def explain_backward_twice(
     backward: BackwardRecord,
     stale: NodeRecord | None,
     path: list[NodeRecord],
-    optimizer_between: bool = False,
+    handoff: tuple[NodeRecord, NodeRecord] | None = None,
+    detach_in_failing: bool = False,
 ) -> Finding:
     """The finding for a failed backward; its ``message`` is what the error says after torch's text.
 
-    ``optimizer_between``: an ``optimizer.step()`` ran between the backward that freed ``stale`` and this
-    one.  Two backwards on different lines with an optimizer step between them, one handing a tensor's
-    graph to the other (a GAN's D and G losses sharing ``fake``), are a handoff, in one step or across two.
+    ``handoff``: (the tensor's node, the node using it) when an ``optimizer.step()`` ran between the backward
+    that freed ``stale`` and this one, and the graph was handed from one to the other through that tensor
+    (a GAN's D and G losses sharing ``fake``), in one step or across two; see :func:`handed_off`.
+    ``detach_in_failing``: the optimizer that stepped between them trains what made the shared tensor (G's
+    step came first): the failing backward's loss is the one to detach it in, not the freeing one's.
     """
     where = trace.where(backward.site)
     if stale is None:
@@ -174,16 +179,19 @@ def explain_backward_twice(
         )
     freeing = trace.backwards[stale.freed_by] if stale.freed_by is not None else None
     carrier, used = _crossing(path, stale, backward)
-    handoff = optimizer_between and freeing is not None and not same_line(trace, freeing.site, backward.site)
-    if handoff and carrier is None:
-        carrier, used = _handed_off(path, backward)
-    pattern = _pattern(trace, backward, freeing, carrier, handoff and carrier is not None)
+    handed = handoff is not None and freeing is not None and not same_line(trace, freeing.site, backward.site)
+    if handed and carrier is None and handoff is not None:
+        carrier, used = handoff
+    pattern = _pattern(trace, backward, freeing, carrier, handed and carrier is not None)
     carrier_site, carrier_name = carrier_line(trace, carrier) if carrier else (None, None)
     used_site = trace.site(used.site) if used is not None else None
+    used_chain = site_chain(trace, used.site) if used is not None else []
+    used_outer = used_chain[-1] if used_chain else None  # the loop's line that feeds the tensor in
     names = {
         "step": step_name(path[0].step if path and carrier is None else backward.step),
         "backward_where": where,
         "freeing_where": trace.where(freeing.site) if freeing else "the earlier backward",
+        "detach_where": where if detach_in_failing or not freeing else trace.where(freeing.site),
         "first": backward_name(trace, freeing, "loss_a") if freeing else "loss_a",
         "second": backward_name(trace, backward, "loss_b"),
         "carrier": carrier_name or "the tensor",
@@ -193,6 +201,7 @@ def explain_backward_twice(
         "carrier_where": carrier_site.where if carrier_site else "the line that makes it",
         "carrier_step": step_name(carrier.step) if carrier else "",
         "used_where": used_site.where if used_site else where,
+        "used_outer": used_outer.where if used_outer else where,
         "used": f" (it is used at {describe(used_site)})" if used_site and used_site is not carrier_site else "",
     }
     freed = (
@@ -213,7 +222,7 @@ def explain_backward_twice(
     ]
     sites = [where, trace.where(stale.site)]
     sites += [w for w in (names["freeing_where"] if freeing else None, carrier_site and carrier_site.where) if w]
-    sites += [used_site.where] if used_site else []
+    sites += [s.where for s in (used_site, used_outer) if s is not None]
     evidence = {
         "key": f"{where} -> {trace.where(stale.site)}",
         "sites": list(dict.fromkeys(sites)),

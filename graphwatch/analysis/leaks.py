@@ -25,6 +25,7 @@ from .evidence import (
     describe,
     describe_site,
     human_bytes,
+    site_chain,
     steps_text,
 )
 from .findings import make_finding, renderer
@@ -172,12 +173,11 @@ def _backwarded_names(trace: Trace, step: StepRecord) -> set[str]:
     return {backward_name(trace, bw, "") for bw in backwards_of(trace, step)} - {""}
 
 
-def _outer_where(trace: Trace, site_id: int) -> str:
-    """``file:line`` of the outermost user frame a site knows: the loop's call of a module, not its forward."""
-    site = trace.sites[site_id]
-    while site.caller is not None:
-        site = trace.sites[site.caller]
-    return site.where
+def _loop_where(trace: Trace, site_id: int, loops: set[tuple[str, str]]) -> str:
+    """``file:line`` of the site's frame in a function that runs backwards (the loop's call of a module, not
+    the module's forward), else of the site itself."""
+    chain = site_chain(trace, site_id)
+    return next((s.where for s in chain if (s.file, s.function) in loops), chain[0].where)
 
 
 def _evaluation_lines(trace: Trace, kept: set[int]) -> list[str]:
@@ -185,10 +185,11 @@ def _evaluation_lines(trace: Trace, kept: set[int]) -> list[str]:
     forwards that only evaluate, safe to put under ``no_grad`` (a training forward never is)."""
     trained: set[str] = set()
     alive: dict[str, int] = {}
+    loops = {(s.file, s.function) for b in trace.backwards[-64:] if (s := trace.site(b.site)) is not None}
     for record in trace.saved.values():
         if record.site is None:
             continue
-        where = _outer_where(trace, record.site)
+        where = _loop_where(trace, record.site, loops)
         if record.freed_by is not None:
             trained.add(where)
         elif record.alive and record.step in kept:

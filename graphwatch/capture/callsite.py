@@ -87,6 +87,10 @@ class SiteTable:
         """The site id of ``line`` in ``code``'s function, with no caller (a line not running now)."""
         return self._intern(((code, line),))
 
+    def from_file(self, filename: str, line: int) -> int:
+        """The site id of ``line`` of a module's own code (a script that has finished running)."""
+        return self.from_code(compile("", filename, "exec"), line)
+
     def _user_frame(self, frame: FrameType | None) -> FrameType | None:
         """The first user frame from ``frame`` outwards (the hot loop: a few attribute reads per frame)."""
         while frame is not None:

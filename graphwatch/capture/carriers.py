@@ -62,6 +62,14 @@ class CarrierName:
 
 def name_carrier(recorder: Recorder, start: FrameType | None, carrier: NodeRecord) -> CarrierName | None:
     """How the user's frames from ``start`` outwards name the value that carried ``carrier`` (None: unknown)."""
+    found = find_carrier(recorder, start, carrier)
+    return None if found is None else found[0]
+
+
+def find_carrier(
+    recorder: Recorder, start: FrameType | None, carrier: NodeRecord
+) -> tuple[CarrierName, torch.Tensor] | None:
+    """:func:`name_carrier`, with the tensor found."""
     for frame in list(user_frames(start))[:8]:
         carried = _loop_carried(frame)
         for name, value, tensor in _named_tensors(frame):
@@ -77,14 +85,20 @@ def name_carrier(recorder: Recorder, start: FrameType | None, carrier: NodeRecor
                 line = _assignment_line(frame, name)
                 site = recorder.sites.from_frame(frame, line) if line is not None else None
                 kind = "recurrent" if not same else ("cached" if _reaches_trained(tensor, recorder) else "constant")
-                return CarrierName(name, line, site, detach_statement(name, value, frame.f_globals), kind)
+                return CarrierName(name, line, site, detach_statement(name, value, frame.f_globals), kind), tensor
     return None
 
 
-def _reaches_trained(tensor: torch.Tensor, recorder: Recorder, limit: int = 10_000) -> bool:
+def _reaches_trained(tensor: torch.Tensor, recorder: Recorder) -> bool:
     """Whether the tensor's graph reaches a parameter an optimizer updates (any leaf that requires grad,
     before any optimizer has stepped)."""
-    trained = recorder.optimized_parameters()
+    return reaches(tensor, recorder.optimized_parameters())
+
+
+def reaches(tensor: torch.Tensor, parameters: set[int], limit: int = 10_000) -> bool:
+    """Whether the tensor's graph reaches a leaf whose ``id()`` is in ``parameters`` (empty: any leaf that
+    requires grad)."""
+    trained = parameters
     stack: list[Any] = [tensor.grad_fn]
     seen: set[Any] = set()
     while stack and len(seen) < limit:

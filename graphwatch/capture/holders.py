@@ -21,10 +21,10 @@ Example::
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 import inspect
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +33,7 @@ import torch
 from ..model import Holder
 from .callsite import is_user_file
 from .graph_walk import walk
-from .source import assignments, function_node
+from .source import assignments, function_node, module_node
 
 if TYPE_CHECKING:
     from .recorder import Recorder
@@ -164,7 +164,9 @@ class HolderSearch:
         self._holders: list[Holder] = []
         self._searched: set[int] = set()  # the earlier steps alive at the last search
 
-    def at_step_end(self, recorder: Recorder, start: FrameType | None, census: bool = False) -> list[Holder]:
+    def at_step_end(
+        self, recorder: Recorder, start: FrameType | None, census: bool = False, script: dict | None = None
+    ) -> list[Holder]:
         """The holders of the graphs of the earlier steps alive (searched now, or kept from the last search).
 
         ``census``: search whatever is alive, walking every graph the frames reach; that also counts the
@@ -172,7 +174,7 @@ class HolderSearch:
         """
         alive = recorder.earlier_steps_alive()
         if census:
-            self._holders = find_holders(recorder, start)
+            self._holders = find_holders(recorder, start, script)
             self._searched = recorder.earlier_steps_alive()
             return list(self._holders)
         if alive == self._searched:
@@ -188,31 +190,46 @@ class HolderSearch:
         return list(self._holders)
 
 
-def find_holders(recorder: Recorder, start: FrameType | None) -> list[Holder]:
-    """Holders of earlier-step graphs among the values user frames can reach."""
+def find_holders(recorder: Recorder, start: FrameType | None, script: dict | None = None) -> list[Holder]:
+    """Holders of earlier-step graphs among the values user frames can reach (and a finished script's
+    globals, ``script``, which ``graphwatch run`` hands over when the session ends)."""
     holders: list[Holder] = []
     seen: set[int] = set()
-    step = recorder.step
     for frame in user_frames(start):
         scope = f"{recorder.sites.sites[recorder.sites.from_frame(frame)].where} in {frame.f_code.co_name}"
-        for name, tensor in tensors_in_frame(frame):
-            if id(tensor) in seen:
-                continue
-            seen.add(id(tensor))
-            result = walk(recorder, [tensor.grad_fn])
-            earlier = sorted(s for s in result.earlier_steps if s < step)
-            if not earlier:
-                continue
-            holders.append(
-                Holder(
-                    name=name,
-                    site=_making_site(recorder, frame, name),
-                    scope=scope,
-                    steps=earlier,
-                    nodes=result.earlier_nodes_reached,
-                )
-            )
+        found = _holders_among(recorder, tensors_in_frame(frame), seen, scope)
+        holders += [replace(h, site=_making_site(recorder, frame, h.name)) for h in found]
+    if script is not None and isinstance(script.get("__file__"), str):
+        names = [(name, value) for name, value in list(script.items()) if not name.startswith("__")]
+        pairs = [pair for name, value in names for pair in _tensors_in(name, value)]
+        for holder in _holders_among(recorder, pairs, seen, f"{script['__file__']} (its globals)"):
+            line = _script_line(script["__file__"], holder.name)
+            site = recorder.sites.from_file(script["__file__"], line) if line is not None else None
+            holders.append(replace(holder, site=site))
     return holders
+
+
+def _holders_among(
+    recorder: Recorder, pairs: Iterable[tuple[str, torch.Tensor]], seen: set[int], scope: str
+) -> list[Holder]:
+    """Holders (with no site yet) among ``pairs`` of names and tensors, each tensor walked once."""
+    step = recorder.step
+    holders = []
+    for name, tensor in pairs:
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        result = walk(recorder, [tensor.grad_fn])
+        earlier = sorted(s for s in result.earlier_steps if s < step)
+        if earlier:
+            holders.append(Holder(name, None, scope, earlier, result.earlier_nodes_reached))
+    return holders
+
+
+def _script_line(filename: str, name: str) -> int | None:
+    node = module_node(filename)
+    found = sorted(assignments(node, name.split("[")[0]), key=lambda pair: (pair[1], pair[0])) if node else []
+    return found[-1][0] if found else None
 
 
 def _making_site(recorder: Recorder, frame: FrameType, name: str) -> int | None:

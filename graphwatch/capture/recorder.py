@@ -345,15 +345,11 @@ class Recorder:
         """``optimizer.step()`` at ``site`` just updated its parameters in place."""
         self._optimizer_steps[id(optimizer)] = (weakref.ref(optimizer), site, self.step)
 
-    def optimized_parameters(self) -> set[int]:
-        """``id()`` of every parameter of the optimizers that stepped so far."""
-        return {
-            id(p)
-            for ref, _, _ in self._optimizer_steps.values()
-            if (optimizer := ref()) is not None
-            for group in optimizer.param_groups
-            for p in group["params"]
-        }
+    def optimized_parameters(self, optimizers: list[torch.optim.Optimizer] | None = None) -> set[int]:
+        """``id()`` of every parameter of ``optimizers`` (default: of those that stepped so far)."""
+        if optimizers is None:
+            optimizers = [o for ref, _, _ in self._optimizer_steps.values() if (o := ref()) is not None]
+        return {id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]}
 
     def inplace_hint(self, handle: SavedHandle) -> str | None:
         """Why a saved parameter's version moved, when an ``optimizer.step()`` did it; else None."""

@@ -55,6 +55,11 @@ def _parse(filename: str, version: tuple[float, int] | None) -> ast.Module | Non
         return None
 
 
+def module_node(filename: str) -> ast.Module | None:
+    """The syntax tree of a whole file (None when it cannot be read)."""
+    return _source_tree(filename)
+
+
 def function_node(code: CodeType) -> ast.AST | None:
     """The AST of ``code``'s function (the module itself for module code), or None without source."""
     tree = _source_tree(code.co_filename)

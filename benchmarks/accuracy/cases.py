@@ -1,0 +1,124 @@
+"""The accuracy corpus: real third-party training scripts (run unchanged and with one-line bugs) and
+small reproductions of publicly reported cases (``repros/``, ours).
+
+Third-party code is never in this repository: each real case names the repository, commit and folder
+it comes from, and ``run.py --corpus DIR`` expects ``DIR/<owner>+<name>/<folder>`` checked out at that
+commit (``git -C DIR clone https://github.com/<owner>/<name> <owner>+<name>`` then ``git checkout``).
+
+The expected answer of each case is what a PyTorch user would call the bug, decided before running
+graphwatch: the finding kinds, and the line the finding must cite (by its text in the mutated script).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# The kinds that say something is wrong (missing-zero-grad included): a clean program has none of them.
+PROBLEM_KINDS = (
+    "backward-through-freed-graph",
+    "graph-carried-across-steps",
+    "retained-graph",
+    "graph-kept-alive",
+    "memory-growth",
+    "missing-zero-grad",
+)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a real script lives: ``folder`` of ``repo`` at ``commit``; ``script`` runs inside it."""
+
+    repo: str
+    commit: str
+    folder: str
+    script: str
+
+
+@dataclass(frozen=True)
+class Case:
+    """One program and the answer expected of graphwatch."""
+
+    name: str
+    source: Source | None  # None: the repro ``script`` in repros/
+    script: str = ""
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    # (exact line text, its replacement) pairs: the bug (one line; a second line only where users add
+    # retain_graph=True to silence the error the first one raises)
+    mutation: tuple[tuple[str, str], ...] = ()
+    expect: tuple[str, ...] = ()  # finding kinds that name the bug; () for a correct program
+    cite: str | None = None  # text of the line a finding must cite (stripped); None: any line
+    setup: str | None = None  # name of a data-making step in run.py
+
+    @property
+    def clean(self) -> bool:
+        return not self.expect
+
+
+EXAMPLES = "pytorch/examples"
+EXAMPLES_AT = "77f55b912142e11fcfdf5b530231fb9c52f181e8"
+GAN = "eriklindernoren/PyTorch-GAN"
+GAN_AT = "36d3c77e5ff20ebe0aeefd322326a134a279b93e"
+
+WLM = Source(EXAMPLES, EXAMPLES_AT, "word_language_model", "main.py")
+WLM_ARGS = ("--epochs", "1", "--emsize", "16", "--nhid", "16", "--bptt", "10", "--batch_size", "8", "--save", "m.pt")
+WLM_DATA = "data/wikitext-2"
+TSP = Source(EXAMPLES, EXAMPLES_AT, "time_sequence_prediction", "train.py")
+TSP_ENV = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "MPLBACKEND": "Agg"}  # the script predates torch 2.6
+WGAN = Source(GAN, GAN_AT, "implementations/wgan_gp", "wgan_gp.py")
+GAN_PLAIN = Source(GAN, GAN_AT, "implementations/gan", "gan.py")
+GAN_ARGS = ("--n_epochs", "1", "--batch_size", "16", "--latent_dim", "8")
+GAN_ENV = {"GW_FAKE_LEN": "192"}
+REPACKAGE = "            hidden = repackage_hidden(hidden)"
+
+REAL: list[Case] = [
+    Case("word-language-model", WLM, args=WLM_ARGS, setup="wikitext"),
+    Case("word-language-model --use-optimizer", WLM, args=(*WLM_ARGS, "--use-optimizer"), setup="wikitext"),
+    Case(
+        "word-language-model, hidden not repackaged",
+        WLM, args=WLM_ARGS, setup="wikitext",
+        mutation=((REPACKAGE, "            pass"),),
+        expect=("backward-through-freed-graph", "graph-carried-across-steps"),
+        cite="output, hidden = model(data, hidden)",
+    ),
+    Case(
+        "word-language-model, not repackaged + retain_graph",
+        WLM, args=WLM_ARGS, setup="wikitext",
+        mutation=((REPACKAGE, "            pass"), ("        loss.backward()", "        loss.backward(retain_graph=True)")),
+        expect=("graph-carried-across-steps",),
+        cite="output, hidden = model(data, hidden)",
+    ),
+    Case(
+        "word-language-model, total_loss += loss",
+        WLM, args=WLM_ARGS, setup="wikitext",
+        mutation=(("        total_loss += loss.item()", "        total_loss += loss"),),
+        expect=("graph-kept-alive",),
+        cite="total_loss += loss",
+    ),
+    Case("time-sequence-prediction (LBFGS closure)", TSP, args=("--steps", "3"), env=TSP_ENV, setup="sine"),
+    Case(
+        "time-sequence-prediction, loss = optimizer.step(closure)",
+        TSP, args=("--steps", "3"), env=TSP_ENV, setup="sine",
+        mutation=(("        optimizer.step(closure)", "        loss = optimizer.step(closure)"),),
+    ),
+    Case("wgan-gp (n_critic = 5)", WGAN, args=GAN_ARGS, env=GAN_ENV),
+    Case(
+        "wgan-gp, g_loss appended to a list",
+        WGAN, args=GAN_ARGS, env=GAN_ENV,
+        mutation=(("            g_loss.backward()", "            g_loss.backward(); batches_done_losses.append(g_loss)"),
+                  ("batches_done = 0", "batches_done = 0; batches_done_losses = []")),
+        expect=("graph-kept-alive",),
+        cite="g_loss.backward(); batches_done_losses.append(g_loss)",
+    ),
+    Case("gan (two optimizers)", GAN_PLAIN, args=GAN_ARGS, env=GAN_ENV),
+    Case(
+        "gan, fake not detached for D",
+        GAN_PLAIN, args=GAN_ARGS, env=GAN_ENV,
+        mutation=((
+            "        fake_loss = adversarial_loss(discriminator(gen_imgs.detach()), fake)",
+            "        fake_loss = adversarial_loss(discriminator(gen_imgs), fake)",
+        ),),
+        expect=("backward-through-freed-graph",),  # G's backward freed the generator's graph first
+        cite="fake_loss = adversarial_loss(discriminator(gen_imgs), fake)",
+    ),
+]
