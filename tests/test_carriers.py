@@ -173,3 +173,33 @@ def test_no_placeholder_when_the_carrier_has_no_name() -> None:
             states[-1].pow(2).mean().backward(retain_graph=True)
     texts = [str(f) for f in gw.findings]
     assert texts and not any("`the tensor" in t for t in texts)
+
+
+def generator_first_gan(detach: bool = True) -> None:
+    """PyTorch-GAN's order: G's step first, then D's on the same generated images."""
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2), nn.Tanh())
+    D = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    opt_g, opt_d = torch.optim.Adam(G.parameters()), torch.optim.Adam(D.parameters())
+    bce = nn.BCEWithLogitsLoss()
+    for _ in range(3):
+        opt_g.zero_grad()
+        gen_imgs = G(torch.randn(8, 4))  # at: made
+        bce(D(gen_imgs), torch.ones(8, 1)).backward()
+        opt_g.step()
+        opt_d.zero_grad()
+        fake_loss = bce(D(gen_imgs.detach() if detach else gen_imgs), torch.zeros(8, 1))  # at: fed
+        fake_loss.backward()  # at: d-backward
+        opt_d.step()
+
+
+def test_generator_first_gan_detaches_in_the_discriminators_loss(at: Callable[[object, str], str]) -> None:
+    with pytest.raises(graphwatch.BackwardTwiceError) as info, watch():
+        generator_first_gan(detach=False)
+    finding = info.value.finding
+    assert finding.evidence["pattern"] == "handoff" and finding.evidence["carrier"] == "gen_imgs"
+    assert finding.fix.startswith(f"the backward at {at(generator_first_gan, 'd-backward')} should not reach")
+    assert f"at {at(generator_first_gan, 'fed')})" in finding.fix
+    with watch() as gw:
+        generator_first_gan(detach=True)
+    assert gw.findings == []

@@ -9,8 +9,8 @@ Each case runs in a fresh temporary folder as ``python -m graphwatch run --out O
 level), with ``shims/`` on the path (a stand-in torchvision: no CPU wheel exists here, and nothing can be
 downloaded).  A real case copies its folder from the corpus and applies its one-line mutation; a
 reproduction is a script of ``repros/`` whose docstring says ``EXPECT: silent`` or ``EXPECT: kind[, kind]``,
-whose ``# HERE`` comment marks the line a finding must cite, and whose ``FIX: old => new`` applies the fix
-graphwatch suggests.  The table goes to ``benchmarks/accuracy/RESULTS.md`` (``--out`` to change).
+whose ``# HERE`` comment marks the line a finding must cite, and whose ``FIX: old => new`` lines apply the
+fix graphwatch suggests (``\\n`` in ``new`` starts a new line).  The table goes to ``benchmarks/accuracy/RESULTS.md`` (``--out`` to change).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def repro_cases() -> list[Case]:
             raise SystemExit(f"{path}: no 'EXPECT:' line in its docstring")
         kinds = tuple(k.strip() for k in expect.group(1).split(",") if k.strip() and k.strip() != "silent")
         marked = [line.split("#")[0].strip() for line in text.splitlines() if line.rstrip().endswith("# HERE")]
-        fix = re.search(r"FIX:\s*(.+?)\s*=>\s*(.+)", text)
+        fixes = re.findall(r"^FIX: (.+?) => (.+)$", text, flags=re.MULTILINE)
         mutation = ()
         cases.append(
             Case(
@@ -92,7 +92,7 @@ def repro_cases() -> list[Case]:
                 expect=kinds,
                 cite=marked[0] if marked else None,
                 mutation=mutation,
-                env={"GW_FIX": f"{fix.group(1)}\u0000{fix.group(2)}"} if fix else {},
+                env={"GW_FIX": "\u0001".join(f"{old}\u0000{new}" for old, new in fixes)} if fixes else {},
             )
         )
     return cases
@@ -186,12 +186,13 @@ def _try_fix(case: Case, corpus: Path | None, temp: Path) -> str:
     script = _prepare(fixed, corpus, work)
     if script is None:
         return ""
-    if fix:
-        old, new = fix.split("\u0000")
+    for pair in fix.split("\u0001") if fix else ():
+        old, new = pair.split("\u0000")
         text = script.read_text()
         if old not in text:
             return "fix not applicable"
-        script.write_text(text.replace(old, new, 1))
+        head, _, tail = text.rpartition(old)  # the code's line, not the docstring's FIX line
+        script.write_text(head + new.replace("\\n", "\n") + tail)
     code, findings, _ = _run(fixed, script, temp / "fixed-out")
     if code != 0:
         return "fails"

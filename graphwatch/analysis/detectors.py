@@ -17,9 +17,9 @@ from __future__ import annotations
 from ..model import BackwardRecord, Finding, StepRecord, Trace
 from .evidence import (
     backwards_of,
+    carried_pattern,
     carrier_fix,
     carrier_line,
-    carried_pattern,
     describe,
     describe_site,
     human_bytes,

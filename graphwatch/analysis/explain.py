@@ -20,7 +20,7 @@ Example::
 
 from __future__ import annotations
 
-from ..model import BackwardRecord, Finding, NodeRecord, Trace
+from ..model import BackwardRecord, CallSite, Finding, NodeRecord, Trace
 from .evidence import (
     backward_name,
     carried_pattern,
@@ -28,8 +28,8 @@ from .evidence import (
     carrier_line,
     describe,
     describe_site,
+    line_in,
     same_line,
-    site_chain,
     step_name,
 )
 
@@ -78,6 +78,19 @@ def handed_off(path: list[NodeRecord], before_seq: int) -> tuple[NodeRecord | No
     if not index:  # None: the whole path is newer; 0: the root itself was backwarded
         return None, None
     return path[index], path[index - 1]
+
+
+def _feeding_line(
+    trace: Trace, path: list[NodeRecord], used: NodeRecord | None, backward: BackwardRecord
+) -> CallSite | None:
+    """The loop's line that feeds the tensor in: of the nearest node from ``used`` towards the root whose line
+    was seen (not taken from a neighbour), its frame in the function that runs the failing backward."""
+    site = trace.site(backward.site)
+    if used is None or site is None:
+        return None
+    index = next((i for i, node in enumerate(path) if node is used), 0)
+    exact = next((n for n in reversed(path[: index + 1]) if not n.site_inferred and n.site is not None), used)
+    return line_in(trace, exact.site, {(site.file, site.function)}) if exact.site is not None else None
 
 
 def _fixes(pattern: str, names: dict[str, str]) -> list[str]:
@@ -185,8 +198,7 @@ def explain_backward_twice(
     pattern = _pattern(trace, backward, freeing, carrier, handed and carrier is not None)
     carrier_site, carrier_name = carrier_line(trace, carrier) if carrier else (None, None)
     used_site = trace.site(used.site) if used is not None else None
-    used_chain = site_chain(trace, used.site) if used is not None else []
-    used_outer = used_chain[-1] if used_chain else None  # the loop's line that feeds the tensor in
+    used_outer = _feeding_line(trace, path, used, backward)
     names = {
         "step": step_name(path[0].step if path and carrier is None else backward.step),
         "backward_where": where,

@@ -25,7 +25,7 @@ from .evidence import (
     describe,
     describe_site,
     human_bytes,
-    site_chain,
+    line_in,
     steps_text,
 )
 from .findings import make_finding, renderer
@@ -173,13 +173,6 @@ def _backwarded_names(trace: Trace, step: StepRecord) -> set[str]:
     return {backward_name(trace, bw, "") for bw in backwards_of(trace, step)} - {""}
 
 
-def _loop_where(trace: Trace, site_id: int, loops: set[tuple[str, str]]) -> str:
-    """``file:line`` of the site's frame in a function that runs backwards (the loop's call of a module, not
-    the module's forward), else of the site itself."""
-    chain = site_chain(trace, site_id)
-    return next((s.where for s in chain if (s.file, s.function) in loops), chain[0].where)
-
-
 def _evaluation_lines(trace: Trace, kept: set[int]) -> list[str]:
     """The loop's lines whose kept graphs no backward ever freed, and no backward freed any graph of:
     forwards that only evaluate, safe to put under ``no_grad`` (a training forward never is)."""
@@ -189,7 +182,7 @@ def _evaluation_lines(trace: Trace, kept: set[int]) -> list[str]:
     for record in trace.saved.values():
         if record.site is None:
             continue
-        where = _loop_where(trace, record.site, loops)
+        where = line_in(trace, record.site, loops).where
         if record.freed_by is not None:
             trained.add(where)
         elif record.alive and record.step in kept:

@@ -1,5 +1,8 @@
 """Reproduces: a recurrent memory carried through torch.utils.checkpoint without detach, retain_graph
-added to silence the error (issue trackers of memory-augmented models).  EXPECT: graph-carried-across-steps"""
+added to silence the error (issue trackers of memory-augmented models).  EXPECT: graph-carried-across-steps
+FIX:     out, mem = checkpoint(block, torch.randn(4, 8), mem, use_reentrant=False)  # HERE =>     mem = mem.detach()\n    out, mem = checkpoint(block, torch.randn(4, 8), mem, use_reentrant=False)
+FIX: loss.backward(retain_graph=True) => loss.backward()
+"""
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint

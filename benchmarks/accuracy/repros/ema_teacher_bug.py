@@ -1,5 +1,7 @@
 """Reproduces: mean-teacher EMA update written without torch.no_grad(): memory grows every step (issue
-trackers of semi-supervised codebases).  EXPECT: graph-kept-alive"""
+trackers of semi-supervised codebases).  EXPECT: graph-kept-alive
+FIX:         tp.mul_(0.99).add_(0.01 * sp) =>         with torch.no_grad(): tp.mul_(0.99).add_(0.01 * sp)
+"""
 import copy
 
 import torch

@@ -1,5 +1,7 @@
 """Reproduces: gradient norm logged with torch.autograd.grad before loss.backward() frees the graph
-(forum).  EXPECT: backward-through-freed-graph"""
+(forum).  EXPECT: backward-through-freed-graph
+FIX: grads = torch.autograd.grad(loss, list(model.parameters())) => grads = torch.autograd.grad(loss, list(model.parameters()), retain_graph=True)
+"""
 import torch
 from torch import nn
 

@@ -1,4 +1,6 @@
-"""Reproduces: "memory leak when appending the loss to a list for plotting" (forum).  EXPECT: graph-kept-alive"""
+"""Reproduces: "memory leak when appending the loss to a list for plotting" (forum).  EXPECT: graph-kept-alive
+FIX: history.append(loss)  # HERE => history.append(loss.item())
+"""
 import torch
 from torch import nn
 

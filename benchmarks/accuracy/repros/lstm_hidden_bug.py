@@ -1,5 +1,7 @@
 """Reproduces: "LSTM: Trying to backward through the graph a second time" (forum; hidden state (h, c) of
-nn.LSTM fed into the next batch without repackaging).  EXPECT: backward-through-freed-graph, graph-carried-across-steps"""
+nn.LSTM fed into the next batch without repackaging).  EXPECT: backward-through-freed-graph, graph-carried-across-steps
+FIX:     output, hidden = model(x, hidden)  # HERE =>     hidden = tuple(h.detach() for h in hidden)\n    output, hidden = model(x, hidden)
+"""
 import torch
 from torch import nn
 

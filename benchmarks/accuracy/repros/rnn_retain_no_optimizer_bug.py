@@ -1,5 +1,8 @@
 """Reproduces: "retain_graph=True makes training slower every iteration" (hidden state never detached,
-retain_graph added to silence the error, manual SGD, no optimizer).  EXPECT: graph-carried-across-steps"""
+retain_graph added to silence the error, manual SGD, no optimizer).  EXPECT: graph-carried-across-steps
+FIX:     h = cell(torch.randn(4, 8), h)  # HERE =>     h = h.detach()\n    h = cell(torch.randn(4, 8), h)
+FIX: loss.backward(retain_graph=True) => loss.backward()
+"""
 import torch
 from torch import nn
 

@@ -1,4 +1,6 @@
-"""Reproduces: "CUDA out of memory after some epochs: total_loss += loss" (forum FAQ).  EXPECT: graph-kept-alive"""
+"""Reproduces: "CUDA out of memory after some epochs: total_loss += loss" (forum FAQ).  EXPECT: graph-kept-alive
+FIX: total_loss += loss  # HERE => total_loss += loss.item()
+"""
 import torch
 from torch import nn
 

@@ -1,5 +1,7 @@
 """Reproduces: "GPU memory grows during validation" (evaluation without torch.no_grad(), losses kept).
-EXPECT: graph-kept-alive"""
+EXPECT: graph-kept-alive
+FIX:     val_losses.append(model(x_val).pow(2).mean())  # HERE =>     with torch.no_grad(): val_losses.append(model(x_val).pow(2).mean())
+"""
 import torch
 from torch import nn
 
