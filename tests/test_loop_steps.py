@@ -317,3 +317,25 @@ def test_ema_update_without_no_grad_counts_graphs_no_backward_walks() -> None:
     finding = next(f for f in gw.findings if f.kind == "graph-kept-alive")
     assert finding.evidence["holder"] == "teacher.parameters()"
     assert finding.fix.startswith("update `teacher`'s parameters under `with torch.no_grad():`")
+
+
+@graphwatch.step
+def retaining_step(model: nn.Module, opt: torch.optim.Optimizer) -> torch.Tensor:
+    opt.zero_grad()
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward(retain_graph=True)  # at: retained
+    opt.step()
+    return loss
+
+
+def test_a_step_function_that_retains_its_graph_is_reported(at: Callable[[object, str], str]) -> None:
+    torch.manual_seed(0)
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with watch() as gw:
+        for _ in range(4):
+            loss = retaining_step(model, opt)  # the caller keeps the loss (to log it): its graph stays
+            print(f"{loss.item():.3f}")
+    assert len(gw.trace.steps) == 4
+    finding = next(f for f in gw.findings if f.kind == "retained-graph")
+    assert finding.evidence["sites"] == [at(retaining_step, "retained")]

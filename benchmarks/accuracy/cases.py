@@ -13,15 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphwatch.analysis import FINDING_KINDS
+
 # The kinds that say something is wrong (missing-zero-grad included): a clean program has none of them.
-PROBLEM_KINDS = (
-    "backward-through-freed-graph",
-    "graph-carried-across-steps",
-    "retained-graph",
-    "graph-kept-alive",
-    "memory-growth",
-    "missing-zero-grad",
-)
+PROBLEM_KINDS = FINDING_KINDS
 
 
 @dataclass(frozen=True)
@@ -84,7 +79,10 @@ REAL: list[Case] = [
     Case(
         "word-language-model, not repackaged + retain_graph",
         WLM, args=WLM_ARGS, setup="wikitext",
-        mutation=((REPACKAGE, "            pass"), ("        loss.backward()", "        loss.backward(retain_graph=True)")),
+        mutation=(
+            (REPACKAGE, "            pass"),
+            ("        loss.backward()", "        loss.backward(retain_graph=True)"),
+        ),
         expect=("graph-carried-across-steps",),
         cite="output, hidden = model(data, hidden)",
     ),
@@ -105,8 +103,10 @@ REAL: list[Case] = [
     Case(
         "wgan-gp, g_loss appended to a list",
         WGAN, args=GAN_ARGS, env=GAN_ENV,
-        mutation=(("            g_loss.backward()", "            g_loss.backward(); batches_done_losses.append(g_loss)"),
-                  ("batches_done = 0", "batches_done = 0; batches_done_losses = []")),
+        mutation=(
+            ("            g_loss.backward()", "            g_loss.backward(); batches_done_losses.append(g_loss)"),
+            ("batches_done = 0", "batches_done = 0; batches_done_losses = []"),
+        ),
         expect=("graph-kept-alive",),
         cite="g_loss.backward(); batches_done_losses.append(g_loss)",
     ),

@@ -10,7 +10,8 @@ level), with ``shims/`` on the path (a stand-in torchvision: no CPU wheel exists
 downloaded).  A real case copies its folder from the corpus and applies its one-line mutation; a
 reproduction is a script of ``repros/`` whose docstring says ``EXPECT: silent`` or ``EXPECT: kind[, kind]``,
 whose ``# HERE`` comment marks the line a finding must cite, and whose ``FIX: old => new`` lines apply the
-fix graphwatch suggests (``\\n`` in ``new`` starts a new line).  The table goes to ``benchmarks/accuracy/RESULTS.md`` (``--out`` to change).
+fix graphwatch suggests (``\\n`` in ``new`` starts a new line).  The table goes to
+``benchmarks/accuracy/RESULTS.md`` (``--out`` to change).
 """
 
 from __future__ import annotations
@@ -208,6 +209,7 @@ def table(outcomes: list[Outcome]) -> str:
     right = sum(o.right for o in ran)
     total = sum(o.right + o.wrong for o in ran)
     fixes = [o for o in bugs if o.fix]
+    named = [o for o in bugs if o.verdict == "named"]
 
     def ratio(a: int, b: int) -> str:
         return f"{a}/{b} = {a / b:.2f}" if b else "n/a"
@@ -223,7 +225,7 @@ def table(outcomes: list[Outcome]) -> str:
         "| --- | --- |",
         f"| precision (findings of the expected kind, growth included) | {ratio(right, total)} |",
         f"| recall (bug programs with a finding of the expected kind) | {ratio(len(detected), len(bugs))} |",
-        f"| line named (of those, the expected line cited) | {ratio(sum(o.verdict == 'named' for o in bugs), len(detected))} |",
+        f"| line named (of those, the expected line cited) | {ratio(len(named), len(detected))} |",
         f"| clean programs silent | {ratio(sum(o.verdict == 'silent' for o in clean), len(clean))} |",
         f"| fix works (fixed program silent, exit 0) | {ratio(sum(o.fix == 'works' for o in fixes), len(fixes))} |",
         f"| did not run | {len(outcomes) - len(ran)} |",
@@ -251,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     for case in [*REAL, *repro_cases()]:
         if args.k in case.name:
             outcome = judge(case, corpus)
-            print(f"{outcome.verdict:15} {outcome.fix or '-':13} {case.name}: {', '.join(outcome.kinds) or '-'}", flush=True)
+            found = ", ".join(outcome.kinds) or "-"
+            print(f"{outcome.verdict:15} {outcome.fix or '-':13} {case.name}: {found}", flush=True)
             outcomes.append(outcome)
     if not args.k:
         args.out.write_text(table(outcomes))
