@@ -193,7 +193,12 @@ class _Unswallowable:
             return None
         # Raised only where nothing of the script's can catch it: a trace function that raises is switched
         # off by Python, so a raise that a bare ``except:`` swallowed would leave the script running.
-        if event == "line" and not isinstance(sys.exc_info()[1], Terminated) and _uncaught_here(frame):
+        if (
+            event == "line"
+            and not isinstance(sys.exc_info()[1], Terminated)
+            and _interrupts_user_code(frame)  # not in a finalizer (DataLoader's __del__) or a hook
+            and _uncaught_here(frame)
+        ):
             raise Terminated("received SIGTERM")
         return self._trace
 

@@ -1,5 +1,5 @@
 """Reproduces: neural style transfer, "backward through the graph a second time" when the target gram
-matrix is stored without .detach() (forum).  EXPECT: backward-through-freed-graph
+matrix is stored without .detach() (forum).  EXPECT: backward-through-freed-graph, graph-carried-across-steps
 FIX: self.target = gram_matrix(target_feature)  # HERE => self.target = gram_matrix(target_feature).detach()
 """
 import torch
