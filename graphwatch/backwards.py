@@ -102,7 +102,9 @@ class BackwardWatch:
         record.nodes_reached = result.nodes_reached
         record.earlier_nodes_reached = result.earlier_nodes_reached
         record.earlier_steps = sorted(result.earlier_steps)
-        record.crossings = result.crossings[:16] or (frontier(roots, record.step) if result.earlier_nodes_reached else [])
+        record.crossings = result.crossings[:16]
+        if not record.crossings and result.earlier_nodes_reached:  # entered through nodes no backward ran
+            record.crossings = frontier(roots, record.step)
         if record.crossings:
             self._name_carrier(record)
         record.roots = root_records(recorder, roots)
