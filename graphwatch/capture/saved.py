@@ -1,15 +1,21 @@
 """Saved-tensor hooks: see every tensor autograd saves, and the moment it is freed.
 
-The pack hook returns a :class:`SavedHandle`: a small object that holds a
-*detached alias* of the tensor (never the tensor itself: a saved output that
-refers back to itself through its ``grad_fn`` would form a cycle through C++
-that ``gc.collect()`` never frees).  Autograd owns the handle, so the handle's
+The pack hook returns a :class:`SavedHandle`, a small object that holds what
+torch itself would hold without hooks: a saved *input* (a leaf, or a tensor an
+earlier op made) is held itself, strongly, so its Python object lives exactly
+as long as the graph needs it and ``ctx.saved_tensors`` gives it back with its
+attributes (see :func:`saved_tensors`); a saved *output* of the op being
+recorded is held as a detached alias, as torch does, because the tensor itself
+refers back to its node through ``grad_fn`` and would form a cycle through C++
+that ``gc.collect()`` never frees.  Autograd owns the handle, so the handle's
 ``__del__`` runs exactly when autograd lets go of the saved tensor: when a
 backward releases the graph, or when the graph is collected.
 
 With saved-tensor hooks active torch skips its own check that a saved tensor
 was not modified in place; :func:`make_hooks` restores it by comparing the
-tensor's version counter at unpack with the one seen at pack.
+tensor's version counter at unpack with the one seen at pack.  A user's own
+per-tensor hooks (``grad_fn._raw_saved_x.register_hooks(pack, unpack)``) are
+chained inside the handle (:func:`register_user_hooks`).
 
 Example::
 
@@ -31,8 +37,9 @@ Example::
 
 from __future__ import annotations
 
-import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -42,10 +49,15 @@ if TYPE_CHECKING:
 PackHook = Callable[[torch.Tensor], Any]
 UnpackHook = Callable[[Any], torch.Tensor]
 
-# torch's own text (SavedVariable::unpack); saved-tensor hooks switch that check off, like the version check
+# torch's own texts (SavedVariable::unpack, ::set_hooks_and_pack_data); hooks switch the first check off
 DETACHED_MESSAGE = (
     "Trying to use a saved tensor that has been detached in-place, i.e. with .detach_()."
     "This is not supported, please use out-of-place `.detach()` instead"
+)
+PACK_INPLACE_MESSAGE = (
+    "A saved tensor pack hook is modifying its input in place. Tensors provided as input to pack hook can not be "
+    "modified by in-place operations as this can lead to unexpected side-effects. Please open an issue if you need "
+    "to perform in-place operations on the input to a pack hook."
 )
 _next_sequence_nr = torch._C._autograd._get_sequence_nr
 
@@ -63,15 +75,18 @@ _INPLACE_HINT = (
 class SavedHandle:
     """What autograd stores for one saved tensor while graphwatch watches.
 
-    It carries what the pack hook learnt cheaply (step, call site, kind, bytes);
-    the :class:`~graphwatch.model.SavedRecord` of the trace is built from it
-    only when needed (:meth:`Recorder.saved_record`): when a graph walk links it
-    to its node, when it outlives its step, or at once at the precise level.
+    ``alias`` is the tensor torch would keep (the input itself, or a detached
+    alias of an output; None once a user's hooks own it, or when hooks entered
+    before the session decide where it lives).  It carries what the pack hook
+    learnt cheaply (step, call site, kind, bytes); the
+    :class:`~graphwatch.model.SavedRecord` of the trace is built from it only
+    when needed (:meth:`Recorder.saved_record`): when a graph walk links it to
+    its node, when it outlives its step, or at once at the precise level.
     """
 
     __slots__ = (
-        "alias", "version", "original", "inner", "recorder", "step", "site", "kind", "storage", "nbytes",
-        "unpacks", "record", "node", "__weakref__",
+        "alias", "is_input", "leaf", "version", "inner", "user_unpack", "recorder", "step", "site", "kind",
+        "storage", "nbytes", "unpacks", "record", "node", "__weakref__",
     )  # fmt: skip
 
     def __del__(self) -> None:
@@ -82,19 +97,25 @@ class SavedHandle:
 
     def shape(self) -> tuple[int, ...]:
         """The saved tensor's shape (from its record when the alias belongs to a user's hooks)."""
-        return tuple(self.alias.shape) if self.alias is not None else (self.record.shape if self.record else ())
+        alias = self.alias
+        if alias is not None and not alias.is_nested:
+            return tuple(alias.shape)
+        return self.record.shape if self.record else ()
 
 
 def _new_handle(recorder: Recorder, tensor: torch.Tensor, leaf: bool) -> SavedHandle:
     """Note one saved tensor (the hot path: runs inside every op that saves)."""
     if recorder.boundary_pending:
         recorder.commit_boundary()
-    try:
-        untyped = tensor.untyped_storage()
-        storage = (untyped.data_ptr(), tensor.is_cuda)
-        size = untyped.nbytes()
-    except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested or storage-less tensors
+    if tensor.is_nested:  # no sizes, no single storage: NestedTensorImpl raises on both
         storage, size = None, 0
+    else:
+        try:
+            untyped = tensor.untyped_storage()
+            storage = (untyped.data_ptr(), tensor.is_cuda)
+            size = untyped.nbytes()
+        except (RuntimeError, NotImplementedError, TypeError):  # sparse or storage-less tensors
+            storage, size = None, 0
     # is_leaf, not grad_fn: a grad_fn read makes a Python object for the node, which deepens the
     # C++ recursion that frees a long chain of nodes.  A view of a parameter (linear saves weight.t())
     # counts as the parameter.
@@ -104,6 +125,7 @@ def _new_handle(recorder: Recorder, tensor: torch.Tensor, leaf: bool) -> SavedHa
         handle.kind = "activation" if base is None or not base.is_leaf else "parameter"
     else:
         handle.kind = "parameter" if tensor.requires_grad else "input"
+    handle.leaf = leaf
     handle.site = recorder.pack_site()
     handle.recorder = recorder
     handle.step = recorder.step
@@ -112,10 +134,29 @@ def _new_handle(recorder: Recorder, tensor: torch.Tensor, leaf: bool) -> SavedHa
     handle.unpacks = 0
     handle.record = None  # built when needed (Recorder.saved_record)
     handle.node = None  # set when a graph walk finds the owning node
-    handle.inner = None  # what an outer user pack hook returned, when chained
-    handle.original = None
+    handle.inner = None  # what an outer pack hook (or a user's per-tensor pack hook) returned
+    handle.user_unpack = None  # a user's per-tensor unpack hook (register_user_hooks)
     recorder.saved_packed(handle)
     return handle
+
+
+def _build_record(recorder: Recorder, handle: SavedHandle, tensor: torch.Tensor) -> None:
+    """Build the handle's record now, from ``tensor``; a nested tensor (no single shape) is described by its
+    dtype and device only, since NestedTensorImpl raises on ``.shape``."""
+    if tensor.is_nested:
+        described = SimpleNamespace(shape=(), dtype=tensor.dtype, is_cpu=tensor.is_cpu, device=tensor.device)
+        recorder.saved_record(handle, cast(torch.Tensor, described))
+    else:
+        recorder.saved_record(handle, tensor)
+
+
+def _is_output(tensor: torch.Tensor) -> bool:
+    """Whether a non-leaf tensor is an output of the op saving it: its node is the one numbered last.
+
+    (A custom Function that makes nodes in its forward numbers them after its own: its outputs are
+    then taken for inputs, as before.)
+    """
+    return tensor.grad_fn._sequence_nr() == _next_sequence_nr() - 1
 
 
 def make_hooks(recorder: Recorder) -> tuple[PackHook, UnpackHook]:
@@ -125,33 +166,30 @@ def make_hooks(recorder: Recorder) -> tuple[PackHook, UnpackHook]:
         leaf = tensor.is_leaf
         handle = _new_handle(recorder, tensor, leaf)
         handle.version = tensor._version
-        # Without hooks torch keeps a saved input itself, not a copy: a later `.data = ...` on it shows
-        # in the backward, and a `.detach_()` of it is an error.
-        if leaf:  # a leaf cannot lead back to the graph: keep it, as torch does
+        # As torch without hooks: an input is kept itself (a later `.data = ...` on it shows in the backward,
+        # a `.detach_()` of it is an error, its Python object and attributes live on); an output is kept as a
+        # detached alias, never itself (it would keep its own graph alive forever).
+        if leaf or not _is_output(tensor):
             handle.alias = tensor
+            handle.is_input = True
         else:
-            handle.alias = tensor.detach()  # never the tensor itself: a saved output would keep its graph forever
-            # An output of the op saving it has the node being made, numbered last, as grad_fn: torch keeps a
-            # copy of those, as the alias is.  For the others a weak reference gives torch's behaviour without
-            # keeping anything alive (a custom Function that makes nodes in its forward is taken for an input).
-            if tensor.grad_fn._sequence_nr() != _next_sequence_nr() - 1:
-                handle.original = weakref.ref(tensor)
-        if recorder.detail_always:
-            recorder.saved_record(handle)
+            handle.alias = tensor.detach()
+            handle.is_input = False
+        if recorder.detail_always or tensor.is_nested:  # a walk cannot build a nested tensor's record later
+            _build_record(recorder, handle, tensor)
         return handle
 
     def unpack(handle: SavedHandle) -> torch.Tensor:
-        original = handle.original
-        tensor = original() if original is not None else None
-        if tensor is None:
-            tensor = handle.alias
-        elif tensor.grad_fn is None:
-            raise RuntimeError(DETACHED_MESSAGE)
-        if tensor._version != handle.version:
-            raise RuntimeError(inplace_message(recorder, handle, tensor))
         handle.unpacks += 1
         if handle.record is not None:
             handle.record.unpacked = handle.unpacks
+        if handle.user_unpack is not None:  # the user's own hooks for this tensor decide (no version check)
+            return handle.user_unpack(handle.inner)
+        tensor = handle.alias
+        if handle.is_input and not handle.leaf and tensor.grad_fn is None:
+            raise RuntimeError(DETACHED_MESSAGE)
+        if tensor._version != handle.version:
+            raise RuntimeError(inplace_message(recorder, handle, tensor))
         return tensor
 
     return pack, unpack
@@ -167,16 +205,46 @@ def make_chained_hooks(recorder: Recorder, outer_pack: PackHook, outer_unpack: U
     def pack(tensor: torch.Tensor) -> SavedHandle:
         handle = _new_handle(recorder, tensor, tensor.is_leaf)
         handle.alias = None  # the outer hooks decide where the tensor lives
-        recorder.saved_record(handle, tensor)  # built now: the tensor is out of reach later
+        handle.is_input = False
+        _build_record(recorder, handle, tensor)  # built now: the tensor is out of reach later
         handle.inner = outer_pack(tensor)
         return handle
 
     def unpack(handle: SavedHandle) -> torch.Tensor:
         handle.unpacks += 1
-        handle.record.unpacked = handle.unpacks
+        if handle.record is not None:
+            handle.record.unpacked = handle.unpacks
         return outer_unpack(handle.inner)
 
     return pack, unpack
+
+
+def register_user_hooks(handle: SavedHandle, pack_hook: PackHook, unpack_hook: UnpackHook) -> bool:
+    """Chain a user's ``register_hooks(pack_hook, unpack_hook)`` for the tensor ``handle`` holds.
+
+    Does what torch does for a saved tensor without hooks: the pack hook runs
+    now (without grad) on the tensor, the handle keeps only what it returns,
+    and the unpack hook gives the tensor back in the backward.  Returns False
+    when torch itself would refuse (hooks entered before the session own the
+    tensor, or the user already registered a pair): the caller lets torch raise.
+    """
+    tensor = handle.alias
+    if tensor is None or handle.user_unpack is not None:
+        return False
+    if handle.record is None:
+        _build_record(handle.recorder, handle, tensor)  # the record keeps shape and dtype once the tensor is the user's
+    version = tensor._version
+    with torch.no_grad():
+        inner = pack_hook(tensor.detach() if handle.is_input else tensor)
+    if tensor._version != version:
+        raise RuntimeError(PACK_INPLACE_MESSAGE)
+    handle.inner, handle.user_unpack, handle.alias = inner, unpack_hook, None
+    return True
+
+
+def user_view(handle: SavedHandle, tensor: torch.Tensor) -> torch.Tensor:
+    """What torch without graphwatch gives back for this saved tensor: the input itself, else ``tensor``."""
+    return handle.alias if handle.is_input and handle.alias is not None else tensor
 
 
 def inplace_message(recorder: Recorder, handle: SavedHandle, tensor: torch.Tensor | None = None) -> str:
@@ -184,7 +252,7 @@ def inplace_message(recorder: Recorder, handle: SavedHandle, tensor: torch.Tenso
     alias = handle.alias if tensor is None else tensor
     return _INPLACE_MESSAGE.format(
         type=alias.type(),
-        shape=list(alias.shape),
+        shape=alias._nested_tensor_size().tolist() if alias.is_nested else list(alias.shape),
         where=recorder.trace.where(handle.site),
         step=handle.step,
         now=alias._version,
