@@ -55,7 +55,7 @@ needs_gloo = pytest.mark.skipif(
 
 # Trains each DDP variant bare, then under graphwatch.watch(), with the example's (fixed) loop.
 CLEAN_JOB = '''\
-import json, sys
+import gc, json, sys
 from pathlib import Path
 import torch
 import torch.distributed as dist
@@ -98,6 +98,8 @@ for name, (model_options, train_options) in VARIANTS.items():
         "steps": len(gw.trace.steps),
     }
 (out / f"result{rank}.json").write_text(json.dumps(results))
+gc.collect()  # DDP models freed first: one still alive at destroy_process_group aborts gloo (torch 2.13, bare too)
+dist.barrier()
 dist.destroy_process_group()
 '''
 

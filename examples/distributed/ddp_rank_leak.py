@@ -98,6 +98,7 @@ def main() -> None:
     mean = train(model, opt, rank, steps=args.steps, logging_rank=world - 1, fixed=args.fixed)
     if rank == world - 1:
         print(f"rank {rank}: mean loss {mean:.4f}")
+    del model, opt  # a DDP model still alive at destroy_process_group aborts gloo's teardown now and then
     dist.destroy_process_group()
 
 
