@@ -56,7 +56,7 @@ from .capture.optimizer import GradResetTracker, OptimizerHooks
 from .capture.ranks import rank_and_world_size
 from .capture.saved import make_chained_hooks, make_hooks
 from .capture.stack_limit import claim_stack
-from .capture.transforms import step_aside_for_disable, transforming
+from .capture.transforms import hide_from_compiler, step_aside_for_disable, transforming
 from .errors import GraphLeakError, UsageError
 from .model import BackwardRecord, Finding, StepRecord, Trace, save_trace
 from .rendering.ranks import rank_folder
@@ -239,6 +239,7 @@ class Session:
         recorder.trace.options["level"] = self.level
         self._installed.append(give_back_stack)
         recorder.boundary_hook = self._pending_boundary
+        hide_from_compiler()
         if self.level == "precise":
             recorder.precise = recorder.detail_always = True
             mode = CallSiteMode(recorder)

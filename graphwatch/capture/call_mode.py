@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from torch.compiler import is_compiling
 from torch.overrides import TorchFunctionMode
 
 from .step_clock import next_sequence_nr
@@ -41,6 +42,8 @@ class CallSiteMode(TorchFunctionMode):
         self._recorder = recorder
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if is_compiling():  # torch.compile traces modes into its graph: there, be nothing at all
+            return func(*args, **(kwargs or {}))
         start = next_sequence_nr()
         result = func(*args, **(kwargs or {}))
         if next_sequence_nr() != start:

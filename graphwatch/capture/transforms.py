@@ -28,6 +28,8 @@ Example::
 
 from __future__ import annotations
 
+import sys
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -40,6 +42,75 @@ from .saved import SavedHandle, register_user_hooks, user_view
 _SavedTensor = torch._C._autograd.SavedTensor
 _raw_data = _SavedTensor.data.fget  # what the pack hook returned (graphwatch's handle), or torch's tensor
 _ctx_saved_tensors = torch._C._FunctionBase.saved_tensors.__get__
+
+
+def hide_from_compiler() -> None:
+    """Tell torch.compile never to compile a frame of graphwatch's own code.
+
+    graphwatch's hooks run from inside torch (the engine entry point, pack and
+    unpack hooks, a handle's ``__del__``, optimizer hooks), also while a
+    compiled function runs its eager parts after a graph break; Dynamo would
+    then try to compile those frames, warn about ``sys._getframe`` and break
+    graphs that do not break without graphwatch.  Each of graphwatch's code
+    objects is marked "skip this frame" (what ``torch.compiler.disable`` does,
+    with no wrapper and no cost per call); the frames they call, the user's
+    hooks among them, are treated by Dynamo as without graphwatch.  Cheap
+    (one C call per code object, once per process) and a no-op where torch
+    has no frame strategies.
+    """
+    global _hidden
+    if _hidden or _set_strategy is None:
+        return
+    skip = _strategy(_action.SKIP, _action.DEFAULT)
+    for code in _graphwatch_code():
+        _set_strategy(code, skip)
+    _hidden = True
+
+
+def _graphwatch_code() -> Iterator[types.CodeType]:
+    """The live code objects of graphwatch's loaded modules: functions, methods, properties, and the
+    functions nested in them (a closure's code is a constant of the function that makes it)."""
+    pending: list[Any] = [
+        module for name, module in list(sys.modules.items()) if name == "graphwatch" or name.startswith("graphwatch.")
+    ]
+    seen: set[int] = set()
+    while pending:
+        item = pending.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, types.CodeType):
+            yield item
+            pending.extend(const for const in item.co_consts if isinstance(const, types.CodeType))
+        elif isinstance(item, (types.FunctionType, types.MethodType)):
+            pending.append(getattr(item, "__func__", item).__code__)
+        elif isinstance(item, (staticmethod, classmethod)):
+            pending.append(item.__func__)
+        elif isinstance(item, property):
+            pending.extend(f for f in (item.fget, item.fset, item.fdel) if f is not None)
+        elif isinstance(item, (types.ModuleType, type)):
+            owned = isinstance(item, type) or item.__name__.startswith("graphwatch")
+            if owned and (isinstance(item, types.ModuleType) or item.__module__.startswith("graphwatch")):
+                pending.extend(vars(item).values())
+        elif callable(getattr(item, "__wrapped__", None)):  # functools.wraps: the wrapper's own code
+            code = getattr(item, "__code__", None)
+            if code is not None:
+                pending.append(code)
+
+
+try:
+    from torch._C._dynamo.eval_frame import (
+        _FrameAction as _action,
+    )
+    from torch._C._dynamo.eval_frame import (
+        _FrameExecStrategy as _strategy,
+    )
+    from torch._C._dynamo.eval_frame import (
+        set_code_exec_strategy as _set_strategy,
+    )
+except ImportError:  # torch without frame strategies: nothing to hide from
+    _set_strategy = None
+_hidden = False
 
 
 def transforming() -> bool:
