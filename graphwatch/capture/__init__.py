@@ -8,4 +8,7 @@ from .carriers import frontier
 from .graph_walk import node_record, path_to, quick_walk, root_records, saved_handles, walk
 from .recorder import Recorder
 
-__all__ = ["EnginePatch", "Recorder", "frontier", "node_record", "parse_engine_args", "path_to", "quick_walk", "root_records", "saved_handles", "walk"]
+__all__ = [
+    "EnginePatch", "Recorder", "frontier", "node_record", "parse_engine_args", "path_to", "quick_walk", "root_records",
+    "saved_handles", "walk",
+]  # fmt: skip

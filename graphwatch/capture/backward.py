@@ -23,7 +23,8 @@ Example::
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch.autograd
 import torch.autograd.graph

@@ -33,6 +33,7 @@ import torch
 
 from ..model import NodeRecord
 from .saved import SavedHandle
+from .saved_views import SavedTensor, raw_data
 from .stack_limit import TouchedNodes
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ class NodeTag:
     reaches it (:func:`walk`).
     """
 
-    __slots__ = ("recorder", "step", "seq", "backward", "mark", "record")
+    __slots__ = ("backward", "mark", "record", "recorder", "seq", "step")
 
     def __init__(self, recorder: Recorder, step: int, seq: int) -> None:
         self.recorder = recorder
@@ -99,7 +100,7 @@ def _saved_data(node: Any, info: _NodeType) -> Iterator[Any]:
         except RuntimeError:
             continue
         for saved in value if isinstance(value, tuple) else (value,):
-            yield getattr(saved, "data", None)
+            yield raw_data(saved) if type(saved) is SavedTensor else None
 
 
 def saved_handles(node: Any, info: _NodeType | None = None) -> Iterator[SavedHandle]:
@@ -177,7 +178,9 @@ def _buffers_freed(node: Any, info: _NodeType) -> bool:
     return False
 
 
-def quick_walk(recorder: Recorder, roots: Iterable[Any], backward_id: int, collect_params: bool = False) -> WalkResult | None:
+def quick_walk(
+    recorder: Recorder, roots: Iterable[Any], backward_id: int, collect_params: bool = False
+) -> WalkResult | None:
     """Tag and count a graph made entirely in the current step, building no records.
 
     Returns None as soon as it meets a node that an earlier walk tagged or

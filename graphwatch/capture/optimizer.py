@@ -25,8 +25,8 @@ Example::
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
-from typing import Any, Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch.optim.optimizer import (

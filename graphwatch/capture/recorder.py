@@ -21,8 +21,9 @@ import resource
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 

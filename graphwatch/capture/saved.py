@@ -55,7 +55,7 @@ DETACHED_MESSAGE = (
     "This is not supported, please use out-of-place `.detach()` instead"
 )
 PACK_INPLACE_MESSAGE = (
-    "A saved tensor pack hook is modifying its input in place. Tensors provided as input to pack hook can not be "
+    "A saved tensor pack hook is modifying its input in place. Tensors provided as input to pack hook cannot be "
     "modified by in-place operations as this can lead to unexpected side-effects. Please open an issue if you need "
     "to perform in-place operations on the input to a pack hook."
 )
@@ -85,8 +85,22 @@ class SavedHandle:
     """
 
     __slots__ = (
-        "alias", "is_input", "leaf", "version", "inner", "user_unpack", "recorder", "step", "site", "kind",
-        "storage", "nbytes", "unpacks", "record", "node", "__weakref__",
+        "__weakref__",
+        "alias",
+        "inner",
+        "is_input",
+        "kind",
+        "leaf",
+        "nbytes",
+        "node",
+        "record",
+        "recorder",
+        "site",
+        "step",
+        "storage",
+        "unpacks",
+        "user_unpack",
+        "version",
     )  # fmt: skip
 
     def __del__(self) -> None:
@@ -195,7 +209,9 @@ def make_hooks(recorder: Recorder) -> tuple[PackHook, UnpackHook]:
     return pack, unpack
 
 
-def make_chained_hooks(recorder: Recorder, outer_pack: PackHook, outer_unpack: UnpackHook) -> tuple[PackHook, UnpackHook]:
+def make_chained_hooks(
+    recorder: Recorder, outer_pack: PackHook, outer_unpack: UnpackHook
+) -> tuple[PackHook, UnpackHook]:
     """Hooks that record, then hand the tensor to hooks the user entered before the session.
 
     The outer hooks (e.g. ``torch.autograd.graph.save_on_cpu``) keep deciding
@@ -208,6 +224,7 @@ def make_chained_hooks(recorder: Recorder, outer_pack: PackHook, outer_unpack: U
         handle.is_input = False
         _build_record(recorder, handle, tensor)  # built now: the tensor is out of reach later
         handle.inner = outer_pack(tensor)
+        handle.user_unpack = outer_unpack  # shown as the tensor's unpack hook, as torch shows it
         return handle
 
     def unpack(handle: SavedHandle) -> torch.Tensor:
@@ -240,11 +257,6 @@ def register_user_hooks(handle: SavedHandle, pack_hook: PackHook, unpack_hook: U
         raise RuntimeError(PACK_INPLACE_MESSAGE)
     handle.inner, handle.user_unpack, handle.alias = inner, unpack_hook, None
     return True
-
-
-def user_view(handle: SavedHandle, tensor: torch.Tensor) -> torch.Tensor:
-    """What torch without graphwatch gives back for this saved tensor: the input itself, else ``tensor``."""
-    return handle.alias if handle.is_input and handle.alias is not None else tensor
 
 
 def inplace_message(recorder: Recorder, handle: SavedHandle, tensor: torch.Tensor | None = None) -> str:

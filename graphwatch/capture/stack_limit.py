@@ -36,6 +36,7 @@ import ctypes.util
 import threading
 import warnings
 from collections.abc import Callable
+from typing import ClassVar
 
 try:
     import resource
@@ -54,7 +55,7 @@ class TouchedNodes:
     """
 
     alive = 0
-    _waiting: list[tuple[int, Callable[[], None]]] = []
+    _waiting: ClassVar[list[tuple[int, Callable[[], None]]]] = []
 
     @classmethod
     def died(cls) -> None:

@@ -27,6 +27,7 @@ import torch
 from ..analysis.evidence import human_bytes
 from ..capture.graph_walk import node_record
 from ..capture.saved import SavedHandle
+from ..capture.saved_views import raw_data
 from ..model import NodeRecord
 
 PARAM_FILL, SAVED_FILL, OUTPUT_FILL, BASE_FILL = "lightblue", "orange", "darkolivegreen1", "darkolivegreen3"
@@ -90,7 +91,7 @@ def read_slot(node: Any, name: str) -> tuple[bool, list[Any]] | None:
     except RuntimeError:  # a freed list of tensors
         return None
     many = isinstance(raw, tuple)
-    values = [saved.data for saved in raw] if many else [raw.data]
+    values = [raw_data(saved) for saved in raw] if many else [raw_data(raw)]
     if all(value is None for value in values):
         try:
             getattr(node, "_saved_" + name)  # None for undefined tensors; raises once freed
@@ -107,6 +108,8 @@ def shape_bytes(value: Any) -> tuple[Sequence[int], int] | None:
         value = next((v for v in value if isinstance(v, torch.Tensor)), None)
     if not isinstance(value, torch.Tensor):
         return None
+    if value.is_nested:  # no single shape: NestedTensorImpl raises on .shape
+        return (), 0
     try:
         return value.shape, value.nbytes
     except RuntimeError:  # sparse tensors have no nbytes
@@ -216,7 +219,7 @@ class GraphBuilder:
     def _custom_saved(self, node: Any, index: int) -> None:
         """A custom Function's ``ctx.saved_tensors`` (read without unpacking, as in :func:`read_slot`)."""
         try:
-            values = [saved.data for saved in node._raw_saved_tensors]
+            values = [raw_data(saved) for saved in node._raw_saved_tensors]
         except RuntimeError:  # freed
             self._saved(index, None, "", True, toward_node=True)
             return

@@ -1,0 +1,56 @@
+"""pytest plugin: run every test inside ``graphwatch.watch()`` and record each test's outcome.
+
+Used by ``scripts/pytorch_suite.sh`` to run PyTorch's own autograd tests twice,
+bare and watched, and compare.  Options (environment):
+
+* ``GRAPHWATCH_SUITE_LEVEL``: a graphwatch level to watch at; unset runs bare;
+* ``GRAPHWATCH_SUITE_OUTCOMES``: a JSON file to write ``{test id: outcome}`` to
+  (outcome is "passed", "failed", "skipped" or "error", plus the first line of
+  the failure for the ones that did not pass).
+
+Example::
+
+    GRAPHWATCH_SUITE_LEVEL=default GRAPHWATCH_SUITE_OUTCOMES=watched.json \\
+        python -m pytest -p graphwatch_everywhere test/test_autograd.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+_outcomes: dict[str, dict[str, str]] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    level = os.environ.get("GRAPHWATCH_SUITE_LEVEL")
+    if not level:
+        yield
+        return
+    import graphwatch
+
+    nested = graphwatch.active_session() is not None  # a test that enters its own session
+    with contextlib.nullcontext() if nested else graphwatch.watch(level=level, summary=False):
+        yield
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    if report.when == "call" or report.outcome != "passed":
+        failed = report.outcome == "failed"
+        outcome = ("failed" if report.when == "call" else "error") if failed else report.outcome
+        first = str(report.longrepr).strip().splitlines()[-1][:300] if failed and report.longrepr else ""
+        if report.nodeid not in _outcomes or _outcomes[report.nodeid]["outcome"] == "passed":
+            _outcomes[report.nodeid] = {"outcome": outcome, "detail": first}
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = os.environ.get("GRAPHWATCH_SUITE_OUTCOMES")
+    if path:
+        with open(path, "w") as f:
+            json.dump(_outcomes, f, indent=1, sort_keys=True)

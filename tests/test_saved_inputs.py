@@ -1,0 +1,234 @@
+"""Saved tensors inside a session are held as torch holds them without one.
+
+torch keeps a saved *input* itself (its Python object lives while the graph
+needs it, ``ctx.saved_tensors[0] is x``, attributes included) and keeps only a
+copy of a saved *output*, which would otherwise refer back to its own node.
+Each test runs the same program bare and inside ``graphwatch.watch()`` and
+compares what the user can see: weak references, identities, attributes,
+per-tensor hooks, the errors torch raises.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+import graphwatch
+
+pytestmark = pytest.mark.usefixtures("no_session_left")
+
+
+def bare_and_watched(program: Callable[[], Any]) -> tuple[Any, Any]:
+    """``program()`` bare, then inside a session (same seed): both results."""
+    torch.manual_seed(0)
+    bare = program()
+    torch.manual_seed(0)
+    with graphwatch.watch(summary=False):
+        watched = program()
+    return bare, watched
+
+
+class Double(torch.autograd.Function):
+    """Saves its input; reads it (and the user's attribute on it) back in backward."""
+
+    seen: ClassVar[list[Any]] = []
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        Double.seen.append((x, getattr(x, "tag", None)))
+        return grad * 2
+
+
+class Triple(torch.autograd.Function):
+    """Saves its input, and nothing else."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * 3
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad * 3 + x * 0
+
+
+class Exp(torch.autograd.Function):
+    """Saves its output."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = x.exp()
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return grad * y
+
+
+# --------------------------------------------------------------- lifetimes
+def saved_input_lifetime(make: Callable[[torch.Tensor], torch.Tensor], retain: bool) -> list[bool]:
+    """Whether the saved input's Python object is alive: after ``del``, after backward, after the graph."""
+    a = torch.randn(3, requires_grad=True)
+    b = a + 1
+    ref = weakref.ref(b)
+    c = make(b).sum()
+    del b
+    alive = [ref() is not None]
+    c.backward(retain_graph=retain)
+    alive.append(ref() is not None)
+    del c
+    gc.collect()
+    alive.append(ref() is not None)
+    return alive
+
+
+@pytest.mark.parametrize("make", [lambda b: b**2, Triple.apply], ids=["builtin-op", "custom-function"])
+@pytest.mark.parametrize("retain", [False, True], ids=["backward", "retain_graph"])
+def test_a_saved_inputs_python_object_lives_exactly_as_long_as_without_graphwatch(make, retain):
+    bare, watched = bare_and_watched(lambda: saved_input_lifetime(make, retain))
+    assert bare == [True, retain, False]
+    assert watched == bare
+
+
+def test_a_saved_output_is_not_kept_alive_by_its_own_graph():
+    """torch keeps a copy of a saved output, not the output: its Python object dies with its last name,
+    and dropping the graph frees the node (no cycle through C++ that gc cannot see)."""
+
+    def program() -> list[bool]:
+        x = torch.randn(3, requires_grad=True)
+        y = Exp.apply(x)
+        node, out = weakref.ref(y.grad_fn), weakref.ref(y)
+        z = y.sum()
+        del y
+        alive_while_graph = out() is not None
+        del z
+        return [alive_while_graph, out() is not None, node() is not None]
+
+    bare, watched = bare_and_watched(program)
+    assert bare == [False, False, False]
+    assert watched == bare
+
+
+# ------------------------------------------------------------ identities
+def test_ctx_saved_tensors_gives_back_the_saved_input_itself_with_its_attributes():
+    def program() -> tuple[bool, Any]:
+        Double.seen.clear()
+        x = torch.randn(3, requires_grad=True) + 0  # a non-leaf input
+        x.tag = "mine"
+        Double.apply(x).sum().backward()
+        (seen, tag), = Double.seen
+        return seen is x, tag
+
+    bare, watched = bare_and_watched(program)
+    assert bare == (True, "mine")
+    assert watched == bare
+
+
+def test_raw_saved_tensors_show_the_saved_input_and_no_unpack_hook():
+    def program() -> list[Any]:
+        a = torch.randn(3, requires_grad=True)
+        b = a + 1
+        y = b.pow(2)
+        raw = y.grad_fn._raw_saved_self
+        return [raw.data is b, raw.unpack_hook, raw.unpack() is b, torch.equal(y.grad_fn._saved_self, b)]
+
+    bare, watched = bare_and_watched(program)
+    assert bare == [True, None, True, True]
+    assert watched == bare
+
+
+# ------------------------------------------------------ per-tensor hooks
+def test_a_users_per_tensor_saved_hooks_run_inside_a_session():
+    def program() -> tuple[list[str], torch.Tensor]:
+        calls: list[str] = []
+        x = torch.randn(3, requires_grad=True)
+        y = x.pow(2)
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            calls.append("pack")
+            return t * 1
+
+        def unpack(t: torch.Tensor) -> torch.Tensor:
+            calls.append("unpack")
+            return t
+
+        y.grad_fn._raw_saved_self.register_hooks(pack, unpack)
+        y.sum().backward()
+        return calls, x.grad
+
+    (bare_calls, bare_grad), (watched_calls, watched_grad) = bare_and_watched(program)
+    assert bare_calls == ["pack", "unpack"]
+    assert watched_calls == bare_calls
+    assert torch.equal(watched_grad, bare_grad)
+
+
+def test_registering_per_tensor_hooks_twice_raises_torchs_error_inside_a_session():
+    def program() -> str:
+        y = torch.randn(3, requires_grad=True).pow(2)
+        y.grad_fn._raw_saved_self.register_hooks(lambda t: t, lambda t: t)
+        try:
+            y.grad_fn._raw_saved_self.register_hooks(lambda t: t, lambda t: t)
+        except RuntimeError as error:
+            return str(error)
+        return "no error"
+
+    bare, watched = bare_and_watched(program)
+    assert "already been set" in bare
+    assert watched == bare
+
+
+def test_a_per_tensor_pack_hook_that_modifies_its_input_in_place_fails_as_without_graphwatch():
+    def program() -> str:
+        y = torch.randn(3, requires_grad=True).pow(2)
+        try:
+            y.grad_fn._raw_saved_self.register_hooks(lambda t: t.add_(1), lambda t: t)
+        except RuntimeError as error:
+            return str(error)
+        return "no error"
+
+    bare, watched = bare_and_watched(program)
+    assert "modifying its input in place" in bare
+    assert watched == bare
+
+
+# ------------------------------------------------------------- nested tensors
+def test_a_nested_tensor_modified_in_place_raises_torchs_own_message():
+    def program() -> str:
+        nt = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], requires_grad=True)
+        a = nt * 1
+        b = a.sin()  # saves a
+        a.mul_(2)
+        try:
+            torch.nested.to_padded_tensor(b, 0.0).sum().backward()
+        except RuntimeError as error:
+            return str(error).split("\n")[0]
+        return "no error"
+
+    bare, watched = bare_and_watched(program)
+    assert "modified by an inplace operation" in bare
+    assert watched.startswith(bare.split(" Hint")[0][:80])
+
+
+def test_a_nested_tensor_trains_inside_a_session_as_without_it():
+    def program() -> torch.Tensor:
+        nt = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], requires_grad=True)
+        out = torch.nested.to_padded_tensor((nt * 2).sin() * nt, 0.0)
+        out.pow(2).sum().backward()
+        return torch.nested.to_padded_tensor(nt.grad, 0.0)
+
+    bare, watched = bare_and_watched(program)
+    assert torch.equal(watched, bare)
