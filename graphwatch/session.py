@@ -50,6 +50,7 @@ from .analysis import (
 from .backwards import BackwardWatch
 from .capture import EnginePatch, Recorder, parse_engine_args
 from .capture.call_mode import CallSiteMode
+from .capture.callsite import outer_frame
 from .capture.holders import HolderSearch
 from .capture.loop_steps import LoopSteps
 from .capture.optimizer import GradResetTracker, OptimizerHooks
@@ -108,7 +109,9 @@ class Session:
             name = next(iter(unknown))
             close = difflib.get_close_matches(name, _OPTIONS, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise UsageError(f"graphwatch.watch() got an unknown option {name!r}; {hint}options are: {', '.join(_OPTIONS)}")
+            raise UsageError(
+                f"graphwatch.watch() got an unknown option {name!r}; {hint}options are: {', '.join(_OPTIONS)}"
+            )
         if level not in LEVELS:
             raise UsageError(f"level={level!r} is not a graphwatch level; use one of {', '.join(map(repr, LEVELS))}")
         if not isinstance(keep_steps, int) or keep_steps < 1:
@@ -188,7 +191,8 @@ class Session:
         if not self._explicit:
             self._explicit = True
             if recorder.boundary_pending or recorder.current.saved_packed or recorder.current.backwards:
-                self._end_step(recorder.pending_source if not self._loop.optimizer_seen else "optimizer", sys._getframe(2))
+                source = recorder.pending_source if not self._loop.optimizer_seen else "optimizer"
+                self._end_step(source, sys._getframe(2))
         try:
             yield self
         finally:
@@ -307,7 +311,8 @@ class Session:
             print_summary(trace, report=out)
         leaks = [f for f in new if f.kind in LEAK_KINDS]
         if self.strict and leaks and raise_leaks:
-            raise GraphLeakError("graphwatch strict mode: the session leaks a graph:\n" + "\n".join(map(str, leaks)), leaks)
+            listed = "\n".join(map(str, leaks))
+            raise GraphLeakError(f"graphwatch strict mode: the session leaks a graph:\n{listed}", leaks)
 
     def _require_active(self, what: str) -> None:
         if not self.active:
@@ -315,7 +320,7 @@ class Session:
 
     # ----------------------------------------------------------------- steps
     def _pending_boundary(self, source: str) -> None:
-        self._end_step(source, sys._getframe(3))
+        self._end_step(source, outer_frame(3))
 
     def _end_step(self, source: str, frame: Any, final: bool = False) -> StepRecord:
         recorder = self._recorder
@@ -336,7 +341,7 @@ class Session:
             leaks = [f for f in new if f.kind in LEAK_KINDS]
             if leaks:
                 raise GraphLeakError(
-                    "graphwatch strict mode: step {} leaks a graph:\n{}".format(record.index, "\n".join(map(str, leaks))),
+                    f"graphwatch strict mode: step {record.index} leaks a graph:\n" + "\n".join(map(str, leaks)),
                     leaks,
                 )
         return record
@@ -361,8 +366,8 @@ class Session:
         recorder.current.optimizer_steps += 1
         recorder.optimizer_stepped(optimizer, recorder.current.optimizer_site)  # noted by the pre-step hook
         self._backwards.optimizer_stepped(optimizer)
-        if not self._explicit and not loop.in_optimizer_step and loop.ends_step(sys._getframe(1), "step"):
-            self._end_step("optimizer", sys._getframe(2))
+        if not self._explicit and not loop.in_optimizer_step and loop.ends_step(outer_frame(1), "step"):
+            self._end_step("optimizer", outer_frame(2))
 
     def _owns_thread(self) -> bool:
         return self.active and threading.get_ident() == self._recorder.thread

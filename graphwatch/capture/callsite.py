@@ -53,6 +53,15 @@ def display_path(filename: str) -> str:
     return filename if rel.startswith("..") else rel
 
 
+def outer_frame(depth: int) -> FrameType | None:
+    """``sys._getframe(depth)`` as seen from the caller, or None where the stack is not that deep (a hook
+    that torch calls on a thread of its own: a TorchScript fork, the engine's device threads)."""
+    try:
+        return sys._getframe(depth + 1)
+    except ValueError:  # "call stack is not deep enough"
+        return None
+
+
 class SiteTable:
     """Interns user call sites; ``sites[i]`` is the CallSite with id ``i``.
 
@@ -69,8 +78,12 @@ class SiteTable:
         self._codes: list[CodeType] = []  # keeps the codes alive, so that their ids stay theirs
 
     def here(self, skip: int = 1) -> int | None:
-        """Id of the innermost user frame's site (with its user callers), or None if there is none."""
-        return self.from_frame(sys._getframe(skip))
+        """Id of the innermost user frame's site (with its user callers), or None if there is none.
+
+        A hook that torch calls on a thread of its own (a TorchScript fork, the
+        autograd engine's device threads) may have fewer than ``skip`` frames
+        above it: that is no user frame either."""
+        return self.from_frame(outer_frame(skip))
 
     def from_frame(self, frame: FrameType | None, line: int | None = None) -> int | None:
         """Like :meth:`here`, starting the walk at ``frame`` (at ``line`` instead of its current line)."""

@@ -369,13 +369,13 @@ class Recorder:
         if handle.step < self.step:
             carried = self._carried_name()
             return (
-                f"Hint: optimizer.step() at {where} updated this parameter in place after step {handle.step}'s "
+                f"optimizer.step() at {where} updated this parameter in place after step {handle.step}'s "
                 f"graph saved it, and step {self.step}'s backward runs into that graph again: a graph of an "
                 f"earlier step is reused{carried}. Detach what carries it at the start of each step (and drop "
                 "retain_graph=True), so that each backward uses only its own step's graph."
             )
         return (
-            f"Hint: optimizer.step() at {where} updated this parameter in place after the graph saved it, and "
+            f"optimizer.step() at {where} updated this parameter in place after the graph saved it, and "
             "this backward ran after that step through the same graph. Run this backward before that "
             "optimizer step, or recompute the forward after the step (a GAN: the generator's loss on a fresh "
             "D(fake) made after D's step)."

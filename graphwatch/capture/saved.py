@@ -37,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
@@ -61,13 +62,24 @@ PACK_INPLACE_MESSAGE = (
 )
 _next_sequence_nr = torch._C._autograd._get_sequence_nr
 
-_INPLACE_MESSAGE = (
+# torch's own text (SavedVariable::unpack), which graphwatch gives first and unchanged, then adds to
+_TORCH_INPLACE_MESSAGE = (
     "one of the variables needed for gradient computation has been modified by an inplace operation: "
-    "[{type} {shape}], which was saved at {where} (step {step}), is at version {now}; "
-    "expected version {then} instead. {hint}"
+    "[{type} {shape}]{output} is at version {now}; expected version {then} instead. {hint}"
 )
+_TORCH_INPLACE_HINT = (
+    "Hint: enable anomaly detection to find the operation that failed to compute its gradient, with "
+    "torch.autograd.set_detect_anomaly(True, check_nan=False)."
+)
+_TORCH_ANOMALY_HINT = (
+    "Hint: the backtrace further above shows the operation that failed to compute its gradient. The variable "
+    "in question was changed in there or anywhere later. Good luck!"
+)
+# as torch names the op in that message: ExpBackward0 "Exp", ClampBackward1 "Clamp1", CopyBackwards itself
+_BACKWARD_SUFFIX = re.compile(r"Backward(?:0$|(?=[1-9])|$)")
+_GRAPHWATCH_INPLACE = "\n\ngraphwatch: the tensor was saved at {where} (step {step}). {hint}"
 _INPLACE_HINT = (
-    "Hint: the line above changed the tensor in place after autograd saved it; use the out-of-place form "
+    "Something changed it in place after autograd saved it; use the out-of-place form "
     "(e.g. x = x.add(1) instead of x.add_(1)) or .clone() it first."
 )
 
@@ -93,6 +105,7 @@ class SavedHandle:
         "leaf",
         "nbytes",
         "node",
+        "output_of",
         "record",
         "recorder",
         "site",
@@ -164,13 +177,17 @@ def _build_record(recorder: Recorder, handle: SavedHandle, tensor: torch.Tensor)
         recorder.saved_record(handle, tensor)
 
 
-def _is_output(tensor: torch.Tensor) -> bool:
-    """Whether a non-leaf tensor is an output of the op saving it: its node is the one numbered last.
+def _output_of(tensor: torch.Tensor) -> tuple[str, int] | None:
+    """(node name, output number) when a non-leaf tensor is an output of the op saving it (its node is
+    the one numbered last), else None.
 
     (A custom Function that makes nodes in its forward numbers them after its own: its outputs are
     then taken for inputs, as before.)
     """
-    return tensor.grad_fn._sequence_nr() == _next_sequence_nr() - 1
+    node = tensor.grad_fn
+    if node._sequence_nr() != _next_sequence_nr() - 1:
+        return None
+    return node.name(), tensor.output_nr
 
 
 def make_hooks(recorder: Recorder) -> tuple[PackHook, UnpackHook]:
@@ -183,7 +200,9 @@ def make_hooks(recorder: Recorder) -> tuple[PackHook, UnpackHook]:
         # As torch without hooks: an input is kept itself (a later `.data = ...` on it shows in the backward,
         # a `.detach_()` of it is an error, its Python object and attributes live on); an output is kept as a
         # detached alias, never itself (it would keep its own graph alive forever).
-        if leaf or not _is_output(tensor):
+        output_of = None if leaf else _output_of(tensor)
+        handle.output_of = output_of
+        if output_of is None:
             handle.alias = tensor
             handle.is_input = True
         else:
@@ -222,6 +241,7 @@ def make_chained_hooks(
         handle = _new_handle(recorder, tensor, tensor.is_leaf)
         handle.alias = None  # the outer hooks decide where the tensor lives
         handle.is_input = False
+        handle.output_of = None
         _build_record(recorder, handle, tensor)  # built now: the tensor is out of reach later
         handle.inner = outer_pack(tensor)
         handle.user_unpack = outer_unpack  # shown as the tensor's unpack hook, as torch shows it
@@ -260,14 +280,25 @@ def register_user_hooks(handle: SavedHandle, pack_hook: PackHook, unpack_hook: U
 
 
 def inplace_message(recorder: Recorder, handle: SavedHandle, tensor: torch.Tensor | None = None) -> str:
-    """torch's "modified by an inplace operation" message, with the line that saved the tensor."""
+    """torch's "modified by an inplace operation" message, unchanged, then the line that saved the tensor."""
     alias = handle.alias if tensor is None else tensor
-    return _INPLACE_MESSAGE.format(
+    if handle.output_of is not None:
+        name, number = handle.output_of
+    elif handle.is_input and alias.grad_fn is not None:  # torch names its grad_fn now, as for any input
+        name, number = alias.grad_fn.name(), alias.output_nr
+    else:
+        name, number = "", 0
+    output = f", which is output {number} of {_BACKWARD_SUFFIX.sub('', name)}," if name else ""
+    text = _TORCH_INPLACE_MESSAGE.format(
         type=alias.type(),
         shape=alias._nested_tensor_size().tolist() if alias.is_nested else list(alias.shape),
-        where=recorder.trace.where(handle.site),
-        step=handle.step,
+        output=output,
         now=alias._version,
         then=handle.version,
+        hint=_TORCH_ANOMALY_HINT if torch.is_anomaly_enabled() else _TORCH_INPLACE_HINT,
+    )
+    return text + _GRAPHWATCH_INPLACE.format(
+        where=recorder.trace.where(handle.site),
+        step=handle.step,
         hint=recorder.inplace_hint(handle) or _INPLACE_HINT,  # an optimizer.step() is named as the cause
     )
