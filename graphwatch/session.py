@@ -43,6 +43,7 @@ import torch
 from .analysis import (
     LEAK_KINDS,
     FindingLog,
+    graph_kept_alive,
     is_backward_twice,
     session_findings,
     step_findings,
@@ -280,6 +281,9 @@ class Session:
             self._end_step(recorder.pending_source, frame, final=True)
         elif current.saved_packed or current.backwards or not self.trace.steps:
             self._end_step("session-end", frame, final=True)
+        elif self.level != "light" and self.trace.steps[-1].detail:  # the last step: every holder's full count
+            for finding in graph_kept_alive(self.trace, self.trace.steps[-1]):
+                self._log.add(finding)
 
     def _finalize(self, raise_leaks: bool = False, failing: bool = False) -> None:
         """Close the trace, add session findings, write ``out`` and print the summary.
@@ -334,7 +338,8 @@ class Session:
         record = recorder.end_step(source)
         if self.level == "light":  # no walks and no saved tensors: nothing a step detector starts from
             return record
-        new = [f for f in step_findings(self.trace, record) if self._log.add(f)]
+        refresh = final or record.index & (record.index - 1) == 0  # steps 0, 1, 2, 4, 8, ... and the last
+        new = [f for f in step_findings(self.trace, record, refresh) if self._log.add(f)]
         if new:
             recorder.keep_detail(record.index)
         if self.strict:

@@ -123,3 +123,25 @@ def test_the_long_trace_loads_back(long_run, tmp_path):
     path = long_run.session.save(tmp_path / "trace.json")
     loaded = graphwatch.load(path)
     assert len(loaded.steps) == STEPS and [f.kind for f in loaded.findings] == [f.kind for f in long_run.session.findings]
+
+
+def test_looking_for_holders_costs_what_the_step_added_not_what_is_kept():
+    """``total_loss += loss`` keeps one more graph each step; the holder search at a step end walks only the
+    new part and reuses what it found below the last step's ``total_loss`` (issue: it re-walked every kept
+    graph, so each step cost more than the one before)."""
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    looked_at = []
+    with graphwatch.watch(summary=False) as gw:
+        total_loss = 0
+        for _ in range(40):
+            loss = model(torch.randn(2, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total_loss += loss
+            looked_at.append(sum(r.looked_at for r in gw._holder_search._reaches.values()))
+    assert max(looked_at[5:]) <= 8, looked_at  # the same few nodes each step: the new `+`, the new loss
+    finding = next(f for f in gw.findings if f.kind == "graph-kept-alive")
+    assert finding.evidence["holder"] == "total_loss"
+    assert finding.evidence["kept_steps"] == list(range(39))  # every kept step, refreshed at the session's end

@@ -11,12 +11,14 @@ from .detectors import FINDING_KINDS, LEAK_KINDS, step_findings
 from .explain import explain_backward_twice, is_backward_twice
 from .findings import FindingLog
 from .growth import session_findings
+from .leaks import graph_kept_alive
 
 __all__ = [
     "FINDING_KINDS",
     "LEAK_KINDS",
     "FindingLog",
     "explain_backward_twice",
+    "graph_kept_alive",
     "is_backward_twice",
     "session_findings",
     "step_findings",

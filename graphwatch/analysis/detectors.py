@@ -165,7 +165,7 @@ def missing_zero_grad(trace: Trace, step: StepRecord) -> list[Finding]:
     site = trace.site(step.optimizer_site)
     evidence = {
         "key": where,
-        "sites": [where] + backward_sites[:1],
+        "sites": [where, *backward_sites[:1]],
         "steps": [step.index],
         "parameters": step.stale_grads,
         "optimizer_at": describe(site),
@@ -212,11 +212,18 @@ def _quiet(trace: Trace, step: StepRecord) -> bool:
     return bool(previous) and not any(backwards[i].retain_graph for i in previous)
 
 
-def step_findings(trace: Trace, step: StepRecord) -> list[Finding]:
-    """Every finding the records of one finished step support."""
+def step_findings(trace: Trace, step: StepRecord, refresh: bool = True) -> list[Finding]:
+    """Every finding the records of one finished step support.
+
+    ``refresh=False``: a holder already reported as keeping graphs alive is not looked at again (its
+    evidence grows with every step it keeps; the session refreshes it at steps 1, 2, 4, 8, ... and at
+    the end, so that a run of n steps spends O(n log n) on it, not O(n²)).
+    """
     if _quiet(trace, step):
         return []
     findings: list[Finding] = []
-    for detector in (carried_across_steps, retained_graph, graph_kept_alive, missing_zero_grad):
-        findings.extend(detector(trace, step))
+    findings.extend(carried_across_steps(trace, step))
+    findings.extend(retained_graph(trace, step))
+    findings.extend(graph_kept_alive(trace, step, refresh))
+    findings.extend(missing_zero_grad(trace, step))
     return findings

@@ -190,14 +190,20 @@ def _evaluation_lines(trace: Trace, kept: set[int]) -> list[str]:
     return sorted((w for w in alive if w not in trained), key=lambda w: -alive[w])
 
 
-def graph_kept_alive(trace: Trace, step: StepRecord) -> list[Finding]:
-    """Graphs of earlier steps alive at this step's end that its backwards did not use (see the thresholds)."""
+def graph_kept_alive(trace: Trace, step: StepRecord, refresh: bool = True) -> list[Finding]:
+    """Graphs of earlier steps alive at this step's end that its backwards did not use (see the thresholds).
+
+    ``refresh=False`` skips the holders already reported (see :func:`~graphwatch.analysis.step_findings`).
+    """
     used = {s for bw in backwards_of(trace, step) for s in bw.earlier_steps}
     groups: dict[tuple, list[Holder]] = {}
     for holder in step.holders:
         groups.setdefault(_holder_key(holder), []).append(holder)
+    reported = set() if refresh else {f.evidence.get("key") for f in trace.findings if f.kind == "graph-kept-alive"}
     findings = []
     for key, holders in groups.items():
+        if reported and _finding_key(trace, holders[0]) in reported:
+            continue
         kept = sorted({s for h in holders for s in h.steps if s not in used})
         kept_set = set(kept)
         live = sum(b for s, b in step.saved_alive_by_step.items() if s in kept_set)
@@ -209,6 +215,13 @@ def graph_kept_alive(trace: Trace, step: StepRecord) -> list[Finding]:
     return findings
 
 
+def _finding_key(trace: Trace, holder: Holder) -> str:
+    """The key of a holder's kept-alive finding: its line, or its scope and name."""
+    name, site_id = _holder_key(holder)
+    site = trace.site(site_id)
+    return site.where if site else f"{holder.scope}: {name}"
+
+
 def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: list[int], live: int) -> Finding:
     name, site_id = _holder_key(holders[0])
     site = trace.site(site_id)
@@ -216,7 +229,7 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
     backwarded = name in _backwarded_names(trace, step)  # its value is backwarded: no .item() or no_grad
     evaluation = _evaluation_lines(trace, set(kept))
     evidence = {
-        "key": site.where if site else f"{holders[0].scope}: {name}",
+        "key": _finding_key(trace, holders[0]),
         "sites": list(dict.fromkeys(([site.where] if site else []) + graph)),
         "steps": [step.index],
         "kept_steps": kept,

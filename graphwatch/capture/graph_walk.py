@@ -274,6 +274,96 @@ def walk(
     return result
 
 
+@dataclass(slots=True)
+class Reach:
+    """What the graph below one node holds, whichever later step looks at it: the steps whose nodes it
+    reaches (as sorted, disjoint ``[start, end)`` spans: a graph kept since step 3 is one span however
+    long the run), and how many of its nodes a backward ran through (before the step it was looked at
+    in, and in that step).  A graph never changes below a node, so this is kept and reused by the next
+    look (see :func:`reach`)."""
+
+    step: int  # the step it was looked at in
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    backwarded_before: int = 0
+    backwarded_in_step: int = 0
+    backward: int | None = None  # the root's backward when looked at: a later one makes this stale
+    looked_at: int = 0  # nodes this look walked (the cost of the look)
+
+    def add(self, other: Reach) -> None:
+        """Add what ``other`` (looked at in an earlier step) reaches."""
+        self.spans = _merge_spans(self.spans, other.spans)
+        self.backwarded_before += other.backwarded_before + other.backwarded_in_step
+
+    def earlier(self, step: int) -> tuple[list[int], int]:
+        """(steps before ``step`` reached, nodes reached that a backward before ``step`` ran through)."""
+        steps = [s for start, end in self.spans if start < step for s in range(start, min(end, step))]
+        return steps, self.backwarded_before + (self.backwarded_in_step if step > self.step else 0)
+
+
+def _merge_spans(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The union of two sorted lists of disjoint ``[start, end)`` spans, sorted, disjoint, touching ones joined."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(a + b):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def reach(recorder: Recorder, root: Any, known: dict[int, Reach]) -> tuple[int | None, Reach]:
+    """(root's record id, what the graph below ``root`` holds), reusing ``known`` reaches by record id.
+
+    Like :func:`walk`, it tags and records the nodes it meets and does not
+    descend below freed nodes; below a node found in ``known`` it adds that
+    reach instead of walking again, so looking at a graph that grew by one
+    step since the last look costs what the step added (``total_loss +=
+    loss`` looked at every step costs O(1), not O(steps)).  A node reached
+    both inside and outside a reused part may be counted twice.
+    """
+    step = recorder.step
+    result = Reach(step)
+    if root is None:
+        return None, result
+    backwards = recorder.trace.backwards
+    steps: set[int] = set()
+    mark = next(_marks)
+    root_record: NodeRecord | None = None
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        info = _node_type(node)
+        if info.is_accumulate_grad:
+            continue
+        tag = node.metadata.get(METADATA_KEY)
+        if tag is None or tag.record is None:
+            tag = _record(recorder, node, info, tag)
+        elif tag.mark == mark:
+            continue
+        tag.mark = mark
+        record = tag.record
+        root_record = record if root_record is None else root_record
+        result.looked_at += 1
+        earlier = known.get(record.id)
+        if earlier is not None and earlier.backward == record.backward and earlier.step < step:
+            result.add(earlier)
+            continue
+        steps.add(record.step)
+        if record.backward is not None:  # (a backward starting now is not in the trace yet: this step's)
+            if record.backward < len(backwards) and backwards[record.backward].step < step:
+                result.backwarded_before += 1
+            else:
+                result.backwarded_in_step += 1
+        if record.freed_by is None:
+            stack.extend(child for child, _ in node.next_functions if child is not None)
+    if root_record is None:  # the root is an AccumulateGrad: a parameter holds no graph
+        return None, result
+    result.spans = _merge_spans(result.spans, [(s, s + 1) for s in steps])
+    result.backward = root_record.backward
+    return root_record.id, result
+
+
 def root_records(recorder: Recorder, roots: Iterable[Any]) -> list[int]:
     """Record ids of the tagged roots of a walked graph, building the records a quick walk left out."""
     ids = []

@@ -32,7 +32,7 @@ import torch
 
 from ..model import Holder
 from .callsite import is_user_file
-from .graph_walk import walk
+from .graph_walk import Reach, reach
 from .source import assignments, function_node, module_node
 
 if TYPE_CHECKING:
@@ -163,6 +163,7 @@ class HolderSearch:
     def __init__(self) -> None:
         self._holders: list[Holder] = []
         self._searched: set[int] = set()  # the earlier steps alive at the last search
+        self._reaches: dict[int, Reach] = {}  # what the last search's tensors reach, by their node's record id
 
     def at_step_end(
         self, recorder: Recorder, start: FrameType | None, census: bool = False, script: dict | None = None
@@ -174,7 +175,7 @@ class HolderSearch:
         """
         alive = recorder.earlier_steps_alive()
         if census:
-            self._holders = find_holders(recorder, start, script)
+            self._holders = find_holders(recorder, start, script, self._reaches)
             self._searched = recorder.earlier_steps_alive()
             return list(self._holders)
         if alive == self._searched:
@@ -186,43 +187,62 @@ class HolderSearch:
                 if steps:
                     kept.append(holder if len(steps) == len(holder.steps) else replace(holder, steps=steps))
             return kept
-        self._holders, self._searched = find_holders(recorder, start), alive
+        self._holders, self._searched = find_holders(recorder, start, None, self._reaches), alive
         return list(self._holders)
 
 
-def find_holders(recorder: Recorder, start: FrameType | None, script: dict | None = None) -> list[Holder]:
+def find_holders(
+    recorder: Recorder, start: FrameType | None, script: dict | None = None, reaches: dict[int, Reach] | None = None
+) -> list[Holder]:
     """Holders of earlier-step graphs among the values user frames can reach (and a finished script's
-    globals, ``script``, which ``graphwatch run`` hands over when the session ends)."""
+    globals, ``script``, which ``graphwatch run`` hands over when the session ends).
+
+    ``reaches``: what an earlier search found below the tensors it looked at; used where the same
+    nodes are met again, and replaced by what this search looked at (see :func:`reach`).
+    """
     holders: list[Holder] = []
     seen: set[int] = set()
+    known = reaches if reaches is not None else {}
+    found_now: dict[int, Reach] = {}
     for frame in user_frames(start):
         scope = f"{recorder.sites.sites[recorder.sites.from_frame(frame)].where} in {frame.f_code.co_name}"
-        found = _holders_among(recorder, tensors_in_frame(frame), seen, scope)
+        found = _holders_among(recorder, tensors_in_frame(frame), seen, scope, known, found_now)
         holders += [replace(h, site=_making_site(recorder, frame, h.name)) for h in found]
     if script is not None and isinstance(script.get("__file__"), str):
         names = [(name, value) for name, value in list(script.items()) if not name.startswith("__")]
         pairs = [pair for name, value in names for pair in _tensors_in(name, value)]
-        for holder in _holders_among(recorder, pairs, seen, f"{script['__file__']} (its globals)"):
+        for holder in _holders_among(recorder, pairs, seen, f"{script['__file__']} (its globals)", known, found_now):
             line = _script_line(script["__file__"], holder.name)
             site = recorder.sites.from_file(script["__file__"], line) if line is not None else None
             holders.append(replace(holder, site=site))
+    if reaches is not None:
+        reaches.clear()
+        reaches.update(found_now)
     return holders
 
 
 def _holders_among(
-    recorder: Recorder, pairs: Iterable[tuple[str, torch.Tensor]], seen: set[int], scope: str
+    recorder: Recorder,
+    pairs: Iterable[tuple[str, torch.Tensor]],
+    seen: set[int],
+    scope: str,
+    known: dict[int, Reach],
+    found: dict[int, Reach],
 ) -> list[Holder]:
-    """Holders (with no site yet) among ``pairs`` of names and tensors, each tensor walked once."""
+    """Holders (with no site yet) among ``pairs`` of names and tensors, each tensor looked at once;
+    what each reaches is added to ``found``."""
     step = recorder.step
     holders = []
     for name, tensor in pairs:
         if id(tensor) in seen:
             continue
         seen.add(id(tensor))
-        result = walk(recorder, [tensor.grad_fn])
-        earlier = sorted(s for s in result.earlier_steps if s < step)
+        root, reached = reach(recorder, tensor.grad_fn, known)
+        if root is not None:
+            found[root] = reached
+        earlier, nodes = reached.earlier(step)
         if earlier:
-            holders.append(Holder(name, None, scope, earlier, result.earlier_nodes_reached))
+            holders.append(Holder(name, None, scope, earlier, nodes))
     return holders
 
 
