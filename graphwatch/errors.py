@@ -9,6 +9,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class GraphwatchError(Exception):
     """Base class of graphwatch's own errors (bad input, misuse)."""
@@ -37,6 +39,6 @@ class BackwardTwiceError(RuntimeError):
 class GraphLeakError(GraphwatchError, AssertionError):
     """Raised by a strict session at the end of the first step that leaks a graph."""
 
-    def __init__(self, message: str, findings: list | None = None) -> None:
+    def __init__(self, message: str, findings: list[Any] | None = None) -> None:
         super().__init__(message)
         self.findings = list(findings or [])

@@ -147,7 +147,7 @@ class Session:
         self._entered_at = ""
         self._finished = False
         self._pid = os.getpid()  # a forked child that leaves the session writes and prints nothing
-        self.script_globals: dict | None = None  # a finished script's globals (graphwatch run), searched last
+        self.script_globals: dict[str, Any] | None = None  # a finished script's globals (graphwatch run), searched last
 
     # ---------------------------------------------------------------- public
     @property
@@ -247,7 +247,7 @@ class Session:
         hide_from_compiler()
         if self.level == "precise":
             recorder.precise = recorder.detail_always = True
-            mode = CallSiteMode(recorder)
+            mode: Any = CallSiteMode(recorder)  # (TorchFunctionMode's __enter__ is untyped)
             mode.__enter__()
             self._installed.append(lambda: mode.__exit__(None, None, None))
         if self.level != "light":
@@ -378,7 +378,7 @@ class Session:
         return self.active and threading.get_ident() == self._recorder.thread
 
     # -------------------------------------------------------------- backward
-    def _on_engine(self, run: Callable[..., Any], t_outputs: Any, args: tuple, kwargs: dict) -> Any:
+    def _on_engine(self, run: Callable[..., Any], t_outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         recorder = self._recorder
         if not self._owns_thread() or recorder.backward is not None or transforming():
             return run(t_outputs, *args, **kwargs)

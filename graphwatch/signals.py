@@ -223,7 +223,8 @@ def _uncaught_here(frame: FrameType | None) -> bool:
 def _handled_ranges(code: CodeType) -> tuple[tuple[int, int], ...]:
     if not hasattr(code, "co_exceptiontable"):  # Python 3.10: blocks are not in a table
         return ()
-    return tuple((entry.start, entry.end) for entry in dis.Bytecode(code).exception_entries)
+    entries = dis.Bytecode(code).exception_entries  # type: ignore[attr-defined]  # 3.11+
+    return tuple((entry.start, entry.end) for entry in entries)
 
 
 def _in_handled_block(code: CodeType, offset: int) -> bool:

@@ -58,7 +58,8 @@ def memory_growth(trace: Trace, explained_by: list[Finding]) -> list[Finding]:
     saved = [float(s.live_activation_bytes) for s in steps]
     nodes = [float(s.live_nodes) for s in steps]
     by_bytes, by_nodes = growth(xs, saved, MIN_BYTES), growth(xs, nodes, MIN_NODES)
-    if by_bytes is None and by_nodes is None:
+    fit = by_bytes or by_nodes
+    if fit is None:
         return []
     causes = [f for f in explained_by if f.kind in EXPLAINS]
     evidence = {
@@ -67,9 +68,9 @@ def memory_growth(trace: Trace, explained_by: list[Finding]) -> list[Finding]:
         "steps": [steps[0].index, steps[-1].index],
         "fitted_steps": len(steps),
         "unit": "bytes" if by_bytes else "nodes",
-        "per_step_slope": (by_bytes or by_nodes)[0],
-        "projected": (by_bytes or by_nodes)[1],
-        "r2": (by_bytes or by_nodes)[2],
+        "per_step_slope": fit[0],
+        "projected": fit[1],
+        "r2": fit[2],
         "bytes": int(saved[-1]),
         "bytes_first": int(saved[0]),
         "bytes_per_step": by_bytes[0] if by_bytes else None,

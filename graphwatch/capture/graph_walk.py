@@ -380,9 +380,9 @@ def path_to(roots: Iterable[Any], target: NodeRecord) -> list[NodeRecord]:
     """Records on one path from a root to the node tagged with ``target`` (root first), or []."""
     parents: dict[int, int | None] = {}
     records: dict[int, NodeRecord] = {}
-    queue = [(root, None) for root in roots if root is not None]
+    queue: list[tuple[Any, int | None]] = [(root, None) for root in roots if root is not None]
     while queue:
-        next_queue = []
+        next_queue: list[tuple[Any, int | None]] = []
         for node, parent_id in queue:
             record = node_record(node)
             if record is None or record.id in parents:
@@ -391,8 +391,8 @@ def path_to(roots: Iterable[Any], target: NodeRecord) -> list[NodeRecord]:
             records[record.id] = record
             if record is target or record.id == target.id:
                 path = [record]
-                while parents[path[-1].id] is not None:
-                    path.append(records[parents[path[-1].id]])
+                while (parent := parents[path[-1].id]) is not None:
+                    path.append(records[parent])
                 return path[::-1]
             next_queue.extend((child, record.id) for child, _ in node.next_functions if child is not None)
         queue = next_queue

@@ -205,7 +205,7 @@ def find_holders(
     known = reaches if reaches is not None else {}
     found_now: dict[int, Reach] = {}
     for frame in user_frames(start):
-        scope = f"{recorder.sites.sites[recorder.sites.from_frame(frame)].where} in {frame.f_code.co_name}"
+        scope = f"{recorder.trace.where(recorder.sites.from_frame(frame))} in {frame.f_code.co_name}"
         found = _holders_among(recorder, tensors_in_frame(frame), seen, scope, known, found_now)
         holders += [replace(h, site=_making_site(recorder, frame, h.name)) for h in found]
     if script is not None and isinstance(script.get("__file__"), str):

@@ -66,7 +66,7 @@ class GradResetTracker:
             if grad is None or seen is None or seen[0]() is not grad:
                 continue
             accumulated = self._accumulations.get(id(param), 0)
-            if accumulated and grad._version - seen[1] <= accumulated:
+            if accumulated and grad is not None and grad._version - seen[1] <= accumulated:
                 stale += 1
         return stale
 

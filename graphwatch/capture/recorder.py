@@ -23,7 +23,7 @@ import time
 import weakref
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -189,7 +189,7 @@ class Recorder:
         record = handle.record
         if record is not None:
             return record
-        alias = handle.alias if tensor is None else tensor
+        alias: Any = handle.alias if tensor is None else tensor
         record = handle.record = SavedRecord(
             self._next_saved,
             handle.step,
@@ -402,7 +402,7 @@ class Recorder:
 
     def _freeze_settled(self) -> None:
         for index in self._settled:
-            freeze_step(self.trace.steps, self.trace.backwards, index)
+            freeze_step(self.trace.steps, self.trace.backwards, index)  # type: ignore[arg-type]  # RecordLists
         self._settled.clear()
 
     def close(self) -> None:

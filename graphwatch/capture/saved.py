@@ -46,6 +46,7 @@ import torch
 
 if TYPE_CHECKING:
     from .recorder import Recorder
+    from ..model import NodeRecord, SavedRecord
 
 PackHook = Callable[[torch.Tensor], Any]
 UnpackHook = Callable[[Any], torch.Tensor]
@@ -115,6 +116,22 @@ class SavedHandle:
         "user_unpack",
         "version",
     )  # fmt: skip
+    alias: Any  # a Tensor; None once a user's hooks own it, or outer hooks decide where it lives
+    inner: Any  # what an outer pack hook (or a user's per-tensor pack hook) returned
+    is_input: bool
+    kind: str
+    leaf: bool
+    nbytes: int
+    node: NodeRecord | None
+    output_of: tuple[str, int] | None
+    record: SavedRecord | None
+    recorder: Recorder
+    site: int | None
+    step: int
+    storage: tuple[int, bool] | None
+    unpacks: int
+    user_unpack: UnpackHook | None
+    version: int
 
     def __del__(self) -> None:
         try:
@@ -184,7 +201,7 @@ def _output_of(tensor: torch.Tensor) -> tuple[str, int] | None:
     (A custom Function that makes nodes in its forward numbers them after its own: its outputs are
     then taken for inputs, as before.)
     """
-    node = tensor.grad_fn
+    node: Any = tensor.grad_fn  # a non-leaf's: never None
     if node._sequence_nr() != _next_sequence_nr() - 1:
         return None
     return node.name(), tensor.output_nr

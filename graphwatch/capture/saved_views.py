@@ -40,10 +40,10 @@ from torch.autograd.function import BackwardCFunction
 
 from .saved import SavedHandle, register_user_hooks
 
-SavedTensor = torch._C._autograd.SavedTensor
+SavedTensor: Any = torch._C._autograd.SavedTensor  # (its stub lists none of what is patched here)
 raw_data: Callable[[Any], Any] = SavedTensor.data.fget  # what the pack hook returned: graphwatch's handle
 _raw_unpack_hook = SavedTensor.unpack_hook.fget
-_ctx_saved_tensors = torch._C._FunctionBase.saved_tensors.__get__
+_ctx_saved_tensors: Any = vars(torch._C._FunctionBase)["saved_tensors"].__get__
 
 
 def _shown_data(raw: Any) -> Any:

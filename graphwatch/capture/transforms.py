@@ -94,7 +94,7 @@ try:
         set_code_exec_strategy as _set_strategy,
     )
 except ImportError:  # torch without frame strategies: nothing to hide from
-    _set_strategy = None
+    _set_strategy = None  # type: ignore[assignment]
 _hidden = False
 
 

@@ -175,7 +175,7 @@ class Finding:
     step: int
     message: str
     fix: str
-    evidence: dict = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)
 
     def __str__(self) -> str:
         return f"[{self.kind}] step {self.step}: {self.message}\n  fix: {self.fix}"
@@ -197,7 +197,7 @@ class Trace:
     torch_version: str = ""
     python_version: str = ""
     started_at: str = ""
-    options: dict = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
     sites: list[CallSite] = field(default_factory=list)
     nodes: dict[int, NodeRecord] = field(default_factory=dict)
     saved: dict[int, SavedRecord] = field(default_factory=dict)
@@ -227,7 +227,7 @@ class Trace:
         return site.where if site else "<unknown>"
 
 
-def _record_list(name: str, records: list | None = None) -> Any:
+def _record_list(name: str, records: list[Any] | None = None) -> Any:
     from .columns import TRACE_COLUMNS, RecordList  # columns builds on these records
 
     return RecordList(TRACE_COLUMNS[name], records or ())
