@@ -205,7 +205,7 @@ def measure(group: list[Shape], configs: list[str], headroom: int, log: Log) -> 
     for config in list(configs):
         try:
             run_round(first, config, min(first_steps, 2), headroom)
-        except Exception as exc:  # noqa: BLE001 - reported, not hidden
+        except Exception as exc:
             for e in errors.values():
                 e[config] = "warm-up: " + _failure(exc)
             configs.remove(config)
@@ -220,7 +220,7 @@ def measure(group: list[Shape], configs: list[str], headroom: int, log: Log) -> 
                 continue
             try:
                 results[w.name].setdefault(config, []).append(run_round(w, config, steps, headroom))
-            except Exception as exc:  # noqa: BLE001 - reported; the configuration leaves the comparison
+            except Exception as exc:
                 errors[w.name][config] = f"round {i}: " + _failure(exc)
                 log(f"  ! {w.name} / {config} failed: {errors[w.name][config]}")
                 results[w.name].pop(config, None)

@@ -75,7 +75,7 @@ def _git_rev() -> str:
     try:
         dirty = _git("status", "--porcelain", "graphwatch")
         return _git("rev-parse", "--short", "HEAD") + (" + uncommitted changes in graphwatch/" if dirty else "")
-    except Exception:  # noqa: BLE001
+    except Exception:
         return "?"
 
 
@@ -194,7 +194,7 @@ def _ratio_tables(results: dict[str, WorkloadResult]) -> list[str]:
         if "gw" in r.results:
             cells = [fmt_x(r.ratio(a, b)) if a in r.results and b in r.results else "-" for a, b in _AGAINST_GW]
             lines.append(f"| {r.workload.name} | " + " | ".join(cells) + " |")
-    return lines + [""]
+    return [*lines, ""]
 
 
 _AGAINST_GW = (("anomaly", "gw"), ("profiler", "gw"), ("gw", "light"))
@@ -249,7 +249,7 @@ def _deep_section(small: WorkloadResult, big: WorkloadResult, headroom: int) -> 
                     _median_and_worst(r.calls(c, what)) for what in ("walk_s", "end_step_s", "snapshot_s")
                 )
                 lines.append(f"| {r.workload.name} | {c} | {cells} |")
-    return lines + [""]
+    return [*lines, ""]
 
 
 def _median_and_worst(values: list[float]) -> str:

@@ -141,7 +141,7 @@ def _profile(steps: int, log: Log) -> dict[str, Any] | None:
 
     try:
         return profile_hot_path.profile("mlp", steps, "default")
-    except Exception as exc:  # noqa: BLE001 - the results must still be written
+    except Exception as exc:
         log(f"  ! profile failed: {type(exc).__name__}: {exc}")
         return None
 

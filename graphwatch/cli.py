@@ -211,10 +211,17 @@ def build_parser() -> argparse.ArgumentParser:
                "by SIGTERM (the report is still written); 3 with --strict when the script succeeded but leaks a graph; "
                "2 for a usage error.")
     run.add_argument("--out", metavar="DIR", default=DEFAULT_RUN_OUT, help=f"report folder (default: {DEFAULT_RUN_OUT})")
-    run.add_argument("--strict", action="store_true", help=f"exit {EXIT_STRICT} when graphwatch finds a leak, even if the script succeeded")
+    run.add_argument(
+        "--strict", action="store_true", help=f"exit {EXIT_STRICT} when graphwatch finds a leak, even if the script succeeded"
+    )
     run.add_argument("--quiet", "-q", action="store_true", help="print no summary and no progress (errors only)")
     run.add_argument("--no-progress", action="store_true", help="no status line while the script runs")
-    run.add_argument("--level", choices=LEVELS, default="default", help="what to record (default: %(default)s; 'light': backward calls and steps only)")
+    run.add_argument(
+        "--level",
+        choices=LEVELS,
+        default="default",
+        help="what to record (default: %(default)s; 'light': backward calls and steps only)",
+    )
     run.add_argument("script", metavar="SCRIPT", help="the Python script to run")
     run.add_argument("args", metavar="ARGS", nargs="*", default=[], help="arguments for the script, passed on as they are (`--` too)")
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import atexit
 import functools
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .errors import UsageError
 from .session import Session, active_session
@@ -49,7 +50,10 @@ def _session_for_step() -> Session:
 def step(fn: F) -> F:
     """Decorate a training-step function: each call is one graphwatch step."""
     if not callable(fn):
-        raise UsageError(f"@graphwatch.step decorates a function; got {type(fn).__name__}. Write `@graphwatch.step` above `def train_step(...)`")
+        raise UsageError(
+            f"@graphwatch.step decorates a function; got {type(fn).__name__}. "
+            "Write `@graphwatch.step` above `def train_step(...)`"
+        )
 
     @functools.wraps(fn)
     def run_step(*args: Any, **kwargs: Any) -> Any:

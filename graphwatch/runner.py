@@ -165,10 +165,12 @@ def check_out_dir(out: str | os.PathLike[str]) -> Path:
 
     Example::
 
-        >>> check_out_dir("/dev/null/graphwatch-report")
-        Traceback (most recent call last):
-        ...
-        graphwatch.errors.UsageError: cannot write the report to /dev/null/graphwatch-report: Not a directory; pass --out a folder you can write
+        >>> import graphwatch
+        >>> try:
+        ...     check_out_dir("/dev/null/graphwatch-report")
+        ... except graphwatch.UsageError as error:
+        ...     print(error)
+        cannot write the report to /dev/null/graphwatch-report: Not a directory; pass --out a folder you can write
     """
     path = Path(out)
     if path.exists() and not path.is_dir():

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Runs the whole graphwatch test suite (or what you name: bash scripts/test.sh tests/test_x.py -k y).
 # Sets up first (scripts/setup.sh, with the browser for the HTML-report tests; opt out with
-# GRAPHWATCH_SETUP_BROWSER=0). Paths you pass are relative to the repo root. pytest's exit code
-# is this script's exit code.
+# GRAPHWATCH_SETUP_BROWSER=0), then lints (ruff) and type-checks (mypy, strict on the public API;
+# configured in pyproject.toml): either failing stops here with its exit code. Paths you pass are
+# relative to the repo root. pytest's exit code is this script's exit code.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 GRAPHWATCH_SETUP_BROWSER="${GRAPHWATCH_SETUP_BROWSER:-1}" bash scripts/setup.sh
+echo "test: ruff check" >&2
+.venv/bin/ruff check --quiet .
+echo "test: mypy" >&2
+.venv/bin/mypy --no-error-summary
 exec .venv/bin/python -m pytest "$@"

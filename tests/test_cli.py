@@ -362,7 +362,7 @@ def test_demo_runs_each_example_and_writes_one_report(tmp_path: Path) -> None:
 
 
 def test_demo_without_examples_names_the_fix(tmp_path: Path) -> None:
-    with pytest.raises(graphwatch.UsageError, match="bundled examples are missing.*pip install -e"):
+    with pytest.raises(graphwatch.UsageError, match=r"bundled examples are missing.*pip install -e"):
         find_examples(tmp_path / "nowhere")
 
 
@@ -379,5 +379,5 @@ def test_helpers(tmp_path: Path) -> None:
     assert exit_code_of(SystemExit(None)) == 0 and exit_code_of(SystemExit(-1)) == 255
     assert trace_labels([str(tmp_path / "lstm" / "trace.json"), "a/trace.json", "b/a/trace.json"]) == ["lstm", "a", "a (2)"]
     assert check_out_dir(tmp_path / "new" / "dir").is_dir()
-    with pytest.raises(graphwatch.UsageError, match="folder without __main__.py"):
+    with pytest.raises(graphwatch.UsageError, match=r"folder without __main__\.py"):
         check_script(tmp_path)

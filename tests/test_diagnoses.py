@@ -458,7 +458,7 @@ def test_strict_mode_fails_at_the_end_of_the_first_leaking_step(
 ) -> None:
     reached = -1
     with pytest.raises(graphwatch.GraphLeakError) as info, watch(strict=True):
-        for reached in loop():
+        for reached in loop():  # noqa: B007  (read after the loop: where strict mode raised)
             pass
     assert reached == first, f"raised by the optimizer step that ends step {first}"
     assert isinstance(info.value, AssertionError)

@@ -326,7 +326,7 @@ def test_session_snapshots_show_the_crossing_and_render_to_svg():
 
 @needs_dot
 def test_summary_keeps_the_deep_crossing_edge_and_its_path_to_the_root(low_recursion_limit):
-    gw, w, h, loss, _ = carried_state_session(steps_in_second=3000)  # 6,001 step-1 nodes above the crossing
+    gw, _w, h, loss, _ = carried_state_session(steps_in_second=3000)  # 6,001 step-1 nodes above the crossing
     dot = snapshot_dot([loss.grad_fn], gw.trace, step=1, max_nodes=500)
     sys.setrecursionlimit(1000)  # for dot's JSON below
     nodes, edges = parse(dot)

@@ -328,7 +328,7 @@ def test_full_folder_report_and_save_raise_a_clear_error_and_training_is_unaffec
         gw.report(full_folder / "report")
     message = str(raised.value)
     assert "No space left on device" in message and str(full_folder / "report") in message
-    with pytest.raises(graphwatch.UsageError, match="No space left on device.*free some space"):
+    with pytest.raises(graphwatch.UsageError, match=r"No space left on device.*free some space"):
         gw.save(full_folder / "trace.json")
     assert _leftovers(full_folder) == [], "temporary files left on the full disk"
     assert gw.save(tmp_path / "trace.json").is_file()  # the trace is intact: saved elsewhere it loads
@@ -534,7 +534,7 @@ def test_fields_of_the_wrong_type_are_named_not_a_traceback(good_trace, tmp_path
         path.write_text(json.dumps(damaged))
         try:
             code, err = _report(path, tmp_path / "out", capsys)
-        except Exception as exc:  # noqa: BLE001 - the point: nothing but a clear error may come out
+        except Exception as exc:
             pytest.fail(f"{label}: graphwatch report raised {type(exc).__name__}: {exc}")
         field = label.split("=")[0].split(".")[-1].split("[")[0]
         _assert_one_line_error(code, err, repr(field), "damaged")
@@ -578,7 +578,7 @@ def test_fields_out_of_range_or_of_nested_wrong_shapes_are_named_not_a_traceback
         path.write_text(json.dumps(damaged))  # NaN and Infinity as Python's json writes them
         try:
             code, err = _report(path, tmp_path / "out", capsys)
-        except Exception as exc:  # noqa: BLE001 - the point: nothing but a clear error may come out
+        except Exception as exc:
             pytest.fail(f"{label}: graphwatch report raised {type(exc).__name__}: {exc}")
         if code != 0:  # some values are legal where they land (a string in a free-text evidence entry)
             _assert_one_line_error(code, err, str(path), "damaged")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
-
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn

@@ -363,7 +363,7 @@ def test_report_in_headless_chromium(report: Path, tmp_path: Path) -> None:
     assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
     assert console_messages(done.stderr) == []
     counts = png_colours(shot)
-    background, most = max(counts.items(), key=lambda item: item[1])
+    _background, most = max(counts.items(), key=lambda item: item[1])
     assert len(counts) > 50, "the screenshot has almost no colours: is the page blank?"
     assert most < 0.9 * sum(counts.values()), "nine tenths of the screenshot is one colour"
     # the verdict's red and the saved-tensor chart's orange are on screen

@@ -303,7 +303,7 @@ def test_explicit_steps_are_the_only_boundaries_once_used():
 
 
 def test_work_before_the_first_explicit_step_is_closed_as_its_own_step():
-    model, opt = _model_and_opt()
+    model, _opt = _model_and_opt()
     with graphwatch.watch(summary=False) as gw:
         _loss(model).backward()
         _loss(model).backward()

@@ -205,7 +205,7 @@ def ring_of_two(iterations: int = 10) -> None:
         loss = model(torch.randn(8, 4)).pow(2).mean()
         loss.backward()
         opt.step()
-        recent = recent[-1:] + [loss]  # the last two losses, for a smoothed log
+        recent = [*recent[-1:], loss]  # the last two losses, for a smoothed log
 
 
 def growing_list(iterations: int = 8) -> None:

@@ -160,7 +160,7 @@ def test_short_run_shows_every_step(clean: Trace) -> None:
 
 
 def test_sparklines_show_growing_memory(rnn_leak: Trace) -> None:
-    line = next(l for l in render(Summary(rnn_leak)).splitlines() if l.startswith("nodes alive"))
+    line = next(row for row in render(Summary(rnn_leak)).splitlines() if row.startswith("nodes alive"))
     spark = line.split()[2]
     assert spark[0] == "▁" and spark[-1] == "█"
     assert f"{rnn_leak.steps[0].live_nodes} → {rnn_leak.steps[-1].live_nodes}" in line

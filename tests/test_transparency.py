@@ -138,7 +138,7 @@ class _ScaledExp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        x, w, out = ctx.saved_tensors
+        x, _w, out = ctx.saved_tensors
         return grad * out, (grad * x.exp()).sum(0)
 
 
@@ -176,7 +176,7 @@ def test_non_reentrant_checkpoint_gradients_bit_identical(bare_and_watched, same
     def fn():
         return _train(Net, lambda: ((torch.randn(8, 6),), torch.randn(8, 1)), F.mse_loss)
 
-    bare, watched, gw = bare_and_watched(fn)
+    bare, watched, _gw = bare_and_watched(fn)
     same_tensors(bare, watched)
 
 

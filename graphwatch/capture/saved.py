@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 if TYPE_CHECKING:
-    from .recorder import Recorder
     from ..model import NodeRecord, SavedRecord
+    from .recorder import Recorder
 
 PackHook = Callable[[torch.Tensor], Any]
 UnpackHook = Callable[[Any], torch.Tensor]

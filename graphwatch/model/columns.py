@@ -54,7 +54,7 @@ class Columns:
 
     def defaults(self) -> dict[str, Any]:
         return {
-            f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
             for f in dataclasses.fields(self.cls)
             if f.name not in self.numbers and f.name not in self.choices and f.name not in self.ranges
             and (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)

@@ -57,7 +57,7 @@ def _defaults(cls: type) -> dict[str, Any]:
     found = _DEFAULTS.get(cls)
     if found is None:
         found = _DEFAULTS[cls] = {
-            f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
             for f in dataclasses.fields(cls)
             if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
         }
@@ -215,7 +215,7 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
                 value = RecordList(TRACE_COLUMNS[f.name], value)
         elif f.name in _DICT_FIELDS:
             rows = [_build(_DICT_FIELDS[f.name], row, f"{source}: {f.name}") for row in _rows(value, f.name, source)]
-            value = {r.id: r for r in rows}
+            value = {r.id: r for r in rows}  # type: ignore[attr-defined]  # node and saved records
         setattr(trace, f.name, value)
     try:
         _check_fields(trace, "the trace's")
@@ -225,7 +225,7 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
     for index, step in enumerate(trace.steps):  # as compact as the session kept it
         if not step.detail:
             try:
-                freeze_step(trace.steps, trace.backwards, index)
+                freeze_step(trace.steps, trace.backwards, index)  # type: ignore[arg-type]  # RecordLists
             except (IndexError, TypeError, OverflowError):  # a step naming a backward that is not there
                 raise TraceFormatError(
                     f"{source}: step {index} names backwards {step.backwards} of {len(trace.backwards)}; "
@@ -253,11 +253,13 @@ def _check_ranges(trace: Trace) -> None:
             if getattr(record, key) != position:
                 raise ValueError(f"{name}[{position}] field {key!r} is {getattr(record, key)!r}, expected {position}")
     tables = [*trace.sites, *trace.nodes.values(), *trace.saved.values(), *trace.steps, *trace.backwards]
-    for record in [*tables, *trace.findings, *trace.snapshots]:
+    every: list[Any] = [*tables, *trace.findings, *trace.snapshots]
+    for record in every:
         for f in dataclasses.fields(record):
             _check_number(f.name, getattr(record, f.name), type(record).__name__)
             if f.name in _SITE_FIELDS and getattr(record, f.name) is not None and getattr(record, f.name) >= len(trace.sites):
-                raise ValueError(f"{type(record).__name__} field {f.name!r} names site {getattr(record, f.name)} of {len(trace.sites)}")
+                site = getattr(record, f.name)
+                raise ValueError(f"{type(record).__name__} field {f.name!r} names site {site} of {len(trace.sites)}")
     for step in trace.steps:
         if any(b >= len(trace.backwards) for b in step.backwards):
             raise ValueError(f"StepRecord field 'backwards' names backwards {step.backwards} of {len(trace.backwards)}")
@@ -293,7 +295,9 @@ def _check_evidence(evidence: dict) -> None:
 
 def _rows(value: Any, name: str, source: str) -> list[dict]:
     if not isinstance(value, list) or not all(isinstance(row, dict) for row in value):
-        raise TraceFormatError(f"{source}: field {name!r} should be a list of objects; the trace file is damaged - record the run again")
+        raise TraceFormatError(
+            f"{source}: field {name!r} should be a list of objects; the trace file is damaged - record the run again"
+        )
     return value
 
 

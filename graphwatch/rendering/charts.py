@@ -95,7 +95,7 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     ticks = [first]
     while ticks[-1] < high:
         ticks.append(first + len(ticks) * step)
-    return [int(round(t)) if step >= 1 else round(t, 10) for t in ticks]
+    return [round(t) if step >= 1 else round(t, 10) for t in ticks]
 
 
 def _tick_label(value: float) -> str:

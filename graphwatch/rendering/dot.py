@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import gc
 from collections import Counter
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any, cast
 
 import graphviz
 import torch
@@ -158,7 +158,7 @@ def _emit(graph: GraphBuilder, rep: list[int], carried: dict[int, dict], overlai
           legend: bool) -> graphviz.Digraph:
     """The Digraph of the drawn items, named ``n0, n1, ...`` in walk order."""
     dot = graphviz.Digraph(node_attr=NODE_ATTR, graph_attr={"size": "12,12"})
-    items, names = graph.items, {}
+    items, names = graph.items, cast(dict[int, str], {})
     for index, item in enumerate(items):
         if rep[index] == index:
             names[index] = f"n{len(names)}"
@@ -260,7 +260,8 @@ def make_dot(var: torch.Tensor | Sequence[torch.Tensor], params: Mapping[str, to
     _check_options(params, max_attr_chars, trace, current_step, retained, max_nodes)
     with _gc_paused():
         graph = GraphBuilder(params, show_attrs, show_saved, max_attr_chars)
-        for tensor in var if isinstance(var, (tuple, list)) else [var]:
+        outputs: Sequence[torch.Tensor] = var if isinstance(var, (tuple, list)) else [cast(torch.Tensor, var)]
+        for tensor in outputs:
             graph.add_output(tensor)
         return _finish(graph, trace, current_step, retained, legend, max_nodes)
 

@@ -120,7 +120,7 @@ def tensor_label(item: Item, with_bytes: bool) -> str:
     known = shape_bytes(item.value)
     if known is None:
         return f"{item.label}\n (packed by saved-tensor hooks)"
-    label = "%s\n (%s)" % (item.label, ", ".join(str(int(d)) for d in known[0]))
+    label = "{}\n ({})".format(item.label, ", ".join(str(int(d)) for d in known[0]))
     if not with_bytes:
         return label
     shared = isinstance(item.value, SavedHandle) and not known[1]
@@ -156,7 +156,7 @@ class GraphBuilder:
             raise TypeError(f"make_dot draws tensors, got {type(var).__name__}")
         if id(var) in self._tensors:
             return
-        chain = [(var, OUTPUT_FILL)] + ([(var._base, BASE_FILL)] if var._is_view() else [])
+        chain: list[tuple[Any, str]] = [(var, OUTPUT_FILL)] + ([(var._base, BASE_FILL)] if var._is_view() else [])
         for tensor, fill in chain:  # a view's base is never a view: at most two
             if id(tensor) not in self._tensors:
                 index = self._tensor(tensor, self.names.get(id(tensor), ""), TENSOR, -1, fill)

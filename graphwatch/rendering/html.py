@@ -386,8 +386,9 @@ def write_report(traces: Trace | Sequence[Section], out_dir: Path) -> Path:
         slug = _slug(label, i)
         file = "trace.json" if isinstance(traces, Trace) else f"trace-{slug}.json"
         runs.append(_Run(label, trace, slug, _render_pictures(trace, slug), file))
-    for picture in (p for run in runs for p in run.pictures if p.svg is not None):
-        write_atomically(out_dir / "snapshots" / picture.file, picture.svg)
+    for picture in (p for run in runs for p in run.pictures):
+        if picture.svg is not None:
+            write_atomically(out_dir / "snapshots" / picture.file, picture.svg)
     for run in runs:
         save_trace(run.trace, out_dir / run.trace_file)
     index = out_dir / "index.html"
