@@ -20,6 +20,7 @@ level="${2:-default}"
 files="${GRAPHWATCH_SUITE_FILES:-test/test_autograd.py test/autograd/test_node_lifecycle.py}"
 GRAPHWATCH_SETUP_BROWSER=0 bash "$root/scripts/setup.sh" >&2
 python="$root/.venv/bin/python"
+"$python" -c "import expecttest" 2>/dev/null || "$python" -m pip install -q -c "$root/constraints.txt" expecttest >&2
 results="$(mktemp -d)"
 run() {  # run LEVEL OUTCOMES: one pass over the files
     (cd "$checkout/test" && PYTHONPATH="$root/scripts/pytorch_suite${PYTHONPATH:+:$PYTHONPATH}" \
