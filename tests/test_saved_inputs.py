@@ -232,3 +232,15 @@ def test_a_nested_tensor_trains_inside_a_session_as_without_it():
 
     bare, watched = bare_and_watched(program)
     assert torch.equal(watched, bare)
+
+
+def test_the_saved_tensor_views_are_torchs_own_again_after_the_session():
+    saved_tensor = torch._C._autograd.SavedTensor
+    names = ("data", "unpack_hook", "unpack", "register_hooks")
+    before = {name: saved_tensor.__dict__[name] for name in names}
+    saved_tensors = torch.autograd.function.BackwardCFunction.__dict__.get("saved_tensors")
+    with pytest.raises(RuntimeError, match="in the session"), graphwatch.watch(summary=False):
+        assert all(saved_tensor.__dict__[name] is not before[name] for name in names)
+        raise RuntimeError("raised in the session")
+    assert {name: saved_tensor.__dict__[name] for name in names} == before
+    assert torch.autograd.function.BackwardCFunction.__dict__.get("saved_tensors") is saved_tensors
