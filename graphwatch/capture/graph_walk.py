@@ -296,7 +296,10 @@ class Reach:
 
     def earlier(self, step: int) -> tuple[list[int], int]:
         """(steps before ``step`` reached, nodes reached that a backward before ``step`` ran through)."""
-        steps = [s for start, end in self.spans if start < step for s in range(start, min(end, step))]
+        steps: list[int] = []
+        for start, end in self.spans:
+            if start < step:
+                steps.extend(range(start, min(end, step)))
         return steps, self.backwarded_before + (self.backwarded_in_step if step > self.step else 0)
 
 
