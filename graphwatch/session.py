@@ -124,6 +124,8 @@ class Session:
         self.strict = bool(strict)
         self.level = level
         self.print_summary = bool(summary)
+        if out is not None and not isinstance(out, (str, os.PathLike)):
+            raise UsageError(f"out={out!r}: give the report folder as a path (a str or pathlib.Path), or None")
         self.out = Path(out) if out is not None else None
         if self.out is not None:
             _check_writable_folder(self.out)
@@ -429,8 +431,18 @@ def _check_writable_folder(folder: Path) -> None:
         ) from None
 
 
-def watch(**options: Any) -> Session:
-    """A new :class:`Session`; enter it with ``with``.
+def watch(
+    *,
+    strict: bool = False,
+    level: str = "default",
+    summary: bool = True,
+    out: str | Path | None = None,
+    keep_steps: int = 20,
+    snapshots: str | Iterable[int] = "auto",
+    max_snapshots: int = 12,
+    **unknown: Any,
+) -> Session:
+    """A new :class:`Session` (its options are documented there); enter it with ``with``.
 
     Example::
 
@@ -440,4 +452,13 @@ def watch(**options: Any) -> Session:
         >>> gw.findings
         []
     """
-    return Session(**options)
+    return Session(
+        strict=strict,
+        level=level,
+        summary=summary,
+        out=out,
+        keep_steps=keep_steps,
+        snapshots=snapshots,
+        max_snapshots=max_snapshots,
+        **unknown,
+    )

@@ -16,6 +16,7 @@ ambiguous, has no truthiness, and torch says so itself.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -138,3 +139,11 @@ def test_every_public_name_is_covered():
     }
     assert set(graphwatch.__all__) - plain <= covered, set(graphwatch.__all__) - plain - covered
     assert {"save", "report", "summary"} <= {what.split(".")[1] for what, *_ in CASES if "." in what}
+
+
+def test_watch_shows_its_options_and_names_a_wrong_out():
+    """IDEs and help() see watch()'s real keyword options; a non-path ``out`` is a UsageError naming it."""
+    options = [name for name, p in inspect.signature(graphwatch.watch).parameters.items() if p.kind is p.KEYWORD_ONLY]
+    assert options == ["strict", "level", "summary", "out", "keep_steps", "snapshots", "max_snapshots"]
+    with pytest.raises(graphwatch.UsageError, match=r"^out=123: give the report folder as a path"):
+        graphwatch.watch(out=123)

@@ -20,6 +20,7 @@ from .evidence import (
     carried_pattern,
     carrier_fix,
     carrier_line,
+    counted,
     describe,
     describe_site,
     human_bytes,
@@ -103,7 +104,7 @@ def _share(row: list) -> str:
     step, earlier, total, seconds = row[:4]
     share = earlier / max(total, 1)
     return (
-        f"step {step}: {earlier} of its {total} nodes ({share:.0%}, about {share * seconds * 1e3:.2f} ms "
+        f"step {step}: {earlier} of its {counted(total, 'node')} ({share:.0%}, about {share * seconds * 1e3:.2f} ms "
         f"of {seconds * 1e3:.2f} ms)"
     )
 

@@ -57,6 +57,15 @@ def optimizer_name(source: str) -> str:
     return match.group(1) if match else "optimizer"
 
 
+def counted(n: int, word: str) -> str:
+    """'1 step', '2 steps', '1,200 autograd nodes': a count with its noun in the right number.
+
+    >>> counted(1, "autograd node"), counted(3, "step")
+    ('1 autograd node', '3 steps')
+    """
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
 def human_bytes(n: float) -> str:
     """1536 -> '1.5 KiB'."""
     for unit in ("B", "KiB", "MiB", "GiB"):

@@ -22,6 +22,7 @@ from .evidence import (
     alive_graph_sites,
     backward_name,
     backwards_of,
+    counted,
     describe,
     describe_site,
     human_bytes,
@@ -290,7 +291,7 @@ def _render_kept(ev: dict) -> tuple[str, str]:
     size = ", ".join(
         part
         for part in (
-            f"{ev['nodes']} autograd nodes" if ev["nodes"] else "",
+            counted(ev["nodes"], "autograd node") if ev["nodes"] else "",
             f"{human_bytes(ev['bytes'])} of saved tensors" if ev["bytes"] else "",
         )
         if part

@@ -36,7 +36,7 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.evidence import human_bytes
+from ..analysis.evidence import counted, human_bytes
 from ..model import Finding, StepRecord, Trace
 from .charts import SPARK_ASCII, SPARK_BLOCKS, sparkline
 
@@ -61,10 +61,6 @@ def problems(trace: Trace) -> list[Finding]:
     return [f for f in trace.findings if f.severity != "info"]
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}" + ("" if n == 1 else "s")
-
-
 def verdict(traces: Sequence[Trace]) -> tuple[str, bool]:
     """The one-line verdict over one or more traces, and whether it is good news.
 
@@ -73,9 +69,9 @@ def verdict(traces: Sequence[Trace]) -> tuple[str, bool]:
     """
     steps = sum(len(t.steps) for t in traces)
     found = sum(len(problems(t)) for t in traces)
-    where = _plural(steps, "step") if len(traces) == 1 else f"{_plural(len(traces), 'run')}, {_plural(steps, 'step')}"
+    where = counted(steps, "step") if len(traces) == 1 else f"{counted(len(traces), 'run')}, {counted(steps, 'step')}"
     if found:
-        return f"graphwatch: {_plural(found, 'problem')} in {where}", False
+        return f"graphwatch: {counted(found, 'problem')} in {where}", False
     if not steps:
         return "graphwatch: no steps recorded", True
     return f"graphwatch: no graph leaks in {where}", True
@@ -107,7 +103,7 @@ def steps_text(steps: Sequence[int]) -> str:
         return f"steps {steps[0]}–{steps[-1]}"
     if len(steps) <= 3:
         return "steps " + ", ".join(map(str, steps))
-    return f"{len(steps)} steps, {steps[0]}…{steps[-1]}"
+    return f"{counted(len(steps), 'step')}, {steps[0]}…{steps[-1]}"
 
 
 def marked_steps(trace: Trace) -> dict[int, str]:
@@ -239,7 +235,7 @@ class Summary:
             yield Text(f"the run ended early: {ended_early_text(trace.ended_early)}", style="yellow")
         if trace.untracked_saved:
             yield Text(
-                f"{_plural(trace.untracked_saved, 'saved tensor')} went through hooks graphwatch cannot see "
+                f"{counted(trace.untracked_saved, 'saved tensor')} went through hooks graphwatch cannot see "
                 "(saved_tensors_hooks entered inside the session); they are not counted",
                 style="dim",
             )
@@ -281,7 +277,7 @@ class Summary:
         table.add_column("first seen", style="red", overflow="fold")
         for row in rows:
             if isinstance(row, int):
-                table.add_row("⋯", "", "", "", "", f"{_plural(row, 'step')} omitted", style="dim")
+                table.add_row("⋯", "", "", "", "", f"{counted(row, 'step')} omitted", style="dim")
                 continue
             backward = f"{len(row.backwards)} · {seconds_text(row.backward_seconds)}" if row.backwards else "–"
             table.add_row(
