@@ -220,3 +220,20 @@ def test_ascii_console_gets_ascii_text(rnn_leak: Trace) -> None:
 def test_docstring_examples_run(module: object) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted and not result.failed
+
+
+def test_a_backward_twice_explanation_lists_its_fixes_once_and_the_early_end_in_one_line() -> None:
+    """The explanation already lists its fixes, best first: no `fix:` line repeats the first one; and the
+    run's early end is one short line, cut at a word, not torch's whole text again."""
+    x = torch.ones(3, requires_grad=True)
+    with pytest.raises(graphwatch.BackwardTwiceError), graphwatch.watch(summary=False) as gw:
+        y = (x.exp() * 2).sum()
+        y.backward()
+        y.backward()
+    finding = next(f for f in gw.findings if f.kind == "backward-through-freed-graph")
+    text = render(Summary(gw.trace))
+    assert "Fixes, best first:" in text and "fix: " not in text
+    early = next(line for line in text.splitlines() if "the run ended early" in line)
+    assert early.strip().startswith("the run ended early: BackwardTwiceError: Trying to backward through")
+    assert len(early.strip()) <= len("the run ended early: ") + 100 and "retain_graph" not in early
+    assert finding.fix in finding.message

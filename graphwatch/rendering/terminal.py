@@ -156,13 +156,21 @@ def seconds_text(seconds: float) -> str:
 
 
 def ended_early_text(reason: str, limit: int = 100) -> str:
-    """The first line of why a run ended early, cut to ``limit`` characters (the findings explain the rest).
+    """Why a run ended early, in one short line: its first sentence, cut at a word (the findings and the
+    error itself say the rest).
 
     >>> ended_early_text("KeyboardInterrupt")
     'KeyboardInterrupt'
+    >>> ended_early_text("RuntimeError: Trying to backward through the graph a second time (or directly access "
+    ...                  "saved tensors after they have already been freed). Saved intermediate values", limit=60)
+    'RuntimeError: Trying to backward through the graph a…'
     """
     first = reason.strip().splitlines()[0] if reason.strip() else reason
-    return first if len(first) <= limit else first[: limit - 1].rstrip() + "…"
+    sentence = first.split(". ")[0]
+    if len(sentence) <= limit:
+        return sentence
+    cut = sentence[: limit - 1].rsplit(" ", 1)[0].rstrip(" ,;:(")
+    return cut + "…"
 
 
 # ------------------------------------------------------------------------- rich output
@@ -179,7 +187,8 @@ def finding_lines(finding: Finding, note: str = "") -> Iterator[RenderableType]:
         (f"  {steps_text(finding_steps(finding))}", "dim"),
     )
     yield Padding(Text(finding.message), (0, 0, 0, 2))
-    yield Padding(Text.assemble(("fix: ", "bold green"), finding.fix), (0, 0, 0, 2))
+    if finding.fix not in finding.message:  # an explanation lists its fixes, best first: not again
+        yield Padding(Text.assemble(("fix: ", "bold green"), finding.fix), (0, 0, 0, 2))
     sites = cited_sites(finding)
     if sites:
         yield Padding(Text.assemble(("at: ", "bold"), (", ".join(sites), "cyan")), (0, 0, 0, 2))
