@@ -174,8 +174,20 @@ def ended_early_text(reason: str, limit: int = 100) -> str:
 
 
 # ------------------------------------------------------------------------- rich output
-def finding_lines(finding: Finding, note: str = "") -> Iterator[RenderableType]:
+def explained_in_error(trace: Trace, finding: Finding) -> bool:
+    """Whether the error that ended the run already carries this finding's whole explanation (a
+    :class:`~graphwatch.BackwardTwiceError`): the summary then points at it instead of printing it twice.
+
+    >>> explained_in_error(Trace(), Finding("retained-graph", "warning", 3, "m", "f"))
+    False
+    """
+    return bool(trace.ended_early) and finding.severity == "error" and finding.message in (trace.ended_early or "")
+
+
+def finding_lines(finding: Finding, note: str = "", in_error: bool = False) -> Iterator[RenderableType]:
     """One finding as the summary shows it: kind and steps (and ``note``, e.g. ``only on rank 1``), message, fix, lines.
+
+    ``in_error``: the error that ended the run holds the explanation; one line points at it.
 
     >>> [type(part).__name__ for part in finding_lines(Finding("retained-graph", "warning", 3, "m", "f"))]
     ['Text', 'Padding', 'Padding']
@@ -186,8 +198,11 @@ def finding_lines(finding: Finding, note: str = "") -> Iterator[RenderableType]:
         (f"  {note}", "bold magenta") if note else "",
         (f"  {steps_text(finding_steps(finding))}", "dim"),
     )
-    yield Padding(Text(finding.message), (0, 0, 0, 2))
-    if finding.fix not in finding.message:  # an explanation lists its fixes, best first: not again
+    if in_error:
+        yield Padding(Text("explained, with its fixes, in the error that ended the run (its traceback)"), (0, 0, 0, 2))
+    else:
+        yield Padding(Text(finding.message), (0, 0, 0, 2))
+    if not in_error and finding.fix not in finding.message:  # an explanation lists its fixes: not again
         yield Padding(Text.assemble(("fix: ", "bold green"), finding.fix), (0, 0, 0, 2))
     sites = cited_sites(finding)
     if sites:
@@ -241,7 +256,9 @@ class Summary:
         if one_of_ranks:
             yield Text(other_ranks_hint(self.report), style="dim")
         if trace.ended_early:
-            yield Text(f"the run ended early: {ended_early_text(trace.ended_early)}", style="yellow")
+            explained = any(explained_in_error(trace, f) for f in trace.findings)
+            reason = trace.ended_early.split(":")[0] if explained else ended_early_text(trace.ended_early)
+            yield Text(f"the run ended early: {reason}", style="yellow")
         if trace.untracked_saved:
             yield Text(
                 f"{counted(trace.untracked_saved, 'saved tensor')} went through hooks graphwatch cannot see "
@@ -266,7 +283,7 @@ class Summary:
         for i, finding in enumerate(self.trace.findings):
             if i:
                 yield Text("")
-            yield from finding_lines(finding)
+            yield from finding_lines(finding, in_error=explained_in_error(self.trace, finding))
 
     def _table(self) -> Table:
         steps = self.trace.steps
