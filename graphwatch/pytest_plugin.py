@@ -109,7 +109,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, None]:
     _end(session, error)
     leaks = [f for f in session.findings if f.kind in LEAK_KINDS]
     fail = bool(leaks) and session.strict and (error is None or isinstance(error, GraphLeakError))
-    others = [f for f in session.findings if not (fail and f in leaks)]
+    explained = str(error) if error is not None else ""  # a BackwardTwiceError carries its finding's text
+    others = [f for f in session.findings if not (fail and f in leaks) and f.message not in explained]
     if others:  # findings the failure message does not show: a report section ("Captured graphwatch call")
         item.add_report_section("call", "graphwatch", "\n".join(map(str, others)))
     if fail:

@@ -329,6 +329,7 @@ class Session:
         self._end_step(source, outer_frame(3))
 
     def _end_step(self, source: str, frame: Any, final: bool = False) -> StepRecord:
+        __tracebackhide__ = True  # pytest: a strict-mode GraphLeakError points at the user's line
         recorder = self._recorder
         current = recorder.current
         if self._backwards.retained:
@@ -363,6 +364,7 @@ class Session:
             current.optimizer_site = self._recorder.sites.here(2)
 
     def _after_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        __tracebackhide__ = True
         if not self._owns_thread():
             return
         loop = self._loop
@@ -381,6 +383,7 @@ class Session:
 
     # -------------------------------------------------------------- backward
     def _on_engine(self, run: Callable[..., Any], t_outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        __tracebackhide__ = True  # pytest: the user's frames end at their backward call
         recorder = self._recorder
         if not self._owns_thread() or recorder.backward is not None or transforming():
             return run(t_outputs, *args, **kwargs)

@@ -142,3 +142,19 @@ def test_the_marker_is_registered(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_empty="")
     result = pytester.runpytest(*plugin_args(), "--markers")
     result.stdout.fnmatch_lines(["@pytest.mark.graphwatch(**options): run the test inside a strict graphwatch session*"])
+
+
+def test_a_backward_twice_failure_shows_the_users_frames_and_the_explanation_once(pytester: pytest.Pytester) -> None:
+    result = run(pytester, """
+@pytest.mark.graphwatch
+def test_backward_twice():
+    x = torch.ones(3, requires_grad=True)
+    y = (x.exp() * 2).sum()
+    y.backward()
+    y.backward()  # the failing line
+""")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "y.backward()  # the failing line" in out and "BackwardTwiceError: Trying to backward through" in out
+    assert "graphwatch/session.py" not in out and "graphwatch/capture" not in out  # no graphwatch source or locals
+    assert out.count("Fixes, best first:") == 1

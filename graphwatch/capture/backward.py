@@ -29,6 +29,8 @@ from typing import Any
 import torch.autograd
 import torch.autograd.graph
 
+from ..errors import BackwardTwiceError, GraphwatchError
+
 Run = Callable[..., Any]
 Observer = Callable[[Run, Any, tuple, dict], Any]
 
@@ -52,7 +54,11 @@ class EnginePatch:
 
         @functools.wraps(original)
         def engine_run_backward(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
-            return self._observer(original, t_outputs, args, kwargs)
+            __tracebackhide__ = True  # pytest: the user's frames end at their backward call
+            try:
+                return self._observer(original, t_outputs, args, kwargs)
+            except (GraphwatchError, BackwardTwiceError) as error:  # graphwatch's: its traceback starts here
+                raise error.with_traceback(None) from None
 
         for module in _MODULES:
             self._replaced.append((module, getattr(module, _NAME)))

@@ -178,7 +178,8 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
 
     def __str__(self) -> str:
-        return f"[{self.kind}] step {self.step}: {self.message}\n  fix: {self.fix}"
+        head = f"[{self.kind}] step {self.step}: {self.message}"
+        return head if self.fix in self.message else f"{head}\n  fix: {self.fix}"  # (an explanation lists its fixes)
 
 
 @dataclass(slots=True)
