@@ -116,7 +116,7 @@ class BackwardWatch:
                     earlier.graph_reused = True
             if record.retain_graph:
                 self.retained.append((record, reached))
-        crosses = bool(result.crossings or result.freed)
+        crosses = bool(result.crossings)  # (a graph a backward of this same step freed is drawn by explain())
         if self.wants_snapshot(record, crosses):
             self.snapshot(record.step, roots, CROSSING if crosses else "first backward")
         return result.freed

@@ -426,3 +426,13 @@ def test_docstring_examples_run():
 def test_make_dot_rejects_non_tensors():
     with pytest.raises(TypeError, match="make_dot draws tensors, got int"):
         make_dot(3)
+
+
+def test_a_backward_twice_inside_one_step_is_not_captioned_as_crossing_steps():
+    x = torch.ones(3, requires_grad=True)
+    with pytest.raises(graphwatch.BackwardTwiceError), graphwatch.watch(summary=False) as gw:
+        y = (x.exp() * 2).sum()
+        y.backward()
+        y.backward()
+    assert [s.reason for s in gw.trace.snapshots] == ["first backward", "backward through a freed graph"]
+    assert {s.step for s in gw.trace.snapshots} == {0}
