@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .analysis.evidence import counted
 from .errors import UsageError
 from .model import Finding
 from .runner import EXIT_INTERRUPTED, EXIT_SIGTERM, ScriptRun, run_script, write_report
@@ -117,6 +118,23 @@ def run_examples(examples: list[Example], progress: bool = True, guard: SignalGu
     return results
 
 
+def demo_headline(results: list[ExampleResult]) -> tuple[str, bool]:
+    """What the demo showed, in one line, and whether every example came out as expected.
+
+    >>> demo_headline([])
+    ('graphwatch demo: 0 bug examples: 0 found; 0 fixed twins: 0 clean; 0 correct loops: 0 silent', True)
+    """
+    bugs = [r for r in results if r.example.is_bug]
+    fixed = [r for r in results if r.example.name.endswith(FIXED_SUFFIX)]
+    correct = [r for r in results if not r.example.is_bug and r not in fixed]
+    text = (
+        f"graphwatch demo: {counted(len(bugs), 'bug example')}: {sum(r.as_expected for r in bugs)} found; "
+        f"{counted(len(fixed), 'fixed twin')}: {sum(r.as_expected for r in fixed)} clean; "
+        f"{counted(len(correct), 'correct loop')}: {sum(r.as_expected for r in correct)} silent"
+    )
+    return text, all(r.as_expected for r in results)
+
+
 def print_demo_summary(results: list[ExampleResult], report: Path | None, console: Any = None) -> None:
     """One table (a row per bug and its fix), then each bug's findings with their fixes, then where the report is."""
     from rich import box
@@ -138,6 +156,8 @@ def print_demo_summary(results: list[ExampleResult], report: Path | None, consol
     table.add_column("the fix")
     for topic, pair in pairs.items():
         table.add_row(topic, _cell(pair.get(True)), _cell(pair.get(False)))
+    text, good = demo_headline(results)
+    console.print(Text(text, style="bold green" if good else "bold red"))
     console.print(table)
     for result in results:
         if result.example.is_bug and result.run.session.findings:
@@ -186,7 +206,7 @@ def run_demo(out: Path, progress: bool = True, folder: Path | None = None, conso
     examples = find_examples(folder)
     with SignalGuard() as guard:
         results = run_examples(examples, progress=progress, guard=guard)
-        report = write_report([(r.example.name, r.run.trace) for r in results], out)
+        report = write_report([(r.example.name, r.run.trace) for r in results], out, demo_headline(results))
         print_demo_summary(results, report, console)
     stopped = results[-1].run.exit_code if results[-1].run.exit_code in (EXIT_INTERRUPTED, EXIT_SIGTERM) else None
     if stopped is not None or guard.terminated:

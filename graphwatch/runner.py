@@ -184,7 +184,9 @@ def check_out_dir(out: str | os.PathLike[str]) -> Path:
     return path
 
 
-def write_report(traces: Trace | list[tuple[str, Trace]], out: Path) -> Path:
+def write_report(
+    traces: Trace | list[tuple[str, Trace]], out: Path, headline: tuple[str, bool] | None = None
+) -> Path:
     """Write the HTML report (with trace.json and SVGs) to ``out``; return the index.html path.
 
     An OS error while writing becomes a :class:`~graphwatch.UsageError` naming the folder.
@@ -192,7 +194,7 @@ def write_report(traces: Trace | list[tuple[str, Trace]], out: Path) -> Path:
     from .rendering.html import write_report as render
 
     try:
-        return Path(render(traces, out))
+        return Path(render(traces, out, headline))
     except OSError as exc:
         raise UsageError(f"cannot write the report to {out}: {exc.strerror or exc}; pass --out a folder you can write") from None
 

@@ -359,6 +359,9 @@ def test_demo_runs_each_example_and_writes_one_report(tmp_path: Path) -> None:
     assert "raised BackwardTwiceError" in printed and "clean" in printed
     assert f"report: {tmp_path / 'out' / 'index.html'}" in printed
     assert (tmp_path / "out" / "index.html").is_file()
+    headline = "graphwatch demo: 2 bug examples: 2 found; 1 fixed twin: 1 clean; 0 correct loops: 0 silent"
+    assert printed.splitlines()[0] == headline  # what the demo showed, not a count of problems
+    assert f'<h1 class="verdict good">{headline}</h1>' in (tmp_path / "out" / "index.html").read_text()
 
 
 def test_demo_without_examples_names_the_fix(tmp_path: Path) -> None:
@@ -372,6 +375,10 @@ def test_demo_subprocess_on_the_bundled_examples(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "report:" in result.stdout
     assert (tmp_path / "demo" / "index.html").is_file()
+    examples = find_examples(REPO / "examples")
+    bugs = sum(e.is_bug for e in examples)
+    fixed = sum(e.name.endswith("_fixed") for e in examples)
+    assert f"{bugs} bug examples: {bugs} found; {fixed} fixed twins: {fixed} clean" in result.stdout
 
 
 # -------------------------------------------------------------------------- helpers

@@ -369,3 +369,27 @@ def test_report_in_headless_chromium(report: Path, tmp_path: Path) -> None:
     # the verdict's red and the saved-tensor chart's orange are on screen
     assert any(r > 200 and g < 80 and b < 80 for r, g, b in counts)
     assert any(r > 220 and 120 < g < 150 and b < 40 for r, g, b in counts)
+
+
+def test_a_reused_folder_keeps_no_snapshot_of_the_earlier_report(tmp_path: Path) -> None:
+    """Writing a report into a folder that holds an earlier one removes the earlier snapshots (graphwatch's
+    own files only: what else is there stays)."""
+    with graphwatch.watch(summary=False, snapshots=[0, 1, 2]) as many:
+        for _ in range(3):
+            x = torch.ones(3, requires_grad=True)
+            with many.step():
+                (x.exp() * 2).sum().backward()
+    with graphwatch.watch(summary=False) as few:
+        x = torch.ones(3, requires_grad=True)
+        (x.exp() * 2).sum().backward()
+    out = tmp_path / "report"
+    write_report(many.trace, out)
+    before = sorted(p.name for p in (out / "snapshots").glob("*.svg"))
+    (out / "notes.txt").write_text("mine")
+    (out / "snapshots" / "mine.png").write_bytes(b"png")
+    write_report(few.trace, out)
+    after = sorted(p.name for p in (out / "snapshots").glob("*.svg"))
+    assert len(before) == 3 and len(after) == 1
+    page = (out / "index.html").read_text()
+    assert all(f"snapshots/{name}" in page for name in after)
+    assert (out / "notes.txt").read_text() == "mine" and (out / "snapshots" / "mine.png").exists()

@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -275,9 +276,10 @@ def _gallery_html(pictures: list[_Picture], slug: str) -> str:
 
 
 # ------------------------------------------------------------------------------- page
-def _verdict_html(traces: Sequence[Trace], tag: str = "div") -> str:
-    """The verdict; inside a run's section (any tag but the page's h1) without the ``graphwatch:`` prefix."""
-    text, good = report_verdict(traces)
+def _verdict_html(traces: Sequence[Trace], tag: str = "div", headline: tuple[str, bool] | None = None) -> str:
+    """The verdict (or ``headline``: text, good news); inside a run's section (any tag but the page's h1)
+    without the ``graphwatch:`` prefix."""
+    text, good = headline or report_verdict(traces)
     if tag != "h1":
         text = text.removeprefix("graphwatch: ")
     return f'<{tag} class="verdict {"good" if good else "bad"}">{escape(text)}</{tag}>'
@@ -331,12 +333,12 @@ def _contents_html(runs: Sequence[_Run], heading: str) -> str:
     return f'<nav class="contents"><h2>{heading}</h2><ul>{items}</ul></nav>'
 
 
-def _page(runs: Sequence[_Run]) -> str:
+def _page(runs: Sequence[_Run], headline: tuple[str, bool] | None = None) -> str:
     from .. import __version__
 
     traces = [run.trace for run in runs]
     multi, ranks = len(runs) > 1, is_rank_set(traces)
-    body = [_verdict_html(traces, "h1")] + ([_contents_html(runs, "Ranks" if ranks else "Runs")] if multi else [])
+    body = [_verdict_html(traces, "h1", headline)] + ([_contents_html(runs, "Ranks" if ranks else "Runs")] if multi else [])
     if ranks:  # the ranks of one distributed job: a cross-rank section, findings marked "only on rank r"
         body.append(ranks_html(traces, [run.slug for run in runs]))
     notes = rank_notes(traces) if ranks else {}
@@ -344,7 +346,7 @@ def _page(runs: Sequence[_Run]) -> str:
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{escape(report_verdict(traces)[0])}</title><style>{CSS}{RANKS_CSS if ranks else ''}</style></head>"
+        f"<title>{escape((headline or report_verdict(traces))[0])}</title><style>{CSS}{RANKS_CSS if ranks else ''}</style></head>"
         f'<body><main>{"".join(body)}</main><footer>graphwatch {escape(__version__)}</footer></body></html>\n'
     )
 
@@ -370,13 +372,19 @@ def _prepare_folder(out_dir: Path) -> None:
         raise UsageError(f"cannot write the report to {out_dir}: permission denied; pass a folder you can write")
 
 
-def write_report(traces: Trace | Sequence[Section], out_dir: Path) -> Path:
+def write_report(
+    traces: Trace | Sequence[Section], out_dir: Path, headline: tuple[str, bool] | None = None
+) -> Path:
     """Write ``out_dir/index.html``, the trace JSON and ``snapshots/*.svg``; return the index.html path.
 
     ``traces`` is one :class:`~graphwatch.model.Trace` (its JSON goes to
     ``trace.json``) or a list of ``(label, trace)`` pairs, one report section
-    each (their JSON goes to ``trace-<label>.json``).  Raises
-    :class:`~graphwatch.UsageError` when ``out_dir`` cannot be written.
+    each (their JSON goes to ``trace-<label>.json``).  ``headline`` (text,
+    good news) replaces the verdict over the traces at the top.  Snapshots an
+    earlier report left in ``out_dir/snapshots`` are removed once the new
+    report is complete; nothing else there is touched (a trace JSON may be
+    what this report was made from).  Raises :class:`~graphwatch.UsageError`
+    when ``out_dir`` cannot be written.
     """
     out_dir = Path(out_dir)
     sections = _sections(traces)
@@ -386,11 +394,23 @@ def write_report(traces: Trace | Sequence[Section], out_dir: Path) -> Path:
         slug = _slug(label, i)
         file = "trace.json" if isinstance(traces, Trace) else f"trace-{slug}.json"
         runs.append(_Run(label, trace, slug, _render_pictures(trace, slug), file))
+    written = {out_dir / "index.html"}
     for picture in (p for run in runs for p in run.pictures):
         if picture.svg is not None:
             write_atomically(out_dir / "snapshots" / picture.file, picture.svg)
+            written.add(out_dir / "snapshots" / picture.file)
     for run in runs:
         save_trace(run.trace, out_dir / run.trace_file)
+        written.add(out_dir / run.trace_file)
     index = out_dir / "index.html"
-    write_atomically(index, _page(runs))
+    write_atomically(index, _page(runs, headline))
+    _remove_stale(out_dir, written)
     return index
+
+
+def _remove_stale(out_dir: Path, written: set[Path]) -> None:
+    """Remove the snapshots an earlier report wrote to ``out_dir`` and this one did not."""
+    for path in (out_dir / "snapshots").glob("*.svg"):
+        if path not in written and path.is_file():
+            with contextlib.suppress(OSError):
+                path.unlink()
