@@ -256,3 +256,14 @@ def test_an_early_end_without_an_explanation_is_one_short_line_cut_at_a_word() -
     trace = Trace(ended_early="RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 7.79 GiB total)")
     line = next(row for row in render(Summary(trace)).splitlines() if "ended early" in row)
     assert line.strip() == "the run ended early: RuntimeError: CUDA out of memory"
+
+
+def test_the_footer_range_ends_at_the_loops_last_step_and_names_the_peak() -> None:
+    """The session's own last step (after the loop, graphs let go) does not hide the growth."""
+    from graphwatch.model import StepRecord
+
+    steps = [StepRecord(index=i, source="optimizer", live_activation_bytes=1024 * i, live_nodes=10 * i) for i in range(4)]
+    steps.append(StepRecord(index=4, source="session-end"))
+    text = render(Summary(Trace(steps=steps)))
+    assert "0 B → 3.0 KiB (max 3.0 KiB, step 3)" in text
+    assert "0 → 30 (max 30, step 3)" in text
