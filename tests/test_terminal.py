@@ -267,3 +267,16 @@ def test_the_footer_range_ends_at_the_loops_last_step_and_names_the_peak() -> No
     text = render(Summary(Trace(steps=steps)))
     assert "0 B → 3.0 KiB (max 3.0 KiB, step 3)" in text
     assert "0 → 30 (max 30, step 3)" in text
+
+
+def test_output_to_no_terminal_is_not_hard_wrapped(rnn_leak: Trace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CI log or `| tee` gets each finding's message on one line (no 80-column wrap breaking code spans),
+    no box as wide as the log, and no line padded with spaces to the console's width."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    out = io.StringIO()
+    print_summary(rnn_leak, console=make_console(out))
+    lines = out.getvalue().splitlines()
+    for finding in rnn_leak.findings:
+        assert f"  {finding.message}" in lines
+    assert "findings" in lines and not any(line.startswith("╭") for line in lines)
+    assert max(len(line) for line in lines) <= max(len(f.message) for f in rnn_leak.findings) + 10

@@ -199,14 +199,14 @@ def finding_lines(finding: Finding, note: str = "", in_error: bool = False) -> I
         (f"  {steps_text(finding_steps(finding))}", "dim"),
     )
     if in_error:
-        yield Padding(Text("explained, with its fixes, in the error that ended the run (its traceback)"), (0, 0, 0, 2))
+        yield Padding(Text("explained, with its fixes, in the error that ended the run (its traceback)"), (0, 0, 0, 2), expand=False)
     else:
-        yield Padding(Text(finding.message), (0, 0, 0, 2))
+        yield Padding(Text(finding.message), (0, 0, 0, 2), expand=False)
     if not in_error and finding.fix not in finding.message:  # an explanation lists its fixes: not again
-        yield Padding(Text.assemble(("fix: ", "bold green"), finding.fix), (0, 0, 0, 2))
+        yield Padding(Text.assemble(("fix: ", "bold green"), finding.fix), (0, 0, 0, 2), expand=False)
     sites = cited_sites(finding)
     if sites:
-        yield Padding(Text.assemble(("at: ", "bold"), (", ".join(sites), "cyan")), (0, 0, 0, 2))
+        yield Padding(Text.assemble(("at: ", "bold"), (", ".join(sites), "cyan")), (0, 0, 0, 2), expand=False)
 
 
 def cited_sites(finding: Finding) -> list[str]:
@@ -242,9 +242,10 @@ class Summary:
         self.title = title
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield from ascii_safe(console, options, list(self._parts(options.max_width)))
+        boxed = options.max_width < UNWRAPPED_WIDTH  # unwrapped output (no terminal): no box as wide as the log
+        yield from ascii_safe(console, options, list(self._parts(options.max_width, boxed)))
 
-    def _parts(self, max_width: int) -> Iterator[RenderableType]:
+    def _parts(self, max_width: int, boxed: bool = True) -> Iterator[RenderableType]:
         trace = self.trace
         text, good = verdict([trace])
         line = Text(text, style="bold green" if good else "bold red")
@@ -265,13 +266,16 @@ class Summary:
                 "(saved_tensors_hooks entered inside the session); they are not counted",
                 style="dim",
             )
-        if trace.findings:
+        if trace.findings and boxed:
             yield Panel(
                 Group(*self._findings()),
                 title="findings",
                 title_align="left",
                 border_style="red" if not good else "blue",
             )
+        elif trace.findings:
+            yield Text("findings", style="bold")
+            yield from self._findings()
         if trace.steps:
             yield self._table()
             yield self._sparklines(max_width)
@@ -329,7 +333,7 @@ class Summary:
             span = f"{fmt(values[trained[0]])} → {fmt(values[trained[-1]])} (max {fmt(values[top])}, step {steps[top].index})"
             rows.append((label, values, span))
         # the widest label and range text, two gaps of two columns: the sparkline gets the rest
-        width = max(8, min(60, max_width - 18 - max(len(r[2]) for r in rows) - 4))
+        width = max(8, min(60, max_width - 18 - max(len(r[2]) for r in rows) - 4))  # (60 when unwrapped)
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="bold", min_width=18)
         grid.add_column(style="yellow")
@@ -353,19 +357,29 @@ def other_ranks_hint(report: Path | None) -> str:
     return f"other ranks record their own traces; one report of all ranks: graphwatch report {where}"
 
 
+# Width when the output is no terminal (a CI log, `| tee`, a file) and COLUMNS does not say: wide enough
+# that no line is hard-wrapped mid-token; the log viewer wraps.
+UNWRAPPED_WIDTH = 1000
+
+
 def make_console(file: IO[str] | None = None) -> Console:
-    """A console for the summary: standard error by default; no colour codes when ``NO_COLOR`` is set.
+    """A console for the summary: standard error by default; no colour codes when ``NO_COLOR`` is set; not
+    hard-wrapped when it writes to no terminal (unless ``COLUMNS`` sets a width).
 
     >>> import io
-    >>> make_console(io.StringIO()).is_terminal
-    False
+    >>> console = make_console(io.StringIO())
+    >>> console.is_terminal, console.width
+    (False, 1000)
     """
-    return Console(
+    console = Console(
         file=file,
         stderr=file is None,
         color_system=None if os.environ.get("NO_COLOR") else "auto",
         highlight=False,
     )
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = UNWRAPPED_WIDTH
+    return console
 
 
 def print_summary(trace: Trace, console: Console | None = None, report: Path | None = None) -> None:
