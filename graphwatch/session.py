@@ -43,6 +43,7 @@ import torch
 from .analysis import (
     LEAK_KINDS,
     FindingLog,
+    add_patches,
     graph_kept_alive,
     is_backward_twice,
     session_findings,
@@ -301,6 +302,7 @@ class Session:
         self._recorder.close()
         new = [f for f in session_findings(self.trace) if self._log.add(f)]
         trace = self.trace
+        add_patches(trace)
         trace.rank, trace.world_size = rank_and_world_size(trace.rank, trace.world_size)
         out = None if self.out is None else rank_folder(self.out, trace)  # no two ranks write one file
         if out is not None:

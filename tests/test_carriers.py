@@ -203,3 +203,16 @@ def test_generator_first_gan_detaches_in_the_discriminators_loss(at: Callable[[o
     with watch() as gw:
         generator_first_gan(detach=True)
     assert gw.findings == []
+
+
+def test_an_lstms_hidden_and_cell_state_are_detached_together() -> None:
+    """`h, c = cell(x, (h, c))` carries both: the fix detaches both (detaching h alone still fails)."""
+    cell, head = torch.nn.LSTMCell(4, 8), torch.nn.Linear(8, 1)
+    with graphwatch.watch(summary=False) as gw:
+        h, c = torch.zeros(2, 8), torch.zeros(2, 8)
+        for _ in range(3):
+            h, c = cell(torch.randn(2, 4), (h, c))
+            head(h).pow(2).mean().backward(retain_graph=True)
+    finding = next(f for f in gw.findings if f.kind == "graph-carried-across-steps")
+    assert finding.evidence["detach"] == "h, c = h.detach(), c.detach()"
+    assert finding.fix.startswith("`h, c = h.detach(), c.detach()` at the start of each step")

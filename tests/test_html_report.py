@@ -106,7 +106,9 @@ def test_single_trace_writes_trace_json(clean: Trace, tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- content
 def test_self_contained(report: Path) -> None:
     page = report.read_text()
-    assert "<script" not in page and "<link" not in page and "@import" not in page and " src=" not in page
+    # inline only: the one script (the patches' copy buttons) is in the page, nothing is loaded
+    assert page.count("<script>") == page.count("<script") == 1
+    assert "<link" not in page and "@import" not in page and " src=" not in page
     # the only URLs are the SVG namespace names Graphviz writes; nothing is fetched
     assert {m for m in re.findall(r'([\w:-]+)="https?://', page)} <= {"xmlns", "xmlns:xlink"}
     assert not re.search(r"url\(\s*['\"]?https?:", page)
@@ -393,3 +395,17 @@ def test_a_reused_folder_keeps_no_snapshot_of_the_earlier_report(tmp_path: Path)
     page = (out / "index.html").read_text()
     assert all(f"snapshots/{name}" in page for name in after)
     assert (out / "notes.txt").read_text() == "mine" and (out / "snapshots" / "mine.png").exists()
+
+
+@pytest.mark.browser
+@browser
+def test_a_patch_is_shown_with_a_copy_button_that_works(report: Path, tmp_path: Path) -> None:
+    """The kept-alive finding's patch is in the page; clicking its button runs the copy (the clipboard is
+    denied to headless Chromium: the button then says to select the text) with no script error."""
+    page = report.read_text()
+    assert '<div class="patch">' in page and "total_loss += loss.item()" in page
+    clicked = tmp_path / "clicked.html"
+    clicked.write_text(page.replace("</body>", "<script>document.querySelector('button.copy').click()</script></body>"))
+    done = chromium("--virtual-time-budget=3000", "--dump-dom", clicked.as_uri(), profile=tmp_path / "profile")
+    assert console_messages(done.stderr) == []
+    assert re.search(r'<button type="button" class="copy">(copied|select the text to copy)</button>', done.stdout)

@@ -85,7 +85,11 @@ def find_carrier(
                 line = _assignment_line(frame, name)
                 site = recorder.sites.from_frame(frame, line) if line is not None else None
                 kind = "recurrent" if not same else ("cached" if _reaches_trained(tensor, recorder) else "constant")
-                return CarrierName(name, line, site, detach_statement(name, value, frame.f_globals), kind), tensor
+                together = _carried_together(frame, name, line, carried) if kind == "recurrent" else [name]
+                statement = detach_statement(name, value, frame.f_globals)
+                if len(together) > 1 and statement == f"{name} = {name}.detach()":  # an LSTM's (h, c)
+                    statement = f"{', '.join(together)} = {', '.join(f'{n}.detach()' for n in together)}"
+                return CarrierName(name, line, site, statement, kind), tensor
     return None
 
 
@@ -195,6 +199,26 @@ def _loop_carried(frame: FrameType) -> set[str]:
             carried |= reads - assigned
             assigned |= {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     return carried
+
+
+def _carried_together(frame: FrameType, name: str, line: int | None, carried: set[str]) -> list[str]:
+    """The names the carrier's line assigns with it that the loop carries too and that hold a tensor with
+    a graph (``h, c = cell(x, (h, c))``: both), in the line's order; just ``[name]`` otherwise."""
+    node = function_node(frame.f_code)
+    if node is None or line is None:
+        return [name]
+    for statement in ast.walk(node):
+        if isinstance(statement, ast.Assign) and statement.lineno == line and len(statement.targets) == 1:
+            target = statement.targets[0]
+            if isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts):
+                names = [e.id for e in target.elts if isinstance(e, ast.Name)]
+                if name in names:
+                    return [n for n in names if n == name or (n in carried and _holds_graph(local_value(frame, n)))]
+    return [name]
+
+
+def _holds_graph(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.grad_fn is not None
 
 
 def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:

@@ -176,6 +176,7 @@ class Finding:
     message: str
     fix: str
     evidence: dict[str, Any] = field(default_factory=dict)
+    patch: str | None = None  # a unified diff of the user's file that applies ``fix`` (analysis.patches)
 
     def __str__(self) -> str:
         head = f"[{self.kind}] step {self.step}: {self.message}"

@@ -51,6 +51,13 @@ Section = tuple[str, Trace]
 
 # Colours follow the snapshot palette (DESIGN.md): saved tensors orange, outputs darkolivegreen,
 # parameters lightblue, backward nodes grey, earlier-step nodes and findings red.
+# The page's only script: a patch's copy button puts the diff on the clipboard.
+COPY_SCRIPT = (
+    "document.querySelectorAll('button.copy').forEach(function(b){b.addEventListener('click',function(){"
+    "var t=b.closest('.patch').querySelector('pre').innerText;"
+    "if(navigator.clipboard){navigator.clipboard.writeText(t).then(function(){b.textContent='copied'},"
+    "function(){b.textContent='select the text to copy'})}})})"
+)
 CSS = """
 :root{--ink:#1f2328;--muted:#59636e;--line:#d8dee4;--bg:#f6f8fa;--red:#d62728;--redbg:#fdecea;
 --amber:#b35c00;--amberbg:#fff4e5;--green:#4a6b1f;--greenbg:#eef7e4;--orange:#e8890c;--blue:#4f8fb8}
@@ -88,6 +95,11 @@ border-radius:4px;padding:1px 7px}
 .message{white-space:pre-wrap;margin:8px 0}
 .fix{background:var(--greenbg);border-radius:6px;padding:6px 10px;margin:8px 0}
 .fix strong{color:var(--green)}
+.patch{margin:8px 0;border:1px solid #d0d7de;border-radius:6px;overflow:hidden}
+.patch-head{display:flex;gap:8px;align-items:center;padding:4px 10px;background:#f6f8fa;font-size:13px}
+.patch-head button{margin-left:auto;font-size:12px;padding:2px 10px;cursor:pointer}
+.patch pre{margin:0;padding:8px 10px;font-size:12px;overflow-x:auto}
+.patch .add{color:#116329;background:#dafbe1}.patch .del{color:#82071e;background:#ffebe9}.patch .hunk{color:#57606a}
 .unread{color:var(--muted);font-size:13px}
 figure{margin:10px 0}
 .source figcaption{font:600 12px ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;color:var(--muted)}
@@ -168,6 +180,22 @@ def _excerpt_html(excerpt: SourceExcerpt) -> str:
     return f'<figure class="source"><figcaption>{escape(excerpt.where)}</figcaption><pre>{rows}</pre></figure>'
 
 
+def _diff_class(line: str) -> str:
+    if line.startswith(("+++", "---", "@@")):
+        return "hunk"
+    return {"+": "add", "-": "del"}.get(line[:1], "")
+
+
+def _patch_html(patch: str) -> str:
+    """The finding's patch as a diff with a copy button (the page's one script copies the text)."""
+    lines = "".join(f'<span class="{_diff_class(line)}">{escape(line)}</span>\n' for line in patch.splitlines())
+    return (
+        '<div class="patch"><div class="patch-head"><strong>Patch</strong> (apply with <code>patch -p0</code>)'
+        '<button type="button" class="copy">copy</button></div>'
+        f"<pre>{lines}</pre></div>"
+    )
+
+
 def _finding_html(finding: Finding, roots: Sequence[str], note: str = "") -> str:
     excerpts = cited_excerpts(finding, roots=roots)
     shown = {site for e in excerpts for site in e.sites}
@@ -183,6 +211,7 @@ def _finding_html(finding: Finding, roots: Sequence[str], note: str = "") -> str
         + f'<span class="steps">{escape(steps_text(finding_steps(finding)))}</span></header>'
         f'<p class="message">{_code_spans(finding.message)}</p>'
         f'<p class="fix"><strong>Fix:</strong> {_code_spans(finding.fix)}</p>'
+        + (_patch_html(finding.patch) if finding.patch else "")
         + "".join(map(_excerpt_html, excerpts))
         + missing
         + "</article>"
@@ -347,7 +376,8 @@ def _page(runs: Sequence[_Run], headline: tuple[str, bool] | None = None) -> str
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{escape((headline or report_verdict(traces))[0])}</title><style>{CSS}{RANKS_CSS if ranks else ''}</style></head>"
-        f'<body><main>{"".join(body)}</main><footer>graphwatch {escape(__version__)}</footer></body></html>\n'
+        f'<body><main>{"".join(body)}</main><footer>graphwatch {escape(__version__)}</footer>'
+        f"<script>{COPY_SCRIPT}</script></body></html>\n"
     )
 
 

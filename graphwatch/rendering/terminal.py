@@ -204,9 +204,23 @@ def finding_lines(finding: Finding, note: str = "", in_error: bool = False) -> I
         yield Padding(Text(finding.message), (0, 0, 0, 2), expand=False)
     if not in_error and finding.fix not in finding.message:  # an explanation lists its fixes: not again
         yield Padding(Text.assemble(("fix: ", "bold green"), finding.fix), (0, 0, 0, 2), expand=False)
+    if finding.patch:
+        yield Padding(Text("patch (patch -p0):", style="bold green"), (0, 0, 0, 2), expand=False)
+        yield Padding(diff_text(finding.patch), (0, 0, 0, 4), expand=False)
     sites = cited_sites(finding)
     if sites:
         yield Padding(Text.assemble(("at: ", "bold"), (", ".join(sites), "cyan")), (0, 0, 0, 2), expand=False)
+
+
+def diff_text(patch: str) -> Text:
+    """A unified diff, its added lines green and removed ones red (no wrapping: a diff line is code)."""
+    text = Text(no_wrap=True, overflow="ignore")
+    for line in patch.rstrip("\n").splitlines():
+        style = "green" if line.startswith("+") and not line.startswith("+++") else ""
+        style = "red" if line.startswith("-") and not line.startswith("---") else style
+        text.append(line + "\n", style=style or "dim")
+    text.rstrip()
+    return text
 
 
 def cited_sites(finding: Finding) -> list[str]:
