@@ -35,6 +35,7 @@ from .analysis import FindingLog, explain_backward_twice
 from .analysis.explain import handed_off
 from .capture import Recorder, frontier, path_to, quick_walk, root_records, walk
 from .capture.carriers import find_carrier, name_carrier, reaches
+from .capture.holders import parameter_names
 from .capture.optimizer import GradResetTracker
 from .capture.step_clock import next_sequence_nr
 from .errors import BackwardTwiceError
@@ -190,7 +191,8 @@ class BackwardWatch:
             return
         retained = {i for _, reached in self.retained for i in reached}
         try:
-            dot = snapshot_dot(list(roots), trace, step, retained=retained)
+            params = parameter_names(sys._getframe())  # named as the user's frames hold their modules
+            dot = snapshot_dot(list(roots), trace, step, retained=retained, params=params)
         except Exception as exc:  # a drawing must never break the user's backward
             warnings.warn(f"graphwatch: could not draw the step {step} graph ({exc!r}); the trace is unaffected", stacklevel=2)
             return

@@ -436,3 +436,15 @@ def test_a_backward_twice_inside_one_step_is_not_captioned_as_crossing_steps():
         y.backward()
     assert [s.reason for s in gw.trace.snapshots] == ["first backward", "backward through a freed graph"]
     assert {s.step for s in gw.trace.snapshots} == {0}
+
+
+def test_session_snapshots_name_parameters_as_the_users_frames_hold_their_modules():
+    cell, head = torch.nn.RNNCell(3, 4), torch.nn.Linear(4, 1)
+    with graphwatch.watch(summary=False) as gw:
+        h = torch.zeros(1, 4)
+        h = cell(torch.randn(1, 3), h)
+        head(h).sum().backward()
+    dot = gw.trace.snapshots[0].dot
+    for name in ("cell.weight_ih", "cell.weight_hh", "cell.bias_ih", "head.weight", "head.bias"):
+        assert name in dot, name
+    assert "(4, 3)" in dot  # the shape stays under the name

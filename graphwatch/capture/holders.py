@@ -107,6 +107,36 @@ def user_frames(start: FrameType | None) -> Iterator[FrameType]:
         frame = frame.f_back
 
 
+def parameter_names(start: FrameType | None, limit: int = 8) -> dict[str, torch.Tensor]:
+    """``{"model.0.weight": tensor, ...}``: the parameters of the modules the user's frames hold (the
+    innermost ``limit`` frames, their locals before their globals), named as the frame spells the module;
+    a parameter two modules share keeps its first name.
+
+    Example::
+
+        >>> import sys, torch
+        >>> cell = torch.nn.Linear(2, 1)
+        >>> sorted(parameter_names(sys._getframe()))
+        ['cell.bias', 'cell.weight']
+    """
+    names: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for frame in list(user_frames(start))[:limit]:
+        local_names = frame.f_locals
+        items = list(local_names.items())
+        if frame.f_globals is not local_names:
+            items += frame.f_globals.items()
+        _drop_locals_snapshot(frame, local_names)  # (the values seen must not outlive this look)
+        del local_names
+        for var, value in items:
+            if isinstance(value, torch.nn.Module) and not var.startswith("_"):
+                for name, param in value.named_parameters(prefix=var):
+                    if id(param) not in seen:
+                        seen.add(id(param))
+                        names[name] = param
+    return names
+
+
 def assignment_line(code: CodeType, name: str) -> int | None:
     """The line of ``code``'s function that makes ``name`` hold a graph.
 

@@ -286,10 +286,11 @@ def _check_options(params: Any, max_attr_chars: Any, trace: Any, current_step: A
 
 
 def snapshot_dot(roots: Iterable[Any], trace: Trace, step: int, *, retained: Collection[int] | None = None,
-                 max_nodes: int = 300) -> str:
+                 max_nodes: int = 300, params: Mapping[str, Any] | None = None) -> str:
     """DOT source of a session's snapshot: the graph under the backward nodes ``roots`` at ``step``.
 
-    Saved tensors are drawn (with their bytes), the overlay and the legend always.
+    Saved tensors are drawn (with their bytes), the overlay and the legend always; ``params`` names
+    parameters (``{"model.0.weight": tensor}``), as in :func:`make_dot`.
 
     Example::
 
@@ -301,7 +302,7 @@ def snapshot_dot(roots: Iterable[Any], trace: Trace, step: int, *, retained: Col
         True
     """
     with _gc_paused():
-        graph = GraphBuilder(None, False, True, 50)
+        graph = GraphBuilder(dict(params) if params else None, False, True, 50)
         for root in roots:
             if root is not None:
                 graph.add_root(root)
