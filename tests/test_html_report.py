@@ -409,3 +409,16 @@ def test_a_patch_is_shown_with_a_copy_button_that_works(report: Path, tmp_path: 
     done = chromium("--virtual-time-budget=3000", "--dump-dom", clicked.as_uri(), profile=tmp_path / "profile")
     assert console_messages(done.stderr) == []
     assert re.search(r'<button type="button" class="copy">(copied|select the text to copy)</button>', done.stdout)
+
+
+@needs_dot
+def test_snapshot_hover_titles_name_the_op_its_line_and_step(tmp_path: Path) -> None:
+    x = torch.ones(3, requires_grad=True)
+    with graphwatch.watch(summary=False) as gw:
+        y = x.exp().sum()  # the line the titles cite
+        y.backward()
+    svg = next((write_report(gw.trace, tmp_path).parent / "snapshots").glob("*.svg")).read_text()
+    line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "# the line the titles" in text)
+    assert f"<title>ExpBackward0 at {os.path.relpath(__file__)}:{line}, step 0</title>" in svg
+    assert "<title>ExpBackward0 → SumBackward0</title>" in svg
+    assert not re.search(r"<title>(n\d+|%\d+|legend\d+)|<title>[^<]*&#45;&gt;", svg)  # no Graphviz's own names

@@ -154,16 +154,29 @@ def _collapsed(items: list[Item], part: list[int]) -> Item:
     return Item(label, FN, -1, SUMMARY_FILL, collapsed=True, attrs=dict(FADED))
 
 
+def _tooltip(item: Item, label: str, trace: Trace | None) -> dict[str, str]:
+    """What hovering a session snapshot's node shows: the op (or tensor), its line and its step."""
+    if trace is None:
+        return {}
+    record = item.record
+    if record is None:
+        return {"tooltip": " ".join(label.split())}
+    where = trace.where(record.site)
+    return {"tooltip": f"{record.op} at {where}, step {record.step}" + (" (freed)" if item.freed else "")}
+
+
 def _emit(graph: GraphBuilder, rep: list[int], carried: dict[int, dict], overlaid: bool,
-          legend: bool) -> graphviz.Digraph:
-    """The Digraph of the drawn items, named ``n0, n1, ...`` in walk order."""
+          legend: bool, trace: Trace | None = None) -> graphviz.Digraph:
+    """The Digraph of the drawn items, named ``n0, n1, ...`` in walk order (with hover titles from ``trace``
+    for a session's snapshot; :func:`make_dot` without a trace stays torchviz's)."""
     dot = graphviz.Digraph(node_attr=NODE_ATTR, graph_attr={"size": "12,12"})
     items, names = graph.items, cast(dict[int, str], {})
     for index, item in enumerate(items):
         if rep[index] == index:
             names[index] = f"n{len(names)}"
             label = item.label if item.value is None else tensor_label(item, overlaid and item.role == SAVED)
-            dot.node(names[index], label, **({"fillcolor": item.fill} if item.fill else {}), **(item.attrs or {}))
+            attrs = {**({"fillcolor": item.fill} if item.fill else {}), **(item.attrs or {})}
+            dot.node(names[index], label, **attrs, **_tooltip(item, label, trace))
     collapsed_edges: set[tuple[str, str]] = set()
     for k, (tail, head, attrs) in enumerate([(c, p, {}) for c, p in graph.flow] + graph.links):
         tail, head = rep[tail], rep[head]
@@ -174,7 +187,11 @@ def _emit(graph: GraphBuilder, rep: list[int], carried: dict[int, dict], overlai
             if pair in collapsed_edges:
                 continue
             collapsed_edges.add(pair)
-        dot.edge(*pair, **carried.get(k, attrs))
+        edge = carried.get(k, attrs)
+        if trace is not None and "tooltip" not in edge:
+            tail_op, head_op = items[tail].op or "tensor", items[head].op or "tensor"
+            edge = {**edge, "tooltip": f"{tail_op} → {head_op}"}
+        dot.edge(*pair, **edge)
     if legend:
         _add_legend(dot, summarised=any(item.collapsed for item in items))
     size = max(12, len(dot.body) * 0.15)  # torchviz's sizing: grows with the number of statements
@@ -226,7 +243,7 @@ def _finish(graph: GraphBuilder, trace: Trace | None, current_step: int | None, 
     rep = list(range(len(graph.items)))
     if len(graph.items) > max_nodes:
         rep = _summarise(graph, [graph.flow[k] for k in carried], max_nodes)
-    return _emit(graph, rep, carried, overlaid, overlaid if legend is None else legend)
+    return _emit(graph, rep, carried, overlaid, overlaid if legend is None else legend, trace)
 
 
 def make_dot(var: torch.Tensor | Sequence[torch.Tensor], params: Mapping[str, torch.Tensor] | None = None,

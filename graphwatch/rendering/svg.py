@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -54,4 +55,20 @@ def render_svg(dot_source: str, timeout: float = 30) -> str | None:
     if done.returncode != 0 or start < 0:
         message = done.stderr.decode("utf-8", errors="replace").strip() or f"exit status {done.returncode}"
         raise DotError(f"dot could not render the graph: {message}")
-    return svg[start:]
+    return readable_titles(svg[start:])
+
+
+_TITLED = re.compile(r'<title>[^<]*</title>(\s*<g id="a_[^"]*"><a xlink:title="([^"]*)">)')
+_UNTITLED = re.compile(r'<title>[^<]*</title>\n?(?!\s*<g id="a_)')
+
+
+def readable_titles(svg: str) -> str:
+    """Hover titles that say something: a node's or edge's ``tooltip`` replaces Graphviz's own title
+    (``n5``, ``n5->n3``), and the titles of what has no tooltip (``%3``, the legend) are dropped.
+
+    >>> readable_titles('<g><title>n0</title><g id="a_n0"><a xlink:title="Exp at a.py:3">x</a></g></g>')
+    '<g><title>Exp at a.py:3</title><g id="a_n0"><a xlink:title="Exp at a.py:3">x</a></g></g>'
+    >>> readable_titles("<g><title>%3</title><polygon/></g>")
+    '<g><polygon/></g>'
+    """
+    return _UNTITLED.sub("", _TITLED.sub(lambda m: f"<title>{m[2]}</title>{m[1]}", svg))
