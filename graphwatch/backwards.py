@@ -40,7 +40,7 @@ from .capture.optimizer import GradResetTracker
 from .capture.step_clock import next_sequence_nr
 from .errors import BackwardTwiceError
 from .model import BackwardRecord, NodeRecord, Snapshot, StepRecord
-from .rendering.dot import snapshot_dot
+from .rendering.dot import FOCUS_NODES, snapshot_dot
 
 CROSSING = "graph crosses steps"  # the reason of the snapshot of the first graph that crosses steps
 
@@ -192,8 +192,10 @@ class BackwardWatch:
         retained = {i for _, reached in self.retained for i in reached}
         try:
             params = parameter_names(sys._getframe())  # named as the user's frames hold their modules
-            dot = snapshot_dot(list(roots), trace, step, retained=retained, params=params)
+            roots = list(roots)
+            dot = snapshot_dot(roots, trace, step, retained=retained, params=params)
+            focus = snapshot_dot(roots, trace, step, retained=retained, params=params, max_nodes=FOCUS_NODES, legend=False)
         except Exception as exc:  # a drawing must never break the user's backward
             warnings.warn(f"graphwatch: could not draw the step {step} graph ({exc!r}); the trace is unaffected", stacklevel=2)
             return
-        trace.snapshots.append(Snapshot(step, reason, dot))
+        trace.snapshots.append(Snapshot(step, reason, dot, focus))

@@ -422,3 +422,30 @@ def test_snapshot_hover_titles_name_the_op_its_line_and_step(tmp_path: Path) -> 
     assert f"<title>ExpBackward0 at {os.path.relpath(__file__)}:{line}, step 0</title>" in svg
     assert "<title>ExpBackward0 → SumBackward0</title>" in svg
     assert not re.search(r"<title>(n\d+|%\d+|legend\d+)|<title>[^<]*&#45;&gt;", svg)  # no Graphviz's own names
+
+
+@needs_dot
+def test_snapshots_show_a_focused_picture_one_legend_and_the_whole_graph_a_click_away(tmp_path: Path) -> None:
+    """An RNN unrolled 20 times a step carries its state: the page shows each snapshot's focused picture
+    (about 30 nodes at most, the crossing kept), one legend for the report, and links the whole graph."""
+    cell, head = torch.nn.RNNCell(8, 16), torch.nn.Linear(16, 1)
+    with graphwatch.watch(summary=False) as gw:
+        h = torch.zeros(4, 16)
+        for _ in range(3):
+            for _ in range(20):
+                h = cell(torch.randn(4, 8), h)
+            head(h).pow(2).mean().backward(retain_graph=True)
+    page = write_report(gw.trace, tmp_path).read_text()
+    assert page.count('<div class="legend">') == 1
+    figures = re.findall(r'<figure class="snapshot">(.*?)</figure>', page, re.S)
+    assert not any("graphwatch legend" in figure for figure in figures)  # no legend in each picture
+    assert len(figures) == len(gw.trace.snapshots) >= 2
+    for figure, snapshot in zip(figures, gw.trace.snapshots):
+        shown = figure.count('class="node"')
+        link = re.search(r'<a href="(snapshots/[^"]+)">the whole graph</a>', figure)
+        assert link is not None
+        whole = (tmp_path / link[1]).read_text().count('class="node"')
+        assert 5 <= shown <= 45 < whole, (snapshot.reason, shown, whole)  # backward nodes, tensors, folds
+        assert "nodes of step" in figure or "nodes of steps" in figure  # what was folded, and from when
+    crossing = figures[[s.reason for s in gw.trace.snapshots].index("graph crosses steps")]
+    assert 'stroke="red"' in crossing  # the carried edge is kept in the focused picture

@@ -185,11 +185,15 @@ class Finding:
 
 @dataclass(slots=True)
 class Snapshot:
-    """A graph drawing taken during the session (DOT source; SVG when rendered)."""
+    """A graph drawing taken during the session (DOT source; SVG when rendered): ``dot`` the whole graph
+    (up to a few hundred nodes), ``focus`` the part that shows the problem (the path from the backward's
+    root to where steps cross or a freed graph is reached, its saved tensors and parameters; the rest
+    folded into counts), drawn without a legend (a report shows one legend)."""
 
     step: int
     reason: str
     dot: str
+    focus: str | None = None
 
 
 @dataclass(slots=True)

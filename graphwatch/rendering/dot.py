@@ -150,7 +150,9 @@ def _summarise(graph: GraphBuilder, carried: Iterable[tuple[int, int]], max_node
 def _collapsed(items: list[Item], part: list[int]) -> Item:
     ops = Counter(items[i].op for i in part).most_common()
     listed = ", ".join(f"{op} ×{count:,}" for op, count in ops[:_SUMMARY_OPS]) + (", …" * (len(ops) > _SUMMARY_OPS))
-    label = f"… {len(part):,} nodes ({listed}) …"
+    steps = sorted({record.step for i in part if (record := items[i].record) is not None})
+    of = "" if not steps else f" of step {steps[0]}" if len(steps) == 1 else f" of steps {steps[0]}–{steps[-1]}"
+    label = f"… {len(part):,} nodes{of} ({listed}) …"
     return Item(label, FN, -1, SUMMARY_FILL, collapsed=True, attrs=dict(FADED))
 
 
@@ -199,8 +201,12 @@ def _emit(graph: GraphBuilder, rep: list[int], carried: dict[int, dict], overlai
     return dot
 
 
-def _add_legend(dot: graphviz.Digraph, summarised: bool) -> None:
-    """A cluster explaining the colours and lifecycle marks, in one column."""
+def legend_entries(summarised: bool = True) -> list[tuple[str, dict[str, str]]]:
+    """(text, Graphviz node attributes) of each legend entry: what each colour and mark of a drawing means.
+
+    >>> legend_entries()[0]
+    ('parameter (named from params)', {'fillcolor': 'lightblue'})
+    """
     entries = [
         ("parameter (named from params)", {"fillcolor": PARAM_FILL}),
         ("saved tensor (shape, bytes)", {"fillcolor": SAVED_FILL}),
@@ -214,6 +220,12 @@ def _add_legend(dot: graphviz.Digraph, summarised: bool) -> None:
     ]
     if summarised:
         entries.append(("… n nodes …: a collapsed part of the graph", {"fillcolor": SUMMARY_FILL, **FADED}))
+    return entries
+
+
+def _add_legend(dot: graphviz.Digraph, summarised: bool) -> None:
+    """A cluster explaining the colours and lifecycle marks, in one column."""
+    entries = legend_entries(summarised)
     with dot.subgraph(name="cluster_legend") as legend:
         legend.attr(label="graphwatch legend", fontsize="10", fontname="monospace", style="dashed", color="gray60")
         for k, (label, attrs) in enumerate(entries):
@@ -302,12 +314,16 @@ def _check_options(params: Any, max_attr_chars: Any, trace: Any, current_step: A
         raise wrong("retained", "a collection of node record ids or None", retained)
 
 
+FOCUS_NODES = 30  # a focused snapshot's budget of backward nodes (its tensors come with them)
+
+
 def snapshot_dot(roots: Iterable[Any], trace: Trace, step: int, *, retained: Collection[int] | None = None,
-                 max_nodes: int = 300, params: Mapping[str, Any] | None = None) -> str:
+                 max_nodes: int = 300, params: Mapping[str, Any] | None = None, legend: bool = True) -> str:
     """DOT source of a session's snapshot: the graph under the backward nodes ``roots`` at ``step``.
 
-    Saved tensors are drawn (with their bytes), the overlay and the legend always; ``params`` names
-    parameters (``{"model.0.weight": tensor}``), as in :func:`make_dot`.
+    Saved tensors are drawn (with their bytes) and the overlay always, the legend unless ``legend`` is
+    False (:func:`legend_dot` draws it alone); ``params`` names parameters (``{"model.0.weight": tensor}``),
+    as in :func:`make_dot`.  ``max_nodes=FOCUS_NODES`` gives the focused picture a report shows.
 
     Example::
 
@@ -323,4 +339,5 @@ def snapshot_dot(roots: Iterable[Any], trace: Trace, step: int, *, retained: Col
         for root in roots:
             if root is not None:
                 graph.add_root(root)
-        return _finish(graph, trace, step, retained, True, max_nodes).source
+        return _finish(graph, trace, step, retained, legend, max_nodes).source
+

@@ -35,6 +35,7 @@ from ..analysis.evidence import human_bytes
 from ..errors import UsageError
 from ..model import Finding, Snapshot, StepRecord, Trace, save_trace, write_atomically
 from .charts import NODES_COLOR, bar_chart, byte_unit, line_chart
+from .dot import legend_entries
 from .ranks import RANKS_CSS, is_rank_set, rank_notes, ranks_html, report_verdict
 from .sources import SourceExcerpt, cited_excerpts
 from .svg import DOT_MISSING_NOTICE, DotError, render_svg
@@ -128,6 +129,8 @@ table.steps{border-collapse:collapse;width:100%;font-size:13px;font-variant-nume
 .snapshot svg{max-width:100%;height:auto}
 .snapshot figcaption{margin-top:6px;font-size:13px;color:var(--muted)}
 .snapshot pre{max-height:300px;overflow:auto;background:#fafbfc;padding:8px}
+.legend{display:flex;flex-wrap:wrap;gap:6px 10px;align-items:center;margin:0 0 12px;font-size:12px}
+.legend span{font-family:monospace;border:1px solid #000;padding:2px 8px}
 """
 
 
@@ -140,8 +143,9 @@ class _Picture:
 
     snapshot: Snapshot
     file: str
-    svg: str | None
+    svg: str | None  # the whole graph, written to snapshots/<file>
     error: str | None = None
+    focus: str | None = None  # the focused picture shown in the page (None: the page shows ``svg``)
 
 
 def _code_spans(text: str) -> str:
@@ -279,7 +283,9 @@ def _render_pictures(trace: Trace, slug: str) -> list[_Picture]:
     for i, snap in enumerate(trace.snapshots):
         file = f"{slug}-step{snap.step}-{i}.svg"
         try:
-            pictures.append(_Picture(snap, file, render_svg(snap.dot)))
+            full = render_svg(snap.dot)
+            focus = render_svg(snap.focus) if snap.focus and full is not None else None
+            pictures.append(_Picture(snap, file, full, None, focus))
         except DotError as exc:  # one graph dot cannot lay out must not cost the whole report
             pictures.append(_Picture(snap, file, None, str(exc)))
     return pictures
@@ -298,8 +304,10 @@ def _gallery_html(pictures: list[_Picture], slug: str) -> str:
             failed = f'<p class="notice">{escape(picture.error)}</p>' if picture.error else ""
             body = f"{failed}<details><summary>DOT source</summary><pre>{escape(snap.dot)}</pre></details>"
         else:
-            body = f'<div class="svgbox">{_scoped_ids(picture.svg, f"{slug}-{i}-")}</div>'
-            caption += f' · <a href="snapshots/{escape(picture.file)}">open the SVG</a>'
+            shown = picture.focus or picture.svg
+            body = f'<div class="svgbox">{_scoped_ids(shown, f"{slug}-{i}-")}</div>'
+            what = "the whole graph" if picture.focus else "open the SVG"
+            caption += f' · <a href="snapshots/{escape(picture.file)}">{what}</a>'
         figures.append(f'<figure class="snapshot">{body}<figcaption>{caption}</figcaption></figure>')
     return notice + '<div class="gallery">' + "".join(figures) + "</div>"
 
@@ -335,7 +343,30 @@ def _meta_html(trace: Trace, trace_file: str) -> str:
     return f'<p class="meta">{" · ".join(facts)}</p>' + "".join(notes)
 
 
-def _section_html(run: _Run, multi: bool, notes: dict[int, str]) -> str:
+_CSS_COLOURS = {"lightblue": "#add8e6", "orange": "#ffa500", "darkolivegreen1": "#caff70", "gray95": "#f2f2f2",
+                "white": "#fff", "red": "#ff0000"}  # fmt: skip
+
+
+def _legend_html() -> str:
+    """The snapshots' legend, once per report (the snapshots in the page have none): each entry drawn
+    as the drawings draw it, in HTML, so that it reads at any size."""
+    entries = []
+    for text, attrs in legend_entries():
+        fill = _CSS_COLOURS.get(attrs.get("fillcolor", "lightgrey"), "#d3d3d3")
+        style = [f"background:{fill}"]
+        if "dashed" in attrs.get("style", ""):
+            style.append("border-style:dashed;color:#666")
+        if attrs.get("color"):
+            style.append(f"border:2px solid {_CSS_COLOURS.get(attrs['color'], attrs['color'])}")
+        if attrs.get("peripheries") == "2":
+            style.append("border:3px double #000")
+        if attrs.get("shape") == "plaintext":
+            style = [f"color:{_CSS_COLOURS.get(attrs.get('fontcolor', ''), '#c00')};border:none;background:none"]
+        entries.append(f'<span style="{";".join(style)}">{escape(" ".join(text.split()))}</span>')
+    return f'<div class="legend"><strong>Legend</strong>{"".join(entries)}</div>'
+
+
+def _section_html(run: _Run, multi: bool, notes: dict[int, str], legend: str = "") -> str:
     trace = run.trace
     roots = [str(trace.options["cwd"])] if trace.options.get("cwd") else []
     parts = [f'<section class="run" id="{run.slug}">']
@@ -351,7 +382,7 @@ def _section_html(run: _Run, multi: bool, notes: dict[int, str]) -> str:
         parts += [_charts_html(trace), _table_html(trace)]
     else:
         parts.append('<p class="empty">No steps were recorded.</p>')
-    parts += ["<h3>Graph snapshots</h3>", _gallery_html(run.pictures, run.slug), "</section>"]
+    parts += ["<h3>Graph snapshots</h3>", legend, _gallery_html(run.pictures, run.slug), "</section>"]
     return "".join(parts)
 
 
@@ -371,7 +402,9 @@ def _page(runs: Sequence[_Run], headline: tuple[str, bool] | None = None) -> str
     if ranks:  # the ranks of one distributed job: a cross-rank section, findings marked "only on rank r"
         body.append(ranks_html(traces, [run.slug for run in runs]))
     notes = rank_notes(traces) if ranks else {}
-    body += [_section_html(run, multi, notes) for run in runs]
+    first = next((run for run in runs if any(p.svg is not None for p in run.pictures)), None)
+    legend = _legend_html() if first is not None else ""
+    body += [_section_html(run, multi, notes, legend if run is first else "") for run in runs]
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
