@@ -26,7 +26,7 @@ import warnings
 import weakref
 from array import array
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -183,8 +183,12 @@ class BackwardWatch:
             return True
         return crosses and not any(s.reason == CROSSING for s in taken)
 
-    def snapshot(self, step: int, roots: Iterable[Any], reason: str, force: bool = False) -> None:
-        """Draw the graph below ``roots`` into the trace (at most ``max_snapshots``, unless ``force``)."""
+    def snapshot(
+        self, step: int, roots: Iterable[Any], reason: str, force: bool = False,
+        outputs: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        """Draw the graph below ``roots`` (and below ``outputs``, drawn by name: what holds a kept graph)
+        into the trace (at most ``max_snapshots``, unless ``force``)."""
         trace = self._recorder.trace
         self._first_drawn = True
         if self._snapshots == "off" or (len(trace.snapshots) >= self._max_snapshots and not force):
@@ -193,8 +197,11 @@ class BackwardWatch:
         try:
             params = parameter_names(sys._getframe())  # named as the user's frames hold their modules
             roots = list(roots)
-            dot = snapshot_dot(roots, trace, step, retained=retained, params=params)
-            focus = snapshot_dot(roots, trace, step, retained=retained, params=params, max_nodes=FOCUS_NODES, legend=False)
+            dot, focus = (
+                snapshot_dot(roots, trace, step, retained=retained, params=params, outputs=outputs,
+                             max_nodes=most, legend=most != FOCUS_NODES)
+                for most in (300, FOCUS_NODES)
+            )  # fmt: skip
         except Exception as exc:  # a drawing must never break the user's backward
             warnings.warn(f"graphwatch: could not draw the step {step} graph ({exc!r}); the trace is unaffected", stacklevel=2)
             return

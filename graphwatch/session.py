@@ -49,11 +49,12 @@ from .analysis import (
     session_findings,
     step_findings,
 )
+from .analysis.evidence import counted, human_bytes, steps_text
 from .backwards import BackwardWatch
 from .capture import EnginePatch, Recorder, parse_engine_args
 from .capture.call_mode import CallSiteMode
 from .capture.callsite import outer_frame
-from .capture.holders import HolderSearch
+from .capture.holders import HolderSearch, tensors_in_user_frames
 from .capture.loop_steps import LoopSteps
 from .capture.optimizer import GradResetTracker, OptimizerHooks
 from .capture.ranks import rank_and_world_size
@@ -347,6 +348,9 @@ class Session:
         new = [f for f in step_findings(self.trace, record, refresh) if self._log.add(f)]
         if new:
             recorder.keep_detail(record.index)
+        for finding in new:
+            if finding.kind == "graph-kept-alive" and frame is not None:
+                self._draw_kept(record.index, finding, frame)
         if self.strict:
             leaks = [f for f in new if f.kind in LEAK_KINDS]
             if leaks:
@@ -355,6 +359,19 @@ class Session:
                     leaks,
                 )
         return record
+
+    def _draw_kept(self, step: int, finding: Finding, frame: Any) -> None:
+        """A picture of what a kept-alive finding's holder keeps: the holder by name, the graphs below it."""
+        holder = finding.evidence.get("holder")
+        if not isinstance(holder, str):
+            return
+        base = holder.split("[")[0]
+        held = {name: t for name, t in tensors_in_user_frames(frame) if name.split("[")[0] == base}
+        if held:
+            ev = finding.evidence
+            size = f"{counted(int(ev.get('nodes') or 0), 'autograd node')}, {human_bytes(ev.get('bytes') or 0)} saved"
+            reason = f"kept alive by `{holder}`: the graphs of {steps_text(ev.get('kept_steps') or [])} ({size})"
+            self._backwards.snapshot(step, [], reason, outputs=dict(list(held.items())[-8:]))
 
     def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._owns_thread():

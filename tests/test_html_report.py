@@ -449,3 +449,22 @@ def test_snapshots_show_a_focused_picture_one_legend_and_the_whole_graph_a_click
         assert "nodes of step" in figure or "nodes of steps" in figure  # what was folded, and from when
     crossing = figures[[s.reason for s in gw.trace.snapshots].index("graph crosses steps")]
     assert 'stroke="red"' in crossing  # the carried edge is kept in the focused picture
+
+
+@needs_dot
+def test_a_kept_alive_finding_has_a_picture_of_its_holder_and_what_it_keeps(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with graphwatch.watch(summary=False) as gw:
+        total_loss = 0
+        for _ in range(5):
+            loss = model(torch.randn(2, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total_loss += loss
+    kept = [s for s in gw.trace.snapshots if s.reason.startswith("kept alive by `total_loss`")]
+    assert len(kept) == 1 and "autograd node" in kept[0].reason
+    assert re.search(r'n\d+ \[label="total_loss\n \(\)" fillcolor=darkolivegreen1', kept[0].dot)  # the holder, drawn
+    page = write_report(gw.trace, tmp_path).read_text()
+    assert "kept alive by `total_loss`: the graphs of steps 0, 1, 2" in page

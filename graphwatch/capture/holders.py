@@ -107,6 +107,17 @@ def user_frames(start: FrameType | None) -> Iterator[FrameType]:
         frame = frame.f_back
 
 
+def tensors_in_user_frames(start: FrameType | None, limit: int = 8) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for the tensors with a graph the innermost ``limit`` user frames reach by name, each
+    tensor once (see :func:`tensors_in_frame`)."""
+    seen: set[int] = set()
+    for frame in list(user_frames(start))[:limit]:
+        for name, tensor in tensors_in_frame(frame):
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                yield name, tensor
+
+
 def parameter_names(start: FrameType | None, limit: int = 8) -> dict[str, torch.Tensor]:
     """``{"model.0.weight": tensor, ...}``: the parameters of the modules the user's frames hold (the
     innermost ``limit`` frames, their locals before their globals), named as the frame spells the module;

@@ -318,12 +318,14 @@ FOCUS_NODES = 30  # a focused snapshot's budget of backward nodes (its tensors c
 
 
 def snapshot_dot(roots: Iterable[Any], trace: Trace, step: int, *, retained: Collection[int] | None = None,
-                 max_nodes: int = 300, params: Mapping[str, Any] | None = None, legend: bool = True) -> str:
+                 max_nodes: int = 300, params: Mapping[str, Any] | None = None, legend: bool = True,
+                 outputs: Mapping[str, torch.Tensor] | None = None) -> str:
     """DOT source of a session's snapshot: the graph under the backward nodes ``roots`` at ``step``.
 
     Saved tensors are drawn (with their bytes) and the overlay always, the legend unless ``legend`` is
     False (:func:`legend_dot` draws it alone); ``params`` names parameters (``{"model.0.weight": tensor}``),
     as in :func:`make_dot`.  ``max_nodes=FOCUS_NODES`` gives the focused picture a report shows.
+    ``outputs`` (``{"total_loss": tensor}``) are drawn as named outputs above their graphs: what holds them.
 
     Example::
 
@@ -335,7 +337,9 @@ def snapshot_dot(roots: Iterable[Any], trace: Trace, step: int, *, retained: Col
         True
     """
     with _gc_paused():
-        graph = GraphBuilder(dict(params) if params else None, False, True, 50)
+        graph = GraphBuilder({**(params or {}), **(outputs or {})} or None, False, True, 50)
+        for tensor in (outputs or {}).values():
+            graph.add_output(tensor)
         for root in roots:
             if root is not None:
                 graph.add_root(root)
