@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import doctest
+import json
 import os
 import re
 import struct
 import subprocess
+import sys
 import zlib
-from html import escape
+from html import escape, unescape
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from graphwatch.rendering.html import write_report
 from graphwatch.rendering.svg import DOT_MISSING_NOTICE, DotError, dot_available
 
 CHROMIUM = Path("/usr/bin/chromium")
+EXAMPLES = Path(graphwatch.__file__).resolve().parent.parent / "examples"
 needs_dot = pytest.mark.skipif(not dot_available(), reason="Graphviz `dot` is not installed")
 
 
@@ -468,3 +471,34 @@ def test_a_kept_alive_finding_has_a_picture_of_its_holder_and_what_it_keeps(tmp_
     assert re.search(r'n\d+ \[label="total_loss\n \(\)" fillcolor=darkolivegreen1', kept[0].dot)  # the holder, drawn
     page = write_report(gw.trace, tmp_path).read_text()
     assert "kept alive by `total_loss`: the graphs of steps 0, 1, 2" in page
+
+
+MEASURE = """<script>
+document.body.setAttribute('data-measured', JSON.stringify([...document.querySelectorAll('figure.snapshot')].map(
+  f => [f.querySelector('svg').getBoundingClientRect().width, f.getBoundingClientRect().width,
+        f.querySelectorAll('svg g.node').length])));
+</script></body>"""
+
+
+@pytest.mark.browser
+@browser
+@needs_dot
+@pytest.mark.parametrize("example", ["rnn_retain_graph_bug", "total_loss_bug"])
+def test_focused_snapshots_fill_their_card_in_chromium(example: str, tmp_path: Path) -> None:
+    """In a real browser, an RNN bug's and a kept-alive bug's focused pictures are as wide as their card
+    (less its padding) and hold at most about 30 node boxes."""
+    out = tmp_path / "report"
+    subprocess.run(
+        [sys.executable, "-m", "graphwatch", "run", "--out", str(out), str(EXAMPLES / f"{example}.py")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    page = tmp_path / "measured.html"
+    page.write_text((out / "index.html").read_text().replace("</body>", MEASURE))
+    done = chromium("--window-size=1280,2000", "--dump-dom", page.as_uri(), profile=tmp_path / "profile")
+    attribute = re.search(r'data-measured="([^"]*)"', done.stdout)
+    assert attribute is not None, done.stderr[-2000:]
+    measured = json.loads(unescape(attribute[1]))
+    assert measured, "no snapshot in the report"
+    for svg_width, card_width, nodes in measured:
+        assert svg_width >= card_width - 40, (svg_width, card_width)  # the card's padding and border
+        assert nodes <= 45, nodes  # backward nodes, their tensors, the folded parts

@@ -126,7 +126,7 @@ table.steps{border-collapse:collapse;width:100%;font-size:13px;font-variant-nume
 .gallery{display:grid;grid-template-columns:repeat(auto-fit,minmax(360px,1fr));gap:14px}
 .snapshot{border:1px solid var(--line);border-radius:8px;padding:10px;background:#fff}
 .snapshot .svgbox{max-height:640px;overflow:auto;text-align:center}
-.snapshot svg{max-width:100%;height:auto}
+.snapshot svg{width:100%;height:auto}
 .snapshot figcaption{margin-top:6px;font-size:13px;color:var(--muted)}
 .snapshot pre{max-height:300px;overflow:auto;background:#fafbfc;padding:8px}
 .legend{display:flex;flex-wrap:wrap;gap:6px 10px;align-items:center;margin:0 0 12px;font-size:12px}
