@@ -65,6 +65,7 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130: Ctrl-C
 EXIT_SIGTERM = 128 + signal.SIGTERM  # 143: what a shell reports for a process ended by SIGTERM
 RANK_WAIT_SECONDS = 60.0  # how long rank 0 waits for the other ranks' traces when all run on this machine
 REMOTE_RANK_WAIT_SECONDS = 5.0  # ... when some run elsewhere (their folders may not be visible from here)
+_PACKAGE = os.path.normcase(os.path.dirname(os.path.abspath(__file__))) + os.sep  # graphwatch's own files
 _HIDDEN_FRAMES = frozenset(
     {os.path.normcase(os.path.abspath(__file__)), os.path.normcase(os.path.abspath(runpy.__file__)), "<frozen runpy>"}
 )
@@ -129,11 +130,20 @@ def exit_code_of(exc: SystemExit, stderr: TextIO | None = None) -> int:
 
 
 def print_script_exception(exc: BaseException, file: TextIO | None = None) -> None:
-    """Print ``exc`` as Python prints an uncaught exception, without graphwatch's and runpy's frames."""
+    """Print ``exc`` as Python prints an uncaught exception, without graphwatch's and runpy's frames (the
+    user's frames end at their own call into torch, as without graphwatch)."""
+    kept = []
     tb = exc.__traceback__
-    while tb is not None and os.path.normcase(tb.tb_frame.f_code.co_filename) in _HIDDEN_FRAMES:
+    while tb is not None:
+        name = os.path.normcase(tb.tb_frame.f_code.co_filename)
+        if name not in _HIDDEN_FRAMES and not name.startswith(_PACKAGE):
+            kept.append(tb)
         tb = tb.tb_next
-    traceback.print_exception(type(exc), exc, tb, file=file if file is not None else sys.stderr)
+    for outer, inner in zip(kept, kept[1:]):
+        outer.tb_next = inner
+    if kept:
+        kept[-1].tb_next = None
+    traceback.print_exception(type(exc), exc, kept[0] if kept else None, file=file if file is not None else sys.stderr)
 
 
 @contextmanager

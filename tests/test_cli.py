@@ -388,3 +388,21 @@ def test_helpers(tmp_path: Path) -> None:
     assert check_out_dir(tmp_path / "new" / "dir").is_dir()
     with pytest.raises(graphwatch.UsageError, match=r"folder without __main__\.py"):
         check_script(tmp_path)
+
+
+def test_run_prints_a_backward_twice_explanation_once_under_the_users_own_frames(tmp_path: Path) -> None:
+    script = tmp_path / "twice.py"
+    script.write_text(
+        "import torch\n"
+        "x = torch.ones(3, requires_grad=True)\n"
+        "y = (x.exp() * 2).sum()\n"
+        "y.backward()\n"
+        "y.backward()  # the second one\n"
+    )
+    result = gw("run", "--out", tmp_path / "out", script, cwd=tmp_path)
+    assert result.returncode == 1
+    frames = re.findall(r'^  File "([^"]+)", line \d+', result.stderr, re.M)
+    assert frames and not any(f"{os.sep}graphwatch{os.sep}" in frame for frame in frames), frames
+    assert frames[0].endswith("twice.py") and "y.backward()  # the second one" in result.stderr
+    assert result.stderr.count("Fixes, best first:") == 1
+    assert "explained, with its fixes, in the error that ended the run" in result.stderr
