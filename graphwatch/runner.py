@@ -40,6 +40,7 @@ import runpy
 import signal
 import sys
 import tempfile
+import itertools
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import (
@@ -139,7 +140,7 @@ def print_script_exception(exc: BaseException, file: TextIO | None = None) -> No
         if name not in _HIDDEN_FRAMES and not name.startswith(_PACKAGE):
             kept.append(tb)
         tb = tb.tb_next
-    for outer, inner in zip(kept, kept[1:]):
+    for outer, inner in itertools.pairwise(kept):
         outer.tb_next = inner
     if kept:
         kept[-1].tb_next = None
