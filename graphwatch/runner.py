@@ -35,12 +35,12 @@ Example::
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import runpy
 import signal
 import sys
 import tempfile
-import itertools
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import (
