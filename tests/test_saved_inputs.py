@@ -176,32 +176,25 @@ def test_a_users_per_tensor_saved_hooks_run_inside_a_session():
     assert torch.equal(watched_grad, bare_grad)
 
 
-def test_registering_per_tensor_hooks_twice_raises_torchs_error_inside_a_session():
-    def program() -> str:
-        y = torch.randn(3, requires_grad=True).pow(2)
-        y.grad_fn._raw_saved_self.register_hooks(lambda t: t, lambda t: t)
-        try:
+def _register_hooks_error(pack: Callable[[torch.Tensor], Any], twice: bool) -> str:
+    y = torch.randn(3, requires_grad=True).pow(2)
+    try:
+        if twice:
             y.grad_fn._raw_saved_self.register_hooks(lambda t: t, lambda t: t)
-        except RuntimeError as error:
-            return str(error)
-        return "no error"
-
-    bare, watched = bare_and_watched(program)
-    assert "already been set" in bare
-    assert watched == bare
+        y.grad_fn._raw_saved_self.register_hooks(pack, lambda t: t)
+    except RuntimeError as error:
+        return str(error)
+    return "no error"
 
 
-def test_a_per_tensor_pack_hook_that_modifies_its_input_in_place_fails_as_without_graphwatch():
-    def program() -> str:
-        y = torch.randn(3, requires_grad=True).pow(2)
-        try:
-            y.grad_fn._raw_saved_self.register_hooks(lambda t: t.add_(1), lambda t: t)
-        except RuntimeError as error:
-            return str(error)
-        return "no error"
-
-    bare, watched = bare_and_watched(program)
-    assert "modifying its input in place" in bare
+@pytest.mark.parametrize(
+    ("pack", "twice", "words"),
+    [(lambda t: t, True, "already been set"), (lambda t: t.add_(1), False, "modifying its input in place")],
+    ids=["registered-twice", "pack-hook-modifies-its-input"],
+)
+def test_a_refused_per_tensor_hook_raises_torchs_own_error_inside_a_session(pack, twice, words):
+    bare, watched = bare_and_watched(lambda: _register_hooks_error(pack, twice))
+    assert words in bare
     assert watched == bare
 
 

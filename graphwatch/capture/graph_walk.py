@@ -218,6 +218,18 @@ def quick_walk(
     return result
 
 
+def _first_visit(recorder: Recorder, node: Any, mark: int) -> NodeTag | None:
+    """The tag of ``node``, its record built (and the node tagged) if need be, the first time a walk
+    marked ``mark`` meets it; None when that walk has met it already."""
+    tag: NodeTag | None = node.metadata.get(METADATA_KEY)
+    if tag is None or tag.record is None:
+        tag = _record(recorder, node, _node_type(node), tag)
+    elif tag.mark == mark:
+        return None
+    tag.mark = mark
+    return tag
+
+
 def walk(
     recorder: Recorder,
     roots: Iterable[Any],
@@ -242,18 +254,15 @@ def walk(
     stack: list[tuple[Any, NodeRecord | None]] = [(root, None) for root in roots if root is not None]
     while stack:
         node, parent = stack.pop()
-        info = _node_type(node)
-        if info.is_accumulate_grad:
+        if _node_type(node).is_accumulate_grad:
             if collect_params:
                 result.params_reached.append(node.variable)
             continue
-        tag = node.metadata.get(METADATA_KEY)
-        if tag is None or tag.record is None:
-            tag = _record(recorder, node, info, tag)
-        elif tag.mark == mark:
+        tag = _first_visit(recorder, node, mark)
+        if tag is None:
             continue
-        tag.mark = mark
         record = tag.record
+        assert record is not None  # (_first_visit builds it)
         result.nodes_reached += 1
         if reached is not None:
             reached.add(record.id)
@@ -336,16 +345,11 @@ def reach(recorder: Recorder, root: Any, known: dict[int, Reach]) -> tuple[int |
     stack = [root]
     while stack:
         node = stack.pop()
-        info = _node_type(node)
-        if info.is_accumulate_grad:
+        tag = None if _node_type(node).is_accumulate_grad else _first_visit(recorder, node, mark)
+        if tag is None:
             continue
-        tag = node.metadata.get(METADATA_KEY)
-        if tag is None or tag.record is None:
-            tag = _record(recorder, node, info, tag)
-        elif tag.mark == mark:
-            continue
-        tag.mark = mark
         record = tag.record
+        assert record is not None  # (_first_visit builds it)
         root_record = record if root_record is None else root_record
         result.looked_at += 1
         earlier = known.get(record.id)
