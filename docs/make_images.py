@@ -2,8 +2,9 @@
 
 Run from the repo root with the set-up venv: ``.venv/bin/python docs/make_images.py``.
 It runs ``examples/rnn_retain_graph_bug.py`` under a session, saves the rich
-summary as SVG, writes the HTML report, and has headless Chromium turn both
-into PNGs in ``docs/``.
+summary as SVG, writes the HTML report, runs the notebook of
+``tests/notebooks/`` on a real kernel for its ``%%graphwatch`` cell's output,
+and has headless Chromium turn all three into PNGs in ``docs/``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from html import escape
 from pathlib import Path
 
 from rich.console import Console
@@ -50,7 +52,28 @@ def main() -> None:
     screenshot(out / "summary.svg", ROOT / "docs" / "terminal-summary.png", "1100,900")
     report = gw.report(out / "report")
     screenshot(report, ROOT / "docs" / "html-report.png", "1280,1600")
-    print("wrote docs/terminal-summary.png and docs/html-report.png")
+    notebook_output(out / "notebook.html")
+    screenshot(out / "notebook.html", ROOT / "docs" / "notebook-output.png", "1100,1300")
+    print("wrote docs/terminal-summary.png, docs/html-report.png and docs/notebook-output.png")
+
+
+def notebook_output(page: Path) -> None:
+    """The outputs of the ``%%graphwatch`` cell of ``tests/notebooks/carried_state.ipynb``, run for real
+    (nbclient, an ipykernel kernel), as a notebook shows them: the error's explanation, then the summary."""
+    import nbclient
+    import nbformat
+
+    notebook = nbformat.read(ROOT / "tests" / "notebooks" / "carried_state.ipynb", as_version=4)
+    nbclient.NotebookClient(notebook, timeout=240, allow_errors=True).execute()
+    cell = notebook.cells[2]
+    parts = [f"<pre style='background:#f5f5f5;padding:8px'>{escape(cell.source)}</pre>"]
+    for output in cell.outputs:
+        if output["output_type"] == "error":
+            text = f"{output['ename']}: {output['evalue']}"
+            parts.append(f"<pre style='background:#fdecea;padding:8px;white-space:pre-wrap'>{escape(text)}</pre>")
+        elif "text/html" in output.get("data", {}):
+            parts.append(output["data"]["text/html"])
+    page.write_text(f"<!DOCTYPE html><meta charset='utf-8'><body style='font-family:sans-serif'>{''.join(parts)}")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,13 @@ from .session import Session, active_session, watch
 __version__ = "0.1.0"
 
 
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext graphwatch`` in Jupyter: the ``%%graphwatch`` magic (:mod:`graphwatch.integrations.notebook`)."""
+    from .integrations.notebook import load_ipython_extension as load_extension
+
+    load_extension(ipython)
+
+
 def load(path: str | Path) -> Trace:
     """Read a JSON trace written by ``gw.save(path)`` (or a report's trace.json)."""
     return load_trace(path)
@@ -47,6 +54,7 @@ __all__ = [
     "UsageError",
     "active_session",
     "load",
+    "load_ipython_extension",
     "make_dot",
     "step",
     "watch",

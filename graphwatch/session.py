@@ -188,6 +188,40 @@ class Session:
             raise TypeError(f"gw.summary(console=...) takes a rich Console or None, got {type(console).__name__}")
         print_summary(self.trace, console=console, report=None)
 
+    def end_step(self) -> None:
+        """End the current step now: for a training framework's callback, at its own step boundary.
+
+        Once called (or after :meth:`follow_explicit_steps`), only these calls
+        and ``gw.step()`` blocks end steps.
+
+        Example::
+
+            >>> import torch, graphwatch
+            >>> with graphwatch.watch(summary=False) as gw:
+            ...     gw.follow_explicit_steps()
+            ...     for _ in range(2):
+            ...         (torch.ones(2, requires_grad=True) * 2).sum().backward()
+            ...         gw.end_step()
+            >>> len(gw.trace.steps)
+            2
+        """
+        __tracebackhide__ = True  # pytest: a strict-mode GraphLeakError points at the caller
+        self._require_active("gw.end_step()")
+        self._explicit = True
+        self._end_step("explicit", sys._getframe(1))
+
+    def follow_explicit_steps(self) -> None:
+        """From now on only :meth:`end_step` calls and ``gw.step()`` blocks end steps (nothing is inferred
+        from the loop, its optimizer or its backwards)."""
+        self._require_active("gw.follow_explicit_steps()")
+        self._explicit = True
+
+    def _repr_html_(self) -> str:
+        """The summary as HTML (Jupyter shows a session this way), in the report's look."""
+        from .rendering.html import summary_html
+
+        return summary_html(self.trace)
+
     @contextmanager
     def step(self) -> Iterator[Session]:
         """Mark one iteration: ``with gw.step(): ...``.  Once used, only these blocks end steps."""

@@ -42,7 +42,7 @@ _SNAPSHOT_LOCALS = sys.version_info < (3, 13)
 _CONTAINER_LIMIT = 64  # items looked at per list/tuple/dict
 
 
-def _tensors_in(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+def _tensors_in(name: str, value: Any, depth: int = 0, objects: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     if isinstance(value, torch.Tensor):
         if value.grad_fn is not None:
             yield name, value
@@ -64,6 +64,17 @@ def _tensors_in(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, to
             for attr, param in module._parameters.items():  # a parameter updated in place outside no_grad
                 if param is not None and param.grad_fn is not None:
                     yield f"{name}.parameters()[{f'{module_name}.{attr}'[len(name) + 1:]}]", param
+    elif objects and _of_a_user_class(value):  # e.g. a Trainer subclass of the script keeping self.losses
+        for attr, item in list(vars(value).items())[:_CONTAINER_LIMIT]:
+            if not attr.startswith("_"):
+                yield from _tensors_in(f"{name}.{attr}", item, depth, objects=False)
+
+
+def _of_a_user_class(value: Any) -> bool:
+    """Whether ``value`` is an instance (with attributes) of a class the user's own code defines."""
+    module = sys.modules.get(type(value).__module__)
+    filename = getattr(module, "__file__", None) or ""
+    return hasattr(value, "__dict__") and is_user_file(filename) and "-packages" not in filename
 
 
 def tensors_in_frame(frame: FrameType, include_globals: bool = True) -> Iterator[tuple[str, torch.Tensor]]:

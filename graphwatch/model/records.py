@@ -178,6 +178,12 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     patch: str | None = None  # a unified diff of the user's file that applies ``fix`` (analysis.patches)
 
+    def _repr_html_(self) -> str:
+        """The finding as the report shows it (Jupyter's view of it)."""
+        from ..rendering.html import finding_html  # (rendering reads the model; this is only its view)
+
+        return finding_html(self)
+
     def __str__(self) -> str:
         head = f"[{self.kind}] step {self.step}: {self.message}"
         return head if self.fix in self.message else f"{head}\n  fix: {self.fix}"  # (an explanation lists its fixes)

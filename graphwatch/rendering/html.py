@@ -214,7 +214,7 @@ def _finding_html(finding: Finding, roots: Sequence[str], note: str = "") -> str
         + (f'<span class="ranks">{escape(note)}</span>' if note else "")  # "only on rank 1"
         + f'<span class="steps">{escape(steps_text(finding_steps(finding)))}</span></header>'
         f'<p class="message">{_code_spans(finding.message)}</p>'
-        f'<p class="fix"><strong>Fix:</strong> {_code_spans(finding.fix)}</p>'
+        + (f'<p class="fix"><strong>Fix:</strong> {_code_spans(finding.fix)}</p>' if finding.fix not in finding.message else "")
         + (_patch_html(finding.patch) if finding.patch else "")
         + "".join(map(_excerpt_html, excerpts))
         + missing
@@ -330,7 +330,8 @@ def _meta_html(trace: Trace, trace_file: str) -> str:
     ]
     if trace.rank is not None:
         facts.append(f"rank {trace.rank}" + (f" of {trace.world_size}" if trace.world_size else ""))
-    facts = [escape(f) for f in facts if f] + [f'trace: <a href="{escape(trace_file)}">{escape(trace_file)}</a>']
+    link = [f'trace: <a href="{escape(trace_file)}">{escape(trace_file)}</a>'] if trace_file else []
+    facts = [escape(f) for f in facts if f] + link
     notes = []
     if trace.ended_early:
         reason = ended_early_text(trace.ended_early, limit=240)
@@ -477,3 +478,42 @@ def _remove_stale(out_dir: Path, written: set[Path]) -> None:
         if path not in written and path.is_file():
             with contextlib.suppress(OSError):
                 path.unlink()
+
+
+# ------------------------------------------------------------------ notebooks
+NOTEBOOK_SCOPE = "graphwatch-summary"
+
+
+def _scoped_css(css: str, scope: str) -> str:
+    """The report's CSS with every rule limited to ``.scope`` (a notebook's own page is left alone):
+    ``:root`` and ``body`` become the scope itself, everything else a descendant of it."""
+    rules = []
+    for selectors, body in re.findall(r"([^{}]+)\{([^{}]*)\}", css):
+        scoped = []
+        for selector in selectors.split(","):
+            selector = selector.strip()
+            own = selector in (":root", "body", "main")
+            scoped.append(f".{scope}" if own else f".{scope} {selector}")
+        rules.append(f"{','.join(scoped)}{{{body}}}")
+    return "".join(rules)
+
+
+def summary_html(trace: Trace) -> str:
+    """The verdict, findings and patches of ``trace`` as a piece of HTML in the report's look (what Jupyter
+    shows for a session or a finding), its styles limited to itself.
+
+    >>> "graphwatch: no steps recorded" in summary_html(Trace())
+    True
+    """
+    roots = [str(trace.options["cwd"])] if trace.options.get("cwd") else []
+    findings = "".join(_finding_html(f, roots) for f in trace.findings)
+    return (
+        f"<style>{_scoped_css(CSS, NOTEBOOK_SCOPE)}</style>"
+        f'<div class="{NOTEBOOK_SCOPE}">{_verdict_html([trace], "h1")}{_meta_html(trace, "")}{findings}</div>'
+    )
+
+
+def finding_html(finding: Finding) -> str:
+    """One finding as the report shows it, styled on its own (Jupyter's view of a finding)."""
+    body = _finding_html(finding, [])
+    return f'<style>{_scoped_css(CSS, NOTEBOOK_SCOPE)}</style><div class="{NOTEBOOK_SCOPE}">{body}</div>'

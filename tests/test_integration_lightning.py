@@ -1,0 +1,158 @@
+"""PyTorch Lightning under ``GraphwatchCallback``: real ``Trainer.fit`` runs on CPU, a few batches each.
+
+Buggy modules are diagnosed with the right kind and the user's line, correct ones report nothing, and
+the callback changes no parameter (checked against the same fit without it).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+pytest.importorskip("lightning")
+import lightning.pytorch as pl
+
+from graphwatch.integrations.lightning import GraphwatchCallback
+
+
+def data(batches: int = 5) -> DataLoader:
+    torch.manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(batches * 4, 6), torch.randn(batches * 4, 1)), batch_size=4)
+
+
+def line_of(cls: type, text: str) -> str:
+    lines, first = inspect.getsourcelines(cls)
+    number = next(first + i for i, line in enumerate(lines) if text in line)
+    return f"{os.path.relpath(inspect.getsourcefile(cls) or '')}:{number}"
+
+
+class Recurrent(pl.LightningModule):
+    """Carries a hidden state from batch to batch; ``detach`` says whether it is cut."""
+
+    def __init__(self, detach: bool) -> None:
+        super().__init__()
+        self.cell, self.head, self.detach_state = nn.RNNCell(6, 8), nn.Linear(8, 1), detach
+        self.hidden = torch.zeros(4, 8)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        hidden = self.hidden.detach() if self.detach_state else self.hidden
+        self.hidden = self.cell(x, hidden)  # the carried state
+        return nn.functional.mse_loss(self.head(self.hidden), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class KeepsOutputs(pl.LightningModule):
+    """Appends each step's loss tensor to a list on the module."""
+
+    def __init__(self, keep_graph: bool) -> None:
+        super().__init__()
+        self.net, self.keep_graph, self.outputs = nn.Linear(6, 1), keep_graph, []
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = nn.functional.mse_loss(self.net(batch[0]), batch[1])
+        self.outputs.append(loss if self.keep_graph else loss.detach())  # the kept losses
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class TwoOptimizers(pl.LightningModule):
+    """Manual optimization with two optimizers (a GAN-like alternation), done right."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.g, self.d = nn.Linear(6, 6), nn.Linear(6, 1)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        opt_g, opt_d = self.optimizers()
+        fake = self.g(batch[0])
+        d_loss = self.d(fake.detach()).pow(2).mean() - self.d(batch[0]).mean()
+        opt_d.zero_grad()
+        self.manual_backward(d_loss)
+        opt_d.step()
+        g_loss = -self.d(fake).mean()
+        opt_g.zero_grad()
+        self.manual_backward(g_loss)
+        opt_g.step()
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        return [torch.optim.SGD(self.g.parameters(), lr=0.01), torch.optim.SGD(self.d.parameters(), lr=0.01)]
+
+
+def fit(module: pl.LightningModule, tmp_path: Path, callback: GraphwatchCallback | None, **options: object) -> None:
+    trainer = pl.Trainer(
+        max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        callbacks=[callback] if callback is not None else [], **options,
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's advice on workers and logging
+        trainer.fit(module, data())
+
+
+def watched(module: pl.LightningModule, tmp_path: Path, **options: object) -> GraphwatchCallback:
+    callback = GraphwatchCallback(out=tmp_path / "report")
+    fit(module, tmp_path, callback, **options)
+    assert callback.session is not None and not callback.session.active
+    return callback
+
+
+def test_a_hidden_state_kept_on_the_module_without_detach_is_named_with_its_line(tmp_path: Path) -> None:
+    """The second batch's backward runs into the first's freed graph: torch's error, explained."""
+    callback = GraphwatchCallback(out=tmp_path / "report")
+    with pytest.raises(RuntimeError, match="backward through the graph a second time") as raised:
+        fit(Recurrent(detach=False), tmp_path, callback)
+    assert "carried into step 1 by `self.hidden`" in str(raised.value)
+    assert callback.session is not None and not callback.session.active
+    carried = next(f for f in callback.session.findings if f.kind == "graph-carried-across-steps")
+    assert carried.evidence["carrier"] == "self.hidden"
+    assert line_of(Recurrent, "# the carried state") in carried.evidence["sites"]
+    assert carried.fix.startswith("`self.hidden = self.hidden.detach()` at the start of each step")
+    assert (tmp_path / "report" / "index.html").is_file()
+
+
+def test_losses_appended_to_a_list_on_the_module_are_named(tmp_path: Path) -> None:
+    callback = watched(KeepsOutputs(keep_graph=True), tmp_path)
+    kept = next(f for f in callback.session.findings if f.kind == "graph-kept-alive")  # type: ignore[union-attr]
+    assert "outputs" in kept.evidence["holder"]
+    assert line_of(KeepsOutputs, "# the kept losses") in kept.evidence["sites"]
+
+
+@pytest.mark.parametrize(
+    ("module", "options"),
+    [(lambda: Recurrent(detach=True), {}), (lambda: KeepsOutputs(keep_graph=False), {"accumulate_grad_batches": 2}),
+     (TwoOptimizers, {})],
+    ids=["detached-state", "accumulation", "manual-two-optimizers"],
+)
+def test_correct_modules_report_nothing(module, options, tmp_path: Path) -> None:
+    callback = watched(module(), tmp_path, **options)
+    assert callback.session.findings == []  # type: ignore[union-attr]
+
+
+def test_steps_are_lightnings_training_steps(tmp_path: Path) -> None:
+    accumulated = watched(KeepsOutputs(keep_graph=False), tmp_path, accumulate_grad_batches=2)
+    assert len(accumulated.session.trace.steps) == 3  # type: ignore[union-attr]  # 5 batches, 2 per step
+    manual = watched(TwoOptimizers(), tmp_path)
+    assert len(manual.session.trace.steps) == 5  # type: ignore[union-attr]  # a batch each, two optimizers
+
+
+def test_the_callback_changes_no_parameter(tmp_path: Path) -> None:
+    results = []
+    for callback in (None, GraphwatchCallback(out=tmp_path / "report")):
+        torch.manual_seed(1)
+        module = Recurrent(detach=True)
+        fit(module, tmp_path, callback)
+        results.append([p.detach().clone() for p in module.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*results))

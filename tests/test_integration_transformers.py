@@ -1,0 +1,90 @@
+"""Hugging Face ``Trainer`` under ``GraphwatchCallback``: a 2-layer GPT-2 built from a config (nothing is
+downloaded), trained a few steps on CPU.
+
+A plain run reports nothing; a ``compute_loss`` override that keeps each step's loss tensor on the
+trainer is named with its line; steps are optimizer steps (gradient accumulation included); the
+callback changes no parameter.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+from graphwatch.integrations.transformers import GraphwatchCallback
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n: int = 16) -> None:
+        self.ids = torch.randint(0, 100, (n, 12), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class KeepsLosses(Trainer):
+    """Keeps every step's loss tensor on the trainer (for a plot later): the graphs stay alive."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.losses: list[torch.Tensor] = []
+
+    def compute_loss(self, model, inputs, return_outputs=False, **kwargs):  # type: ignore[no-untyped-def]
+        loss = super().compute_loss(model, inputs, return_outputs=return_outputs, **kwargs)
+        self.losses.append(loss)  # the kept losses
+        return loss
+
+
+def model() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=16))
+
+
+def train(tmp_path: Path, callback: GraphwatchCallback | None, trainer: type[Trainer] = Trainer,
+          accumulation: int = 1) -> Trainer:  # fmt: skip
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "run"), max_steps=4, per_device_train_batch_size=2, learning_rate=1e-3,
+        gradient_accumulation_steps=accumulation, save_strategy="no", report_to=[], logging_strategy="no",
+        use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0,
+    )  # fmt: skip
+    run = trainer(model=model(), args=args, train_dataset=Tokens(), callbacks=[callback] if callback else [])
+    run.train()
+    return run
+
+
+def test_a_plain_trainer_run_reports_nothing_and_steps_are_optimizer_steps(tmp_path: Path) -> None:
+    callback = GraphwatchCallback()
+    train(tmp_path, callback, accumulation=2)
+    assert callback.session is not None and not callback.session.active
+    assert callback.session.findings == []
+    assert len(callback.session.trace.steps) == 4  # max_steps optimizer steps of 2 micro-batches each
+    assert all(len(step.backwards) == 2 for step in callback.session.trace.steps)
+    assert (tmp_path / "run" / "graphwatch" / "index.html").is_file()
+
+
+def test_losses_kept_on_the_trainer_are_named_with_their_line(tmp_path: Path) -> None:
+    callback = GraphwatchCallback()
+    train(tmp_path, callback, trainer=KeepsLosses)
+    kept = next(f for f in callback.session.findings if f.kind == "graph-kept-alive")  # type: ignore[union-attr]
+    assert kept.evidence["holder"].endswith("losses")
+    lines, first = inspect.getsourcelines(KeepsLosses)
+    line = next(first + i for i, text in enumerate(lines) if "# the kept losses" in text)
+    assert f"{os.path.relpath(__file__)}:{line}" in kept.evidence["sites"]
+
+
+def test_the_callback_changes_no_parameter(tmp_path: Path) -> None:
+    bare = train(tmp_path / "bare", None)
+    watched = train(tmp_path / "watched", GraphwatchCallback())
+    pairs = zip(bare.model.parameters(), watched.model.parameters())
+    assert all(torch.equal(a.detach(), b.detach()) for a, b in pairs)
