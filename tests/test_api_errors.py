@@ -85,6 +85,8 @@ CASES: list[tuple[str, str, tuple[str, ...], tuple[str, ...], Call]] = [
      lambda gw, y, v: graphwatch.make_dot(y, trace=gw.trace, retained=v)),
     ("Session.save", "path", NOT_A_PATH, ("PathLike", "path"), lambda gw, y, v: gw.save(v)),
     ("Session.report", "out_dir", NOT_A_PATH, ("PathLike", "out_dir"), lambda gw, y, v: gw.report(v)),
+    ("load_ipython_extension", "ipython", tuple(WRONG), ("IPython shell",),
+     lambda gw, y, v: graphwatch.load_ipython_extension(v)),
     ("Session.summary", "console", ("int", "float", "dict", "str", "list", "tensor", "object"), ("console",),
      lambda gw, y, v: gw.summary(v)),
 ]

@@ -67,4 +67,9 @@ def graphwatch_magic(line: str, cell: str | None = None) -> Any:
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register ``%%graphwatch`` and ``%graphwatch`` (``%load_ext graphwatch`` calls this)."""
+    if not callable(getattr(ipython, "register_magic_function", None)):
+        raise TypeError(
+            f"load_ipython_extension takes the IPython shell, got {type(ipython).__name__}: "
+            "in a notebook, run `%load_ext graphwatch`"
+        )
     ipython.register_magic_function(graphwatch_magic, magic_kind="line_cell", magic_name="graphwatch")
