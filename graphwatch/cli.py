@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -94,6 +95,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         report, failure = _write_report(run, out, args.quiet, since, lambda: guard.terminated)
         code = _run_exit_code(run, guard, failure, args.strict)
     _say_how_it_ended(run, guard, report, failure, code)
+    if code == EXIT_SIGTERM and hasattr(signal, "SIGCHLD"):
+        # Killed by SIGTERM, bare Python would run no finalizer: a DataLoader's, run at exit, would find its
+        # workers killed by the same signal and its SIGCHLD handler would raise inside __del__.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     return code
 
 

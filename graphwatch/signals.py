@@ -72,6 +72,9 @@ class SignalGuard:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGTERM:
             self.terminated = True
+            # The run ends: the script's frames unwind now, and a DataLoader freed on the way must not find
+            # its workers (killed by a SIGTERM to the process group) through its SIGCHLD handler.
+            self._shield_children(True)
         if not self._armed:
             if signum == signal.SIGINT:
                 if self.interrupted or not self._script_done:
@@ -195,6 +198,7 @@ class _Unswallowable:
         # off by Python, so a raise that a bare ``except:`` swallowed would leave the script running.
         if (
             event == "line"
+            and is_user_file(frame.f_code.co_filename)  # the script's own line, never the standard library's
             and not isinstance(sys.exc_info()[1], Terminated)
             and _interrupts_user_code(frame)  # not in a finalizer (DataLoader's __del__) or a hook
             and _uncaught_here(frame)
