@@ -148,6 +148,13 @@ def test_steps_are_lightnings_training_steps(tmp_path: Path) -> None:
     assert len(manual.session.trace.steps) == 5  # type: ignore[union-attr]  # a batch each, two optimizers
 
 
+def test_the_report_goes_to_the_trainers_log_dir_by_default(tmp_path: Path) -> None:
+    callback = GraphwatchCallback()
+    fit(KeepsOutputs(keep_graph=False), tmp_path, callback)
+    assert (tmp_path / "graphwatch" / "index.html").is_file()  # default_root_dir: no logger here
+    assert (tmp_path / "graphwatch" / "trace.json").is_file()
+
+
 def test_the_callback_changes_no_parameter(tmp_path: Path) -> None:
     results = []
     for callback in (None, GraphwatchCallback(out=tmp_path / "report")):
