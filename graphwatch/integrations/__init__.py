@@ -31,6 +31,21 @@ def start_session(
     return session
 
 
+class WatchingCallback:
+    """What the framework callbacks share: their options (``strict``, ``out``, ``level``, as in
+    :func:`graphwatch.watch`) and ``session``, the session of the last run (its ``findings``, ``trace``)."""
+
+    def __init__(self, strict: bool = False, out: str | Path | None = None, level: str = "default") -> None:
+        super().__init__()
+        self.strict, self.out, self.level = strict, out, level
+        self.session: Session | None = None
+
+    def _start(self, default_folder: Path, summary: bool) -> None:
+        """Enter the run's session; its report goes to ``out``, or to ``default_folder``."""
+        folder = self.out if self.out is not None else default_folder
+        self.session = start_session(self.strict, self.level, folder, summary=summary)
+
+
 def stop_session(session: Session | None, error: BaseException | None = None) -> None:
     """Leave ``session`` if it is still watching (the error that stopped the run, if any, is recorded)."""
     if session is not None and session.active:

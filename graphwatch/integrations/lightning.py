@@ -29,11 +29,10 @@ except ImportError:  # the older package name
             "graphwatch.integrations.lightning needs PyTorch Lightning: pip install 'graphwatch[lightning]'"
         ) from missing
 
-from ..session import Session
-from . import start_session, stop_session
+from . import WatchingCallback, stop_session
 
 
-class GraphwatchCallback(Callback):  # type: ignore[misc]
+class GraphwatchCallback(WatchingCallback, Callback):  # type: ignore[misc]
     """Watch ``fit()`` with graphwatch: ``Trainer(callbacks=[GraphwatchCallback()])``.
 
     ``strict`` fails the fit at the end of the first leaking step (``graphwatch.GraphLeakError``);
@@ -41,14 +40,10 @@ class GraphwatchCallback(Callback):  # type: ignore[misc]
     :func:`graphwatch.watch`.  ``session`` is the session of the last fit (its ``findings``, ``trace``).
     """
 
-    def __init__(self, strict: bool = False, out: str | Path | None = None, level: str = "default") -> None:
-        self.strict, self.out, self.level = strict, out, level
-        self.session: Session | None = None
-        self._global_step = 0
+    _global_step = 0
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        folder = self.out if self.out is not None else Path(trainer.log_dir or trainer.default_root_dir) / "graphwatch"
-        self.session = start_session(self.strict, self.level, folder, summary=trainer.is_global_zero)
+        self._start(Path(trainer.log_dir or trainer.default_root_dir) / "graphwatch", trainer.is_global_zero)
         self._global_step = trainer.global_step
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -26,11 +26,10 @@ except ImportError as missing:
         "graphwatch.integrations.transformers needs transformers: pip install 'graphwatch[transformers]'"
     ) from missing
 
-from ..session import Session
-from . import start_session, stop_session
+from . import WatchingCallback, stop_session
 
 
-class GraphwatchCallback(TrainerCallback):  # type: ignore[misc]
+class GraphwatchCallback(WatchingCallback, TrainerCallback):  # type: ignore[misc]
     """Watch ``train()`` with graphwatch: ``Trainer(..., callbacks=[GraphwatchCallback()])``.
 
     ``strict`` fails the run at the end of the first leaking step (``graphwatch.GraphLeakError``);
@@ -38,13 +37,8 @@ class GraphwatchCallback(TrainerCallback):  # type: ignore[misc]
     :func:`graphwatch.watch`.  ``session`` is the session of the last run (its ``findings``, ``trace``).
     """
 
-    def __init__(self, strict: bool = False, out: str | Path | None = None, level: str = "default") -> None:
-        self.strict, self.out, self.level = strict, out, level
-        self.session: Session | None = None
-
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        folder = self.out if self.out is not None else Path(args.output_dir) / "graphwatch"
-        self.session = start_session(self.strict, self.level, folder, summary=state.is_world_process_zero)
+        self._start(Path(args.output_dir) / "graphwatch", state.is_world_process_zero)
         atexit.register(self._at_exit)  # train() that raises never calls on_train_end
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
