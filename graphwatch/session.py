@@ -218,7 +218,7 @@ class Session:
 
     def _repr_html_(self) -> str:
         """The summary as HTML (Jupyter shows a session this way), in the report's look."""
-        from .rendering.html import summary_html
+        from .rendering.notebook import summary_html
 
         return summary_html(self.trace)
 

@@ -180,7 +180,7 @@ class Finding:
 
     def _repr_html_(self) -> str:
         """The finding as the report shows it (Jupyter's view of it)."""
-        from ..rendering.html import finding_html  # (rendering reads the model; this is only its view)
+        from ..rendering.notebook import finding_html  # (rendering reads the model; this is only its view)
 
         return finding_html(self)
 

@@ -33,12 +33,11 @@ from pathlib import Path
 
 from ..analysis.evidence import human_bytes
 from ..errors import UsageError
-from ..model import Finding, Snapshot, StepRecord, Trace, save_trace, write_atomically
+from ..model import Finding, StepRecord, Trace, save_trace, write_atomically
 from .charts import NODES_COLOR, bar_chart, byte_unit, line_chart
-from .dot import legend_entries
+from .gallery import Picture, code_spans, gallery_html, legend_html, render_pictures
 from .ranks import RANKS_CSS, is_rank_set, rank_notes, ranks_html, report_verdict
 from .sources import SourceExcerpt, cited_excerpts
-from .svg import DOT_MISSING_NOTICE, DotError, render_svg
 from .terminal import (
     ended_early_text,
     finding_steps,
@@ -134,33 +133,8 @@ table.steps{border-collapse:collapse;width:100%;font-size:13px;font-variant-nume
 """
 
 
-@dataclass(frozen=True, slots=True)
-class _Picture:
-    """A rendered snapshot: its file name under ``snapshots/`` and its SVG, or why there is none.
-
-    ``svg`` is None when ``dot`` is missing (``error`` None) or failed on this graph (``error`` says how).
-    """
-
-    snapshot: Snapshot
-    file: str
-    svg: str | None  # the whole graph, written to snapshots/<file>
-    error: str | None = None
-    focus: str | None = None  # the focused picture shown in the page (None: the page shows ``svg``)
-
-
-def _code_spans(text: str) -> str:
-    """Escape ``text`` and show its `backticked` parts as code."""
-    return re.sub(r"`([^`\n]+)`", r"<code>\1</code>", escape(text))
-
-
 def _slug(label: str, index: int) -> str:
     return f"{index}-" + (re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") or "run")
-
-
-def _scoped_ids(svg: str, prefix: str) -> str:
-    """Prefix Graphviz's ids (``graph0``, ``node1``, ...) so several inlined drawings never share one."""
-    svg = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{prefix}{m[1]}"', svg)
-    return re.sub(r'(href="#|url\(#)([^")]+)', lambda m: f"{m[1]}{prefix}{m[2]}", svg)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +144,7 @@ class _Run:
     label: str
     trace: Trace
     slug: str
-    pictures: list[_Picture]
+    pictures: list[Picture]
     trace_file: str
 
 
@@ -213,8 +187,8 @@ def _finding_html(finding: Finding, roots: Sequence[str], note: str = "") -> str
         f'<code class="kind">{escape(finding.kind)}</code>'
         + (f'<span class="ranks">{escape(note)}</span>' if note else "")  # "only on rank 1"
         + f'<span class="steps">{escape(steps_text(finding_steps(finding)))}</span></header>'
-        f'<p class="message">{_code_spans(finding.message)}</p>'
-        + (f'<p class="fix"><strong>Fix:</strong> {_code_spans(finding.fix)}</p>' if finding.fix not in finding.message else "")
+        f'<p class="message">{code_spans(finding.message)}</p>'
+        + (f'<p class="fix"><strong>Fix:</strong> {code_spans(finding.fix)}</p>' if finding.fix not in finding.message else "")
         + (_patch_html(finding.patch) if finding.patch else "")
         + "".join(map(_excerpt_html, excerpts))
         + missing
@@ -278,40 +252,6 @@ def _table_html(trace: Trace) -> str:
 
 
 # ---------------------------------------------------------------------------- gallery
-def _render_pictures(trace: Trace, slug: str) -> list[_Picture]:
-    pictures = []
-    for i, snap in enumerate(trace.snapshots):
-        file = f"{slug}-step{snap.step}-{i}.svg"
-        try:
-            full = render_svg(snap.dot)
-            focus = render_svg(snap.focus) if snap.focus and full is not None else None
-            pictures.append(_Picture(snap, file, full, None, focus))
-        except DotError as exc:  # one graph dot cannot lay out must not cost the whole report
-            pictures.append(_Picture(snap, file, None, str(exc)))
-    return pictures
-
-
-def _gallery_html(pictures: list[_Picture], slug: str) -> str:
-    if not pictures:
-        return '<p class="empty">No graph snapshots were taken in this run.</p>'
-    missing = any(p.svg is None and p.error is None for p in pictures)
-    notice = f'<p class="notice">{_code_spans(DOT_MISSING_NOTICE)}</p>' if missing else ""
-    figures = []
-    for i, picture in enumerate(pictures):
-        snap = picture.snapshot
-        caption = escape(f"step {snap.step} — {snap.reason}")
-        if picture.svg is None:
-            failed = f'<p class="notice">{escape(picture.error)}</p>' if picture.error else ""
-            body = f"{failed}<details><summary>DOT source</summary><pre>{escape(snap.dot)}</pre></details>"
-        else:
-            shown = picture.focus or picture.svg
-            body = f'<div class="svgbox">{_scoped_ids(shown, f"{slug}-{i}-")}</div>'
-            what = "the whole graph" if picture.focus else "open the SVG"
-            caption += f' · <a href="snapshots/{escape(picture.file)}">{what}</a>'
-        figures.append(f'<figure class="snapshot">{body}<figcaption>{caption}</figcaption></figure>')
-    return notice + '<div class="gallery">' + "".join(figures) + "</div>"
-
-
 # ------------------------------------------------------------------------------- page
 def _verdict_html(traces: Sequence[Trace], tag: str = "div", headline: tuple[str, bool] | None = None) -> str:
     """The verdict (or ``headline``: text, good news); inside a run's section (any tag but the page's h1)
@@ -344,29 +284,6 @@ def _meta_html(trace: Trace, trace_file: str) -> str:
     return f'<p class="meta">{" · ".join(facts)}</p>' + "".join(notes)
 
 
-_CSS_COLOURS = {"lightblue": "#add8e6", "orange": "#ffa500", "darkolivegreen1": "#caff70", "gray95": "#f2f2f2",
-                "white": "#fff", "red": "#ff0000"}  # fmt: skip
-
-
-def _legend_html() -> str:
-    """The snapshots' legend, once per report (the snapshots in the page have none): each entry drawn
-    as the drawings draw it, in HTML, so that it reads at any size."""
-    entries = []
-    for text, attrs in legend_entries():
-        fill = _CSS_COLOURS.get(attrs.get("fillcolor", "lightgrey"), "#d3d3d3")
-        style = [f"background:{fill}"]
-        if "dashed" in attrs.get("style", ""):
-            style.append("border-style:dashed;color:#666")
-        if attrs.get("color"):
-            style.append(f"border:2px solid {_CSS_COLOURS.get(attrs['color'], attrs['color'])}")
-        if attrs.get("peripheries") == "2":
-            style.append("border:3px double #000")
-        if attrs.get("shape") == "plaintext":
-            style = [f"color:{_CSS_COLOURS.get(attrs.get('fontcolor', ''), '#c00')};border:none;background:none"]
-        entries.append(f'<span style="{";".join(style)}">{escape(" ".join(text.split()))}</span>')
-    return f'<div class="legend"><strong>Legend</strong>{"".join(entries)}</div>'
-
-
 def _section_html(run: _Run, multi: bool, notes: dict[int, str], legend: str = "") -> str:
     trace = run.trace
     roots = [str(trace.options["cwd"])] if trace.options.get("cwd") else []
@@ -383,7 +300,7 @@ def _section_html(run: _Run, multi: bool, notes: dict[int, str], legend: str = "
         parts += [_charts_html(trace), _table_html(trace)]
     else:
         parts.append('<p class="empty">No steps were recorded.</p>')
-    parts += ["<h3>Graph snapshots</h3>", legend, _gallery_html(run.pictures, run.slug), "</section>"]
+    parts += ["<h3>Graph snapshots</h3>", legend, gallery_html(run.pictures, run.slug), "</section>"]
     return "".join(parts)
 
 
@@ -404,7 +321,7 @@ def _page(runs: Sequence[_Run], headline: tuple[str, bool] | None = None) -> str
         body.append(ranks_html(traces, [run.slug for run in runs]))
     notes = rank_notes(traces) if ranks else {}
     first = next((run for run in runs if any(p.svg is not None for p in run.pictures)), None)
-    legend = _legend_html() if first is not None else ""
+    legend = legend_html() if first is not None else ""
     body += [_section_html(run, multi, notes, legend if run is first else "") for run in runs]
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -457,7 +374,7 @@ def write_report(
     for i, (label, trace) in enumerate(sections):
         slug = _slug(label, i)
         file = "trace.json" if isinstance(traces, Trace) else f"trace-{slug}.json"
-        runs.append(_Run(label, trace, slug, _render_pictures(trace, slug), file))
+        runs.append(_Run(label, trace, slug, render_pictures(trace, slug), file))
     written = {out_dir / "index.html"}
     for picture in (p for run in runs for p in run.pictures):
         if picture.svg is not None:
@@ -478,42 +395,3 @@ def _remove_stale(out_dir: Path, written: set[Path]) -> None:
         if path not in written and path.is_file():
             with contextlib.suppress(OSError):
                 path.unlink()
-
-
-# ------------------------------------------------------------------ notebooks
-NOTEBOOK_SCOPE = "graphwatch-summary"
-
-
-def _scoped_css(css: str, scope: str) -> str:
-    """The report's CSS with every rule limited to ``.scope`` (a notebook's own page is left alone):
-    ``:root`` and ``body`` become the scope itself, everything else a descendant of it."""
-    rules = []
-    for selectors, body in re.findall(r"([^{}]+)\{([^{}]*)\}", css):
-        scoped = []
-        for selector in selectors.split(","):
-            selector = selector.strip()
-            own = selector in (":root", "body", "main")
-            scoped.append(f".{scope}" if own else f".{scope} {selector}")
-        rules.append(f"{','.join(scoped)}{{{body}}}")
-    return "".join(rules)
-
-
-def summary_html(trace: Trace) -> str:
-    """The verdict, findings and patches of ``trace`` as a piece of HTML in the report's look (what Jupyter
-    shows for a session or a finding), its styles limited to itself.
-
-    >>> "graphwatch: no steps recorded" in summary_html(Trace())
-    True
-    """
-    roots = [str(trace.options["cwd"])] if trace.options.get("cwd") else []
-    findings = "".join(_finding_html(f, roots) for f in trace.findings)
-    return (
-        f"<style>{_scoped_css(CSS, NOTEBOOK_SCOPE)}</style>"
-        f'<div class="{NOTEBOOK_SCOPE}">{_verdict_html([trace], "h1")}{_meta_html(trace, "")}{findings}</div>'
-    )
-
-
-def finding_html(finding: Finding) -> str:
-    """One finding as the report shows it, styled on its own (Jupyter's view of a finding)."""
-    body = _finding_html(finding, [])
-    return f'<style>{_scoped_css(CSS, NOTEBOOK_SCOPE)}</style><div class="{NOTEBOOK_SCOPE}">{body}</div>'

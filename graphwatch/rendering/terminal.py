@@ -24,9 +24,11 @@ Example::
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterator, Sequence
+import re
+import sys
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
@@ -184,10 +186,14 @@ def explained_in_error(trace: Trace, finding: Finding) -> bool:
     return bool(trace.ended_early) and finding.severity == "error" and finding.message in (trace.ended_early or "")
 
 
-def finding_lines(finding: Finding, note: str = "", in_error: bool = False) -> Iterator[RenderableType]:
-    """One finding as the summary shows it: kind and steps (and ``note``, e.g. ``only on rank 1``), message, fix, lines.
+def finding_lines(
+    finding: Finding, note: str = "", in_error: bool = False, patch_above: str | None = None
+) -> Iterator[RenderableType]:
+    """One finding as the summary shows it: kind and steps (and ``note``, e.g. ``only on rank 1``), message, fix,
+    patch, lines.
 
     ``in_error``: the error that ended the run holds the explanation; one line points at it.
+    ``patch_above``: the kind of a finding printed above with the same patch (it is not printed again).
 
     >>> [type(part).__name__ for part in finding_lines(Finding("retained-graph", "warning", 3, "m", "f"))]
     ['Text', 'Padding', 'Padding']
@@ -204,12 +210,31 @@ def finding_lines(finding: Finding, note: str = "", in_error: bool = False) -> I
         yield Padding(Text(finding.message), (0, 0, 0, 2), expand=False)
     if not in_error and finding.fix not in finding.message:  # an explanation lists its fixes: not again
         yield Padding(Text.assemble(("fix: ", "bold green"), finding.fix), (0, 0, 0, 2), expand=False)
-    if finding.patch:
+    if finding.patch and patch_above:
+        yield Padding(Text.assemble(("patch: ", "bold green"), f"the one under {patch_above} above"), (0, 0, 0, 2), expand=False)
+    elif finding.patch:
         yield Padding(Text("patch (patch -p0):", style="bold green"), (0, 0, 0, 2), expand=False)
         yield Padding(diff_text(finding.patch), (0, 0, 0, 4), expand=False)
     sites = cited_sites(finding)
     if sites:
         yield Padding(Text.assemble(("at: ", "bold"), (", ".join(sites), "cyan")), (0, 0, 0, 2), expand=False)
+
+
+def findings_lines(findings: Sequence[Finding], in_error: Callable[[Finding], bool] | None = None) -> Iterator[RenderableType]:
+    """Each of ``findings`` by :func:`finding_lines`, a blank line between them; a patch two findings share
+    (a backward-twice error and the carried graph behind it) is printed under the first only.
+
+    >>> f = Finding("retained-graph", "warning", 3, "m", "f", patch="--- a.py\\n+++ a.py\\n")
+    >>> [type(part).__name__ for part in findings_lines([f, f])].count("Padding")
+    7
+    """
+    printed: dict[str, str] = {}  # patch -> the kind of the finding it was printed under
+    for i, finding in enumerate(findings):
+        if i:
+            yield Text("")
+        yield from finding_lines(finding, in_error=bool(in_error and in_error(finding)), patch_above=printed.get(finding.patch or ""))
+        if finding.patch:
+            printed.setdefault(finding.patch, finding.kind)
 
 
 def diff_text(patch: str) -> Text:
@@ -298,10 +323,7 @@ class Summary:
             yield Text.assemble(("report: ", "bold"), str(index if index.suffix == ".html" else index / "index.html"))
 
     def _findings(self) -> Iterator[RenderableType]:
-        for i, finding in enumerate(self.trace.findings):
-            if i:
-                yield Text("")
-            yield from finding_lines(finding, in_error=explained_in_error(self.trace, finding))
+        yield from findings_lines(self.trace.findings, lambda finding: explained_in_error(self.trace, finding))
 
     def _table(self) -> Table:
         steps = self.trace.steps
@@ -376,9 +398,42 @@ def other_ranks_hint(report: Path | None) -> str:
 UNWRAPPED_WIDTH = 1000
 
 
+class TrimmedLines:
+    """A text stream that writes to ``file`` (default: the standard error stream of the moment) without the
+    spaces rich pads lines with: in a log, a copied patch or table row keeps no trailing blanks.
+
+    >>> import io
+    >>> out = io.StringIO()
+    >>> stream = TrimmedLines(out)
+    >>> _ = stream.write("a   \\nb  "), stream.write("  c \\n")
+    >>> out.getvalue()
+    'a\\nb    c\\n'
+    """
+
+    def __init__(self, file: IO[str] | None = None) -> None:
+        self._file = file
+        self._spaces = ""  # spaces at the end of the last write: written once more text follows on that line
+
+    @property
+    def file(self) -> IO[str]:
+        return self._file if self._file is not None else sys.stderr
+
+    def write(self, text: str) -> int:
+        text, body = self._spaces + text, (self._spaces + text).rstrip(" ")
+        self._spaces = text[len(body) :]
+        self.file.write(re.sub(r" +\n", "\n", body))
+        return len(text)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def __getattr__(self, name: str) -> object:  # isatty, encoding, fileno: the stream's own
+        return getattr(self.file, name)
+
+
 def make_console(file: IO[str] | None = None) -> Console:
     """A console for the summary: standard error by default; no colour codes when ``NO_COLOR`` is set; not
-    hard-wrapped when it writes to no terminal (unless ``COLUMNS`` sets a width).
+    hard-wrapped, and lines not padded with spaces, when it writes to no terminal (``COLUMNS`` may set a width).
 
     >>> import io
     >>> console = make_console(io.StringIO())
@@ -391,8 +446,10 @@ def make_console(file: IO[str] | None = None) -> Console:
         color_system=None if os.environ.get("NO_COLOR") else "auto",
         highlight=False,
     )
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console.width = UNWRAPPED_WIDTH
+    if not console.is_terminal:
+        console.file = cast(IO[str], TrimmedLines(file))
+        if "COLUMNS" not in os.environ:
+            console.width = UNWRAPPED_WIDTH
     return console
 
 
