@@ -18,7 +18,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 pytest.importorskip("lightning")
 import lightning.pytorch as pl
+from lightning.pytorch.loggers import CSVLogger
 
+import graphwatch
 from graphwatch.integrations.lightning import GraphwatchCallback
 
 
@@ -91,15 +93,17 @@ class TwoOptimizers(pl.LightningModule):
         return [torch.optim.SGD(self.g.parameters(), lr=0.01), torch.optim.SGD(self.d.parameters(), lr=0.01)]
 
 
-def fit(module: pl.LightningModule, tmp_path: Path, callback: GraphwatchCallback | None, **options: object) -> None:
+def fit(module: pl.LightningModule, tmp_path: Path, callback: GraphwatchCallback | None, **options: object) -> pl.Trainer:
+    options = {"logger": False, **options}
     trainer = pl.Trainer(
-        max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        max_epochs=1, accelerator="cpu", devices=1, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
         callbacks=[callback] if callback is not None else [], **options,
     )  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's advice on workers and logging
         trainer.fit(module, data())
+    return trainer
 
 
 def watched(module: pl.LightningModule, tmp_path: Path, **options: object) -> GraphwatchCallback:
@@ -126,8 +130,37 @@ def test_a_hidden_state_kept_on_the_module_without_detach_is_named_with_its_line
 def test_losses_appended_to_a_list_on_the_module_are_named(tmp_path: Path) -> None:
     callback = watched(KeepsOutputs(keep_graph=True), tmp_path)
     kept = next(f for f in callback.session.findings if f.kind == "graph-kept-alive")  # type: ignore[union-attr]
-    assert "outputs" in kept.evidence["holder"]
+    assert kept.evidence["holder"].split("[")[0].endswith("outputs")
     assert line_of(KeepsOutputs, "# the kept losses") in kept.evidence["sites"]
+    assert "loss.detach()" in kept.fix or ".item()" in kept.fix
+
+
+def test_strict_fails_the_fit_at_the_first_leaking_step_and_writes_the_report(tmp_path: Path) -> None:
+    callback = GraphwatchCallback(strict=True, out=tmp_path / "report")
+    with pytest.raises(graphwatch.GraphLeakError, match="graph-kept-alive") as raised:
+        fit(KeepsOutputs(keep_graph=True), tmp_path, callback)
+    assert callback.session is not None and not callback.session.active
+    assert raised.value.findings[0].kind == "graph-kept-alive"
+    assert callback.session.trace.ended_early.startswith("GraphLeakError")
+    assert (tmp_path / "report" / "index.html").is_file()
+
+
+def test_the_report_goes_to_the_trainers_log_dir(tmp_path: Path) -> None:
+    callback = GraphwatchCallback()
+    trainer = fit(KeepsOutputs(keep_graph=False), tmp_path, callback, logger=CSVLogger(tmp_path / "logs"))
+    assert trainer.log_dir is not None
+    assert (Path(trainer.log_dir) / "graphwatch" / "index.html").is_file()
+    assert callback.session is not None and callback.session.findings == []
+
+
+def test_inside_a_session_already_watching_the_callback_marks_its_steps(tmp_path: Path) -> None:
+    """As under ``graphwatch run``: the callback uses that session and leaves it to its owner."""
+    with graphwatch.watch(summary=False) as gw:
+        callback = GraphwatchCallback(out=tmp_path / "unused")
+        fit(KeepsOutputs(keep_graph=False), tmp_path, callback, accumulate_grad_batches=2)
+        assert callback.session is gw and gw.active
+    assert len(gw.trace.steps) == 3 and gw.findings == []
+    assert not (tmp_path / "unused").exists()
 
 
 @pytest.mark.parametrize(

@@ -1,14 +1,15 @@
 """Jupyter, for real: ``tests/notebooks/carried_state.ipynb`` runs on an ipykernel kernel through nbclient.
 
-Its cells load the extension, watch one cell with ``%%graphwatch`` (an RNN state carried without
-detach: the backward-twice error explains itself in the cell's output, and the summary shows under it
-as HTML), then watch a state carried from one cell into the next with ``%graphwatch start`` /
-``%graphwatch stop``.
+Its cells load the extension, watch one cell with ``%%graphwatch --out report`` (an RNN state carried
+without detach: the cell fails as it would without graphwatch, the backward-twice error explains itself
+in the cell's output and the summary shows under the cell as HTML), then watch a state carried from one
+cell into the next with ``%graphwatch start`` / ``gw = %graphwatch stop``, and show a finding as HTML.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,33 +20,57 @@ pytest.importorskip("ipykernel")
 NOTEBOOK = Path(__file__).parent / "notebooks" / "carried_state.ipynb"
 
 
+class Run:
+    """A real run of the notebook: each cell's outputs and the status its execution replied."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        notebook = nbformat.read(NOTEBOOK, as_version=4)
+        self.status: dict[int, str] = {}
+        client = nbclient.NotebookClient(
+            notebook, timeout=240, allow_errors=True, resources={"metadata": {"path": str(folder)}},
+            on_cell_executed=self._executed,
+        )  # fmt: skip
+        client.execute()
+        self.outputs: list[list[dict[str, Any]]] = [cell.get("outputs", []) for cell in notebook.cells]
+
+    def _executed(self, cell: Any, cell_index: int, execute_reply: dict[str, Any]) -> None:
+        self.status[cell_index] = execute_reply["content"]["status"]
+
+    def html(self, index: int) -> str:
+        shown = ("execute_result", "display_data")
+        return "".join(o["data"].get("text/html", "") for o in self.outputs[index] if o["output_type"] in shown)
+
+
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict]]:
-    """Each cell's outputs after a real run of the notebook."""
-    notebook = nbformat.read(NOTEBOOK, as_version=4)
-    folder = tmp_path_factory.mktemp("notebook")
-    client = nbclient.NotebookClient(notebook, timeout=240, allow_errors=True, resources={"metadata": {"path": str(folder)}})
-    client.execute()
-    return [cell.get("outputs", []) for cell in notebook.cells]
+def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return Run(tmp_path_factory.mktemp("notebook"))
 
 
-def html_of(outputs: list[dict]) -> str:
-    return "".join(o["data"].get("text/html", "") for o in outputs if o["output_type"] in ("execute_result", "display_data"))
-
-
-def test_a_watched_cell_explains_its_error_and_shows_the_summary_under_it(executed: list[list[dict]]) -> None:
-    outputs = executed[2]
-    error = next(o for o in outputs if o["output_type"] == "error")
+def test_a_watched_cell_explains_its_error_and_shows_the_summary_under_it(run: Run) -> None:
+    error = next(o for o in run.outputs[2] if o["output_type"] == "error")
     assert error["ename"] == "BackwardTwiceError"
     assert error["evalue"].startswith("Trying to backward through the graph a second time")
     assert "carried into step 1 by `h`" in error["evalue"] and "Fixes, best first:" in error["evalue"]
-    summary = html_of(outputs)
+    summary = run.html(2)
     assert 'class="graphwatch-summary"' in summary and "backward-through-freed-graph" in summary
     assert "h = h.detach()" in summary  # the fix, as the report shows it
+    assert (run.folder / "report" / "index.html").is_file()  # --out
 
 
-def test_a_state_carried_from_one_cell_into_the_next_is_diagnosed(executed: list[list[dict]]) -> None:
-    assert not any(o["output_type"] == "error" for cell in executed[3:] for o in cell)
-    summary = html_of(executed[6])
+def test_a_watched_cell_that_raises_fails_as_it_would_without_graphwatch(run: Run) -> None:
+    assert run.status[2] == "error"  # "Run All" stops there
+    assert [run.status[i] for i in (0, 1, 3, 4, 5, 6, 7)] == ["ok"] * 7
+
+
+def test_a_state_carried_from_one_cell_into_the_next_is_diagnosed(run: Run) -> None:
+    assert not any(o["output_type"] == "error" for cell in run.outputs[3:] for o in cell)
+    summary = run.html(6)
     assert 'class="graphwatch-summary"' in summary and "graph-carried-across-steps" in summary
-    assert "carried" in summary and "# the cell-to-cell carried state" in summary
+    assert "# the cell-to-cell carried state" in summary  # the line that carries it
+
+
+def test_a_finding_shows_as_the_report_shows_it(run: Run) -> None:
+    finding = run.html(7)
+    assert 'class="graphwatch-summary"' in finding and "graph-carried-across-steps" in finding
+    assert '<p class="fix">' in finding or "Fix:" in finding

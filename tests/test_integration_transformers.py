@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing comes from a model hub (set before transformers is imported)
 pytest.importorskip("transformers")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
+import graphwatch
 from graphwatch.integrations.transformers import GraphwatchCallback
 
 
@@ -43,6 +44,19 @@ class KeepsLosses(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, **kwargs):  # type: ignore[no-untyped-def]
         loss = super().compute_loss(model, inputs, return_outputs=return_outputs, **kwargs)
         self.losses.append(loss)  # the kept losses
+        return loss
+
+
+class CarriesState(Trainer):
+    """Feeds each step's loss into the next step's without detaching it: the second backward fails."""
+
+    carried: torch.Tensor | None = None
+
+    def compute_loss(self, model, inputs, return_outputs=False, **kwargs):  # type: ignore[no-untyped-def]
+        loss = super().compute_loss(model, inputs, return_outputs=return_outputs, **kwargs)
+        if self.carried is not None:
+            loss = loss + 0.1 * self.carried
+        self.carried = loss
         return loss
 
 
@@ -88,3 +102,25 @@ def test_the_callback_changes_no_parameter(tmp_path: Path) -> None:
     watched = train(tmp_path / "watched", GraphwatchCallback())
     pairs = zip(bare.model.parameters(), watched.model.parameters())
     assert all(torch.equal(a.detach(), b.detach()) for a, b in pairs)
+
+
+def test_strict_fails_the_run_at_the_first_leaking_step_and_writes_the_report(tmp_path: Path) -> None:
+    callback = GraphwatchCallback(strict=True)
+    with pytest.raises(graphwatch.GraphLeakError, match="graph-kept-alive"):
+        train(tmp_path, callback, trainer=KeepsLosses)
+    assert callback.session is not None and not callback.session.active
+    assert (tmp_path / "run" / "graphwatch" / "index.html").is_file()
+
+
+def test_a_run_that_raises_is_closed_by_the_next_one(tmp_path: Path, no_session_left: None) -> None:
+    """The Trainer tells callbacks nothing of an error: the next run closes the session the failed one left."""
+    failed = GraphwatchCallback()
+    with pytest.raises(graphwatch.BackwardTwiceError, match="backward through the graph a second time"):
+        train(tmp_path / "failed", failed, trainer=CarriesState)
+    assert failed.session is not None and failed.session.active
+    again = GraphwatchCallback()
+    train(tmp_path / "again", again)
+    assert not failed.session.active and failed.session.trace.ended_early
+    assert (tmp_path / "failed" / "run" / "graphwatch" / "index.html").is_file()
+    assert {f.kind for f in failed.session.findings} >= {"backward-through-freed-graph"}
+    assert again.session is not None and again.session.findings == []

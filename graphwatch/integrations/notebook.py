@@ -1,12 +1,14 @@
 """Jupyter: ``%load_ext graphwatch``, then ``%%graphwatch`` above a cell, or a session across cells.
 
 * ``%%graphwatch [--strict] [--level LEVEL] [--out DIR]``: the cell runs inside a session; its summary
-  shows under the cell (in the report's look), and a ``BackwardTwiceError`` explains itself in the
-  cell's traceback as anywhere else.
+  shows under the cell (in the report's look).  A cell that raises still fails, as it would without
+  graphwatch (so "Run All" stops there); a ``BackwardTwiceError`` explains itself in its traceback.
 * ``%graphwatch start [options]`` and ``%graphwatch stop``: one session across the cells between them
   (a hidden state carried from one cell's loop into the next is diagnosed); ``stop`` shows the summary.
+  A ``%%graphwatch`` cell or a framework callback inside it uses that session.
 
-Sessions and findings display as HTML in a notebook by themselves (``gw`` as a cell's last line).
+Steps follow the loops of the cells' source, as in a script.  Sessions and findings display as HTML
+by themselves (``gw`` or ``gw.findings[0]`` as a cell's last line).
 
 Example::
 
@@ -18,14 +20,17 @@ Example::
 from __future__ import annotations
 
 import argparse
+import ast
 import shlex
 from typing import Any
 
 from ..errors import UsageError
 from ..session import LEVELS, Session
-from . import start_session, stop_session
+from . import Watched
 
-_started: Session | None = None
+__all__ = ["graphwatch_magic", "load_ipython_extension", "magic_options"]
+
+_started: Watched | None = None  # %graphwatch start ... %graphwatch stop
 
 
 def magic_options(line: str) -> argparse.Namespace:
@@ -41,28 +46,62 @@ def magic_options(line: str) -> argparse.Namespace:
         raise UsageError(f"%%graphwatch {line}: {error}; options: [--strict] [--level LEVEL] [--out DIR]") from None
 
 
-def graphwatch_magic(line: str, cell: str | None = None) -> Any:
+def graphwatch_magic(line: str, cell: str | None = None) -> Session | None:
     """``%%graphwatch`` (a cell) and ``%graphwatch start|stop`` (a session across cells)."""
-    global _started
+    __tracebackhide__ = True  # IPython: the cell's traceback starts at the cell's own lines
     options = magic_options(line)
-    if cell is None:  # the line magic
-        if options.action == "start":
-            stop_session(_started)
-            _started = start_session(options.strict, options.level, options.out, summary=False, explicit_steps=False)
-            return None
-        if options.action == "stop":
-            session, _started = _started, None
-            stop_session(session)
-            return session
-        raise UsageError("%graphwatch takes `start [options]` or `stop`; %%graphwatch watches one cell")
+    if cell is None:
+        return _line_magic(options)
+    if options.action is not None:
+        raise UsageError(f"%%graphwatch {line}: `{options.action}` is for the line magic (%graphwatch start)")
     from IPython import get_ipython
+    from IPython.display import display
 
     shell = get_ipython()
-    session = start_session(options.strict, options.level, options.out, summary=False, explicit_steps=False)
-    result = shell.run_cell(cell)
-    error = result.error_in_exec
-    stop_session(session, error if isinstance(error, Exception) else None)
-    return session
+    watched = Watched(options.strict, options.level, options.out, summary=False, explicit_steps=False).start()
+    try:
+        value = _run_cell(shell, cell)
+        watched.stop()
+    except BaseException as error:
+        watched.stop(error)
+        if watched.owned:
+            display(watched.session)
+        raise
+    if value is not None:
+        display(value)
+    return watched.session if watched.owned else None
+
+
+def _line_magic(options: argparse.Namespace) -> Session | None:
+    global _started
+    if options.action == "start":
+        if _started is not None:
+            _started.stop()
+        _started = Watched(options.strict, options.level, options.out, summary=False, explicit_steps=False).start()
+        return None
+    if options.action == "stop":
+        started, _started = _started, None
+        if started is None:
+            raise UsageError("%graphwatch stop: no session was started in this kernel (`%graphwatch start`)")
+        started.stop()
+        return started.session
+    raise UsageError("%graphwatch takes `start [options]` or `stop`; %%graphwatch watches one cell")
+
+
+def _run_cell(shell: Any, cell: str) -> Any:
+    """Run ``cell`` in the notebook's namespace as IPython runs a cell (its magics transformed, its source
+    kept for tracebacks and for graphwatch's reading of loops), letting its exception through; returns
+    the value of its last line when that is an expression."""
+    __tracebackhide__ = True
+    source = shell.transform_cell(cell)
+    number = max(shell.execution_count - 1, 0)  # IPython counts the running cell already
+    filename = shell.compile.cache(source, number, raw_code=cell)
+    tree = shell.transform_ast(shell.compile.ast_parse(source, filename=filename))
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    exec(shell.compile(tree, filename, "exec"), shell.user_ns)
+    if last is None:
+        return None
+    return eval(shell.compile(ast.Expression(last.value), filename, "eval"), shell.user_ns)
 
 
 def load_ipython_extension(ipython: Any) -> None:
