@@ -26,7 +26,7 @@ import warnings
 import weakref
 from array import array
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -155,7 +155,8 @@ class BackwardWatch:
         finding = explain_backward_twice(trace, record, stale, path, handoff, detach_in_failing)
         self._log.add(finding)
         self._recorder.keep_detail(record.step)
-        self.snapshot(record.step, roots, "backward through a freed graph", force=True)
+        self.snapshot(record.step, roots, "backward through a freed graph", force=True,
+                      focus_on=[stale.id] if stale is not None else [])
         return BackwardTwiceError(f"{exc}\n\n{finding.message}", finding)
 
     def settle_retained(self, current: StepRecord) -> None:
@@ -185,10 +186,11 @@ class BackwardWatch:
 
     def snapshot(
         self, step: int, roots: Iterable[Any], reason: str, force: bool = False,
-        outputs: Mapping[str, torch.Tensor] | None = None,
+        outputs: Mapping[str, torch.Tensor] | None = None, focus_on: Collection[int] = (),
     ) -> None:
         """Draw the graph below ``roots`` (and below ``outputs``, drawn by name: what holds a kept graph)
-        into the trace (at most ``max_snapshots``, unless ``force``)."""
+        into the trace (at most ``max_snapshots``, unless ``force``): whole, and focused on where steps cross
+        and on the NodeRecord ids ``focus_on``."""
         trace = self._recorder.trace
         self._first_drawn = True
         if self._snapshots == "off" or (len(trace.snapshots) >= self._max_snapshots and not force):
@@ -199,8 +201,8 @@ class BackwardWatch:
             roots = list(roots)
             dot, focus = (
                 snapshot_dot(roots, trace, step, retained=retained, params=params, outputs=outputs,
-                             max_nodes=most, legend=most != FOCUS_NODES)
-                for most in (300, FOCUS_NODES)
+                             max_nodes=300 if whole else FOCUS_NODES, legend=whole, focus_on=None if whole else focus_on)
+                for whole in (True, False)
             )  # fmt: skip
         except Exception as exc:  # a drawing must never break the user's backward
             warnings.warn(f"graphwatch: could not draw the step {step} graph ({exc!r}); the trace is unaffected", stacklevel=2)

@@ -24,7 +24,6 @@ from typing import Any
 
 from .analysis.evidence import counted
 from .errors import UsageError
-from .model import Finding
 from .runner import EXIT_INTERRUPTED, EXIT_SIGTERM, ScriptRun, run_script, write_report
 from .signals import SignalGuard
 
@@ -122,48 +121,54 @@ def demo_headline(results: list[ExampleResult]) -> tuple[str, bool]:
     """What the demo showed, in one line, and whether every example came out as expected.
 
     >>> demo_headline([])
-    ('graphwatch demo: 0 bug examples: 0 found; 0 fixed twins: 0 clean; 0 correct loops: 0 silent', True)
+    ('graphwatch demo: 0 bug examples: 0 found; 0 fixed twins: clean', True)
     """
     bugs = [r for r in results if r.example.is_bug]
     fixed = [r for r in results if r.example.name.endswith(FIXED_SUFFIX)]
     correct = [r for r in results if not r.example.is_bug and r not in fixed]
-    text = (
-        f"graphwatch demo: {counted(len(bugs), 'bug example')}: {sum(r.as_expected for r in bugs)} found; "
-        f"{counted(len(fixed), 'fixed twin')}: {sum(r.as_expected for r in fixed)} clean; "
-        f"{counted(len(correct), 'correct loop')}: {sum(r.as_expected for r in correct)} silent"
-    )
-    return text, all(r.as_expected for r in results)
+    parts = [
+        f"{counted(len(bugs), 'bug example')}: {sum(r.as_expected for r in bugs)} found",
+        f"{counted(len(fixed), 'fixed twin')}: {_all_or_count(fixed, 'clean')}",
+    ]
+    if correct:
+        parts.append(f"{counted(len(correct), 'correct loop')}: {_all_or_count(correct, 'silent')}")
+    return "graphwatch demo: " + "; ".join(parts), all(r.as_expected for r in results)
+
+
+def _all_or_count(results: list[ExampleResult], word: str) -> str:
+    """``clean`` when each of ``results`` came out as expected, else how many did: ``12 clean``."""
+    good = sum(r.as_expected for r in results)
+    return word if good == len(results) else f"{good} {word}"
 
 
 def print_demo_summary(results: list[ExampleResult], report: Path | None, console: Any = None) -> None:
     """One table (a row per bug and its fix), then each bug's findings with their fixes, then where the report is."""
     from rich import box
+    from rich.rule import Rule
     from rich.table import Table
     from rich.text import Text
 
-    from .rendering.terminal import make_console
+    from .rendering.terminal import findings_lines, make_console
 
     console = console if console is not None else make_console(sys.stdout)
     pairs: dict[str, dict[bool, ExampleResult]] = {}
     for result in results:
         pairs.setdefault(result.example.topic, {})[result.example.is_bug] = result
-    table = Table(
-        title=f"graphwatch demo: {len(pairs)} bugs (examples/*_bug.py) and their fixes (*_fixed.py)",
-        title_justify="left", box=box.SIMPLE_HEAD, title_style="bold",
-    )
+    table = Table(box=box.SIMPLE_HEAD)
     table.add_column("example", no_wrap=True)
     table.add_column("the bug: graphwatch found")
     table.add_column("the fix")
     for topic, pair in pairs.items():
         table.add_row(topic, _cell(pair.get(True)), _cell(pair.get(False)))
     text, good = demo_headline(results)
-    console.print(Text(text, style="bold green" if good else "bold red"))
+    console.print(Text(text, style="bold green" if good else "bold red"), soft_wrap=True)
+    console.print(Text(f"{len(pairs)} bugs (examples/*_bug.py) and their fixes (*_fixed.py):", style="bold"), soft_wrap=True)
     console.print(table)
     for result in results:
         if result.example.is_bug and result.run.session.findings:
-            console.rule(Text(result.example.path.name, style="bold"), align="left")
-            for finding in result.run.session.findings:
-                console.print(_finding_text(finding))
+            # (a rule as wide as the line, but no wider than a terminal: a log's console is 1000 columns)
+            console.print(Rule(Text(result.example.path.name, style="bold"), align="left"), width=min(console.width, 100))
+            console.print(*findings_lines(result.run.session.findings), "")
     failed = [r.example.path.name for r in results if not r.as_expected]
     if failed:
         console.print(Text(f"not as expected: {', '.join(failed)}", style="bold red"))
@@ -187,14 +192,6 @@ def _cell(result: ExampleResult | None) -> Any:
     if result.outcome != "ok":
         text.append(f"\n  ({result.outcome})", style="dim")
     return text
-
-
-def _finding_text(finding: Finding) -> Any:
-    from rich.text import Text
-
-    return Text.assemble(
-        (finding.kind, "bold yellow"), "\n", finding.message.strip(), "\n", ("fix: ", "bold green"), finding.fix, "\n"
-    )
 
 
 def run_demo(out: Path, progress: bool = True, folder: Path | None = None, console: Any = None) -> int:

@@ -30,17 +30,21 @@ import graphviz
 import torch
 
 from ..model import Trace
+from .focus import FOCUS_BOXES, focus
 from .graph_items import (
+    BACKWARD_FILL,
     EARLIER_COLOR,
     FADED,
     FN,
     FREED_FILL,
+    HOLDER_FILL,
     NODE_ATTR,
     OUTPUT_FILL,
     PARAM_FILL,
     SAVED,
     SAVED_FILL,
     SUMMARY_FILL,
+    TENSOR,
     GraphBuilder,
     Item,
     tensor_label,
@@ -68,6 +72,7 @@ def _decorate(item: Item, current_step: int | None, retained: Collection[int]) -
         lines.append("freed" if record is None or record.freed_by is None else f"freed by backward #{record.freed_by}")
     if record is not None and current_step is not None and record.step < current_step:
         attrs.update(color=EARLIER_COLOR, penwidth="2")
+        item.fill = item.fill or BACKWARD_FILL  # (a box without a fill colour is filled with its outline's)
         lines.append(_step_text(record.step))
     if record is not None and record.id in retained:
         attrs["peripheries"] = "2"
@@ -179,19 +184,20 @@ def _emit(graph: GraphBuilder, rep: list[int], carried: dict[int, dict], overlai
             label = item.label if item.value is None else tensor_label(item, overlaid and item.role == SAVED)
             attrs = {**({"fillcolor": item.fill} if item.fill else {}), **(item.attrs or {})}
             dot.node(names[index], label, **attrs, **_tooltip(item, label, trace))
-    collapsed_edges: set[tuple[str, str]] = set()
+    merged: set[tuple[str, str]] = set()  # edges between boxes that draw several items: each drawn once
     for k, (tail, head, attrs) in enumerate([(c, p, {}) for c, p in graph.flow] + graph.links):
+        remapped = rep[tail] != tail or rep[head] != head
         tail, head = rep[tail], rep[head]
         if tail < 0 or head < 0 or tail == head:
             continue
         pair = (names[tail], names[head])
-        if items[tail].collapsed or items[head].collapsed:
-            if pair in collapsed_edges:
+        if remapped:
+            if pair in merged:
                 continue
-            collapsed_edges.add(pair)
+            merged.add(pair)
         edge = carried.get(k, attrs)
         if trace is not None and "tooltip" not in edge:
-            tail_op, head_op = items[tail].op or "tensor", items[head].op or "tensor"
+            tail_op, head_op = items[tail].op or items[tail].label.split("\n")[0] or "tensor", items[head].op or "tensor"
             edge = {**edge, "tooltip": f"{tail_op} → {head_op}"}
         dot.edge(*pair, **edge)
     if legend:
@@ -213,7 +219,7 @@ def legend_entries(summarised: bool = True) -> list[tuple[str, dict[str, str]]]:
         ("output", {"fillcolor": OUTPUT_FILL}),
         ("backward node", {}),
         ("freed by backward #k", {"fillcolor": FREED_FILL, **FADED}),
-        ("from an earlier step (step k)", {"color": EARLIER_COLOR, "penwidth": "2"}),
+        ("from an earlier step (step k)", {"fillcolor": BACKWARD_FILL, "color": EARLIER_COLOR, "penwidth": "2"}),
         ("retained graph (retain_graph=True)", {"peripheries": "2"}),
         ("red edge: carries the graph across steps,\nlabelled with the line that made it",
          {"fontcolor": EARLIER_COLOR, "shape": "plaintext", "style": ""}),
@@ -247,13 +253,17 @@ def _gc_paused() -> Iterator[None]:
 
 
 def _finish(graph: GraphBuilder, trace: Trace | None, current_step: int | None, retained: Collection[int] | None,
-            legend: bool | None, max_nodes: int) -> graphviz.Digraph:
-    """Overlay, summarise and emit a walked graph."""
+            legend: bool | None, max_nodes: int, focus_on: Collection[int] | None = None) -> graphviz.Digraph:
+    """Overlay, summarise (or focus on the NodeRecord ids ``focus_on`` and where steps cross) and emit a walked
+    graph."""
     overlaid = trace is not None or current_step is not None or bool(retained)
     overlaid = overlaid or any(item.record is not None or item.freed for item in graph.items)
     carried = _overlay(graph, trace, current_step, retained or ()) if overlaid else {}
     rep = list(range(len(graph.items)))
-    if len(graph.items) > max_nodes:
+    if focus_on is not None:
+        targets = [i for i, item in enumerate(graph.items) if item.record is not None and item.record.id in focus_on]
+        rep = focus(graph, [graph.flow[k] for k in carried], targets, max_nodes)
+    elif len(graph.items) > max_nodes:
         rep = _summarise(graph, [graph.flow[k] for k in carried], max_nodes)
     return _emit(graph, rep, carried, overlaid, overlaid if legend is None else legend, trace)
 
@@ -314,18 +324,21 @@ def _check_options(params: Any, max_attr_chars: Any, trace: Any, current_step: A
         raise wrong("retained", "a collection of node record ids or None", retained)
 
 
-FOCUS_NODES = 30  # a focused snapshot's budget of backward nodes (its tensors come with them)
+FOCUS_NODES = FOCUS_BOXES  # a focused snapshot's budget of boxes (backward nodes, tensors, folds)
 
 
 def snapshot_dot(roots: Iterable[Any], trace: Trace, step: int, *, retained: Collection[int] | None = None,
                  max_nodes: int = 300, params: Mapping[str, Any] | None = None, legend: bool = True,
-                 outputs: Mapping[str, torch.Tensor] | None = None) -> str:
+                 outputs: Mapping[str, torch.Tensor] | None = None, focus_on: Collection[int] | None = None) -> str:
     """DOT source of a session's snapshot: the graph under the backward nodes ``roots`` at ``step``.
 
     Saved tensors are drawn (with their bytes) and the overlay always, the legend unless ``legend`` is
-    False (:func:`legend_dot` draws it alone); ``params`` names parameters (``{"model.0.weight": tensor}``),
-    as in :func:`make_dot`.  ``max_nodes=FOCUS_NODES`` gives the focused picture a report shows.
-    ``outputs`` (``{"total_loss": tensor}``) are drawn as named outputs above their graphs: what holds them.
+    False (:func:`legend_entries` lists it); ``params`` names parameters (``{"model.0.weight": tensor}``),
+    as in :func:`make_dot`.  ``outputs`` (``{"total_loss": tensor}``, ``{"losses[0]": ..., "losses[1]": ...}``)
+    are drawn as named outputs above their graphs, and the list or dict that holds them as one more box:
+    what holds a kept graph.  ``focus_on`` (NodeRecord ids, e.g. the stale node of a failing
+    backward; may be empty) gives the focused picture instead (:mod:`graphwatch.rendering.focus`: those
+    nodes, where steps cross, and the way there from the roots, in about ``max_nodes`` boxes).
 
     Example::
 
@@ -335,13 +348,29 @@ def snapshot_dot(roots: Iterable[Any], trace: Trace, step: int, *, retained: Col
         >>> y = torch.ones(2, requires_grad=True).exp().sum()
         >>> "cluster_legend" in snapshot_dot([y.grad_fn], Trace(), step=0)
         True
+        >>> 'label="kept\\n(list)"' in snapshot_dot([], Trace(), 0, outputs={"kept[0]": y, "kept[1]": y * 2})
+        True
     """
     with _gc_paused():
         graph = GraphBuilder({**(params or {}), **(outputs or {})} or None, False, True, 50)
         for tensor in (outputs or {}).values():
             graph.add_output(tensor)
+        _add_holders(graph, outputs or {})
         for root in roots:
             if root is not None:
                 graph.add_root(root)
-        return _finish(graph, trace, step, retained, legend, max_nodes).source
+        return _finish(graph, trace, step, retained, legend, max_nodes, focus_on).source
 
+
+def _add_holders(graph: GraphBuilder, outputs: Mapping[str, torch.Tensor]) -> None:
+    """A box for each list or dict that holds outputs (``losses`` for ``losses[0]``, ``losses[1]``), below them."""
+    tensors = {id(item.value): index for index, item in enumerate(graph.items) if item.owner == -1}
+    held: dict[str, list[tuple[str, int]]] = {}  # holder -> (the key in it, the output's item)
+    for name, tensor in outputs.items():
+        holder, bracket, key = name.partition("[")
+        if bracket and id(tensor) in tensors:
+            held.setdefault(holder, []).append((key, tensors[id(tensor)]))
+    for holder, members in held.items():
+        kind = "list" if all(key[:1].isdigit() for key, _ in members) else "dict"
+        graph.items.append(Item(f"{holder}\n({kind})", TENSOR, -1, HOLDER_FILL, op=holder))
+        graph.links.extend((member, len(graph.items) - 1, {}) for _, member in members)

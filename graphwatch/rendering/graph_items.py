@@ -32,6 +32,7 @@ from ..model import NodeRecord
 
 PARAM_FILL, SAVED_FILL, OUTPUT_FILL, BASE_FILL = "lightblue", "orange", "darkolivegreen1", "darkolivegreen3"
 FREED_FILL, FREED_SAVED_FILL, SUMMARY_FILL, EARLIER_COLOR = "gray95", "#ffe4bf", "white", "red"
+BACKWARD_FILL, HOLDER_FILL = "lightgrey", "white"  # Graphviz's default fill (torchviz's backward nodes); a holder
 NODE_ATTR = {"style": "filled", "shape": "box", "align": "left", "fontsize": "10",
              "ranksep": "0.1", "height": "0.2", "fontname": "monospace"}  # torchviz's
 FADED = {"style": "filled,dashed", "fontcolor": "gray40"}
