@@ -69,8 +69,25 @@ def name_carrier(recorder: Recorder, start: FrameType | None, carrier: NodeRecor
 def find_carrier(
     recorder: Recorder, start: FrameType | None, carrier: NodeRecord
 ) -> tuple[CarrierName, torch.Tensor] | None:
-    """:func:`name_carrier`, with the tensor found."""
-    for frame in list(user_frames(start))[:8]:
+    """:func:`name_carrier`, with the tensor found; failing that, a module's attribute whose value this step
+    made from ``carrier`` (``self.hidden`` of a Lightning module, seen from the framework's frames)."""
+    frames = list(user_frames(start))[:8]
+    found = _found_in_loops(recorder, frames, carrier)
+    if found is not None:
+        return found
+    for frame in frames:
+        for name, value, tensor in _named_tensors(frame, attribute_tuples=True):
+            if "." in name and _made_from(tensor, carrier, recorder.step):
+                statement = detach_statement(name, value, frame.f_globals)
+                return CarrierName(name, None, None, statement, "recurrent"), tensor
+    return None
+
+
+def _found_in_loops(
+    recorder: Recorder, frames: list[FrameType], carrier: NodeRecord
+) -> tuple[CarrierName, torch.Tensor] | None:
+    """The value a frame's loop feeds from step to step, or the very node kept (see the module's doc)."""
+    for frame in frames:
         carried = _loop_carried(frame)
         for name, value, tensor in _named_tensors(frame):
             node: Any = tensor.grad_fn  # _named_tensors yields only tensors with a grad_fn
@@ -91,6 +108,24 @@ def find_carrier(
                     statement = f"{', '.join(together)} = {', '.join(f'{n}.detach()' for n in together)}"
                 return CarrierName(name, line, site, statement, kind), tensor
     return None
+
+
+def _made_from(tensor: torch.Tensor, carrier: NodeRecord, step: int, limit: int = 10_000) -> bool:
+    """Whether ``tensor``'s graph of ``step`` runs into ``carrier`` (a node of an earlier step)."""
+    stack: list[Any] = [tensor.grad_fn]
+    seen: set[Any] = set()
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        tag = node.metadata.get(METADATA_KEY)
+        record = None if tag is None else tag.record
+        if record is not None and record.id == carrier.id:
+            return True
+        if record is None or record.step == step:
+            stack.extend(child for child, _ in node.next_functions)
+    return False
 
 
 def _reaches_trained(tensor: torch.Tensor, recorder: Recorder) -> bool:
@@ -151,8 +186,9 @@ def detach_statement(name: str, value: Any, namespace: dict) -> str:
     return f"{name} = tuple(h.detach() for h in {name})"
 
 
-def _named_tensors(frame: FrameType) -> Iterator[tuple[str, Any, torch.Tensor]]:
-    """(name, the value bound to it, a tensor with a grad_fn in that value) for the frame's names."""
+def _named_tensors(frame: FrameType, attribute_tuples: bool = False) -> Iterator[tuple[str, Any, torch.Tensor]]:
+    """(name, the value bound to it, a tensor with a grad_fn in that value) for the frame's names; with
+    ``attribute_tuples``, also the tensors in a module's tuple attributes (an LSTM's ``self.hidden``)."""
     names = list(frame.f_code.co_varnames) + list(frame.f_code.co_cellvars) + list(frame.f_code.co_freevars)
     seen: set[str] = set()
     for name in names:
@@ -160,21 +196,26 @@ def _named_tensors(frame: FrameType) -> Iterator[tuple[str, Any, torch.Tensor]]:
             seen.add(name)
             value = local_value(frame, name)
             if value is not None:
-                yield from _tensors_of(name, value, value)
+                yield from _tensors_of(name, value, value, attribute_tuples=attribute_tuples)
     for name, value in list(frame.f_globals.items()):
         if not name.startswith("__") and name not in seen:
-            yield from _tensors_of(name, value, value)
+            yield from _tensors_of(name, value, value, attribute_tuples=attribute_tuples)
 
 
-def _tensors_of(name: str, top: Any, value: Any, depth: int = 0) -> Iterator[tuple[str, Any, torch.Tensor]]:
+def _tensors_of(
+    name: str, top: Any, value: Any, depth: int = 0, attribute_tuples: bool = False
+) -> Iterator[tuple[str, Any, torch.Tensor]]:
     if isinstance(value, torch.Tensor):
         if value.grad_fn is not None:
             yield name, top, value
     elif isinstance(value, torch.nn.Module):
         for module in value.modules():
             for attr, item in vars(module).items():
+                label = f"self.{attr}" if module is not value else f"{name}.{attr}"
                 if isinstance(item, torch.Tensor) and item.grad_fn is not None:
-                    yield f"self.{attr}" if module is not value else f"{name}.{attr}", item, item
+                    yield label, item, item
+                elif attribute_tuples and isinstance(item, tuple):
+                    yield from ((label, item, t) for t in item if isinstance(t, torch.Tensor) and t.grad_fn is not None)
     elif depth == 0 and isinstance(value, (list, tuple)):
         for item in value[-_CONTAINER_LIMIT:]:
             yield from _tensors_of(name, top, item, 1)
