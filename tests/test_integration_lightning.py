@@ -53,6 +53,23 @@ class Recurrent(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+class RecurrentLSTM(pl.LightningModule):
+    """Keeps an LSTM's ``(h, c)`` on the module from batch to batch, never detached."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm, self.head = nn.LSTM(6, 8, batch_first=True), nn.Linear(8, 1)
+        self.hidden: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        out, self.hidden = self.lstm(x.unsqueeze(1), self.hidden)  # the carried state
+        return nn.functional.mse_loss(self.head(out[:, -1]), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
 class KeepsOutputs(pl.LightningModule):
     """Appends each step's loss tensor to a list on the module."""
 
@@ -125,6 +142,18 @@ def test_a_hidden_state_kept_on_the_module_without_detach_is_named_with_its_line
     assert line_of(Recurrent, "# the carried state") in carried.evidence["sites"]
     assert carried.fix.startswith("`self.hidden = self.hidden.detach()` at the start of each step")
     assert (tmp_path / "report" / "index.html").is_file()
+
+
+def test_an_lstm_state_kept_on_the_module_is_named_as_the_attribute(tmp_path: Path) -> None:
+    """Not ``out`` (the first name the line assigns): the attribute whose value this step made from the last."""
+    callback = GraphwatchCallback(out=tmp_path / "report")
+    with pytest.raises(RuntimeError, match="backward through the graph a second time") as raised:
+        fit(RecurrentLSTM(), tmp_path, callback)
+    assert "carried into step 1 by `self.hidden`" in str(raised.value)
+    carried = next(f for f in callback.session.findings if f.kind == "graph-carried-across-steps")  # type: ignore[union-attr]
+    assert carried.evidence["carrier"] == "self.hidden"
+    assert line_of(RecurrentLSTM, "# the carried state") in carried.evidence["sites"]
+    assert carried.fix.startswith("`self.hidden = tuple(h.detach() for h in self.hidden)` at the start of each step")
 
 
 def test_losses_appended_to_a_list_on_the_module_are_named(tmp_path: Path) -> None:
