@@ -61,7 +61,7 @@ from .capture.ranks import rank_and_world_size
 from .capture.saved import make_chained_hooks, make_hooks
 from .capture.stack_limit import claim_stack
 from .capture.transforms import hide_from_compiler, step_aside_for_disable, transforming
-from .errors import GraphLeakError, UsageError
+from .errors import BackwardTwiceError, GraphLeakError, GraphwatchError, UsageError, without_own_frames
 from .model import BackwardRecord, Finding, StepRecord, Trace, save_trace
 from .rendering.ranks import rank_folder
 from .signals import SignalGuard
@@ -263,6 +263,8 @@ class Session:
         try:
             if exc_type is not None:
                 self.trace.ended_early = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
+            if isinstance(exc, (GraphwatchError, BackwardTwiceError)):  # its traceback ends at the user's call
+                exc.__traceback__ = without_own_frames(tb)
             found = len(self.findings)
             try:
                 self._finish_steps(sys._getframe(1))
@@ -403,8 +405,10 @@ class Session:
         held = {name: t for name, t in tensors_in_user_frames(frame) if name.split("[")[0] == base}
         if held:
             ev = finding.evidence
-            size = f"{counted(int(ev.get('nodes') or 0), 'autograd node')}, {human_bytes(ev.get('bytes') or 0)} saved"
-            reason = f"kept alive by `{holder}`: the graphs of {steps_text(ev.get('kept_steps') or [])} ({size})"
+            nodes, kept_bytes = int(ev.get("nodes") or 0), int(ev.get("bytes") or 0)
+            size = [counted(nodes, "autograd node")] * bool(nodes) + [f"{human_bytes(kept_bytes)} saved"] * bool(kept_bytes)
+            reason = f"kept alive by `{holder}`: the graphs of {steps_text(ev.get('kept_steps') or [])}"
+            reason += f" ({', '.join(size)})" if size else ""
             self._backwards.snapshot(step, [], reason, outputs=dict(list(held.items())[-8:]))
 
     def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
