@@ -9,7 +9,13 @@ Example::
 
 from __future__ import annotations
 
+import itertools
+import os
+from collections.abc import Collection
+from types import TracebackType
 from typing import Any
+
+_PACKAGE = os.path.normcase(os.path.dirname(os.path.abspath(__file__))) + os.sep  # graphwatch's own files
 
 
 class GraphwatchError(Exception):
@@ -42,3 +48,31 @@ class GraphLeakError(GraphwatchError, AssertionError):
     def __init__(self, message: str, findings: list[Any] | None = None) -> None:
         super().__init__(message)
         self.findings = list(findings or [])
+
+
+def without_own_frames(tb: TracebackType | None, hidden: Collection[str] = ()) -> TracebackType | None:
+    """``tb`` with graphwatch's own frames (and those of the files ``hidden``) unlinked: what is left is the
+    user's frames and torch's, ending where the user's call into torch raised, as without graphwatch.
+
+    The traceback entries are relinked in place; the first one kept is returned.
+
+    >>> import sys
+    >>> from graphwatch.capture.backward import parse_engine_args
+    >>> try:
+    ...     parse_engine_args(None, (), {})  # raises inside graphwatch's own code
+    ... except TypeError:
+    ...     tb = without_own_frames(sys.exc_info()[2])
+    >>> tb.tb_next is None, tb.tb_frame.f_code.co_filename.startswith("<doctest")  # only the caller's frame
+    (True, True)
+    """
+    kept = []
+    while tb is not None:
+        name = os.path.normcase(tb.tb_frame.f_code.co_filename)
+        if name not in hidden and not name.startswith(_PACKAGE):
+            kept.append(tb)
+        tb = tb.tb_next
+    for outer, inner in itertools.pairwise(kept):
+        outer.tb_next = inner
+    if kept:
+        kept[-1].tb_next = None
+    return kept[0] if kept else None

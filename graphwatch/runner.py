@@ -35,7 +35,6 @@ Example::
 from __future__ import annotations
 
 import io
-import itertools
 import os
 import runpy
 import signal
@@ -56,7 +55,7 @@ from typing import Any, TextIO
 
 from .analysis import LEAK_KINDS
 from .capture.ranks import rank_and_world_size
-from .errors import TraceFormatError, UsageError
+from .errors import TraceFormatError, UsageError, without_own_frames
 from .model import Finding, Trace
 from .session import Session, watch
 from .signals import SignalGuard, Terminated
@@ -66,7 +65,6 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130: Ctrl-C
 EXIT_SIGTERM = 128 + signal.SIGTERM  # 143: what a shell reports for a process ended by SIGTERM
 RANK_WAIT_SECONDS = 60.0  # how long rank 0 waits for the other ranks' traces when all run on this machine
 REMOTE_RANK_WAIT_SECONDS = 5.0  # ... when some run elsewhere (their folders may not be visible from here)
-_PACKAGE = os.path.normcase(os.path.dirname(os.path.abspath(__file__))) + os.sep  # graphwatch's own files
 _HIDDEN_FRAMES = frozenset(
     {os.path.normcase(os.path.abspath(__file__)), os.path.normcase(os.path.abspath(runpy.__file__)), "<frozen runpy>"}
 )
@@ -133,18 +131,8 @@ def exit_code_of(exc: SystemExit, stderr: TextIO | None = None) -> int:
 def print_script_exception(exc: BaseException, file: TextIO | None = None) -> None:
     """Print ``exc`` as Python prints an uncaught exception, without graphwatch's and runpy's frames (the
     user's frames end at their own call into torch, as without graphwatch)."""
-    kept = []
-    tb = exc.__traceback__
-    while tb is not None:
-        name = os.path.normcase(tb.tb_frame.f_code.co_filename)
-        if name not in _HIDDEN_FRAMES and not name.startswith(_PACKAGE):
-            kept.append(tb)
-        tb = tb.tb_next
-    for outer, inner in itertools.pairwise(kept):
-        outer.tb_next = inner
-    if kept:
-        kept[-1].tb_next = None
-    traceback.print_exception(type(exc), exc, kept[0] if kept else None, file=file if file is not None else sys.stderr)
+    tb = without_own_frames(exc.__traceback__, _HIDDEN_FRAMES)
+    traceback.print_exception(type(exc), exc, tb, file=file if file is not None else sys.stderr)
 
 
 @contextmanager
