@@ -32,13 +32,13 @@ import inspect
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from types import FrameType
+from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .graph_walk import METADATA_KEY
-from .holders import local_value, user_frames
+from .holders import _of_a_user_class, local_value, user_frames
 from .source import assignments, function_node
 
 if TYPE_CHECKING:
@@ -69,17 +69,38 @@ def name_carrier(recorder: Recorder, start: FrameType | None, carrier: NodeRecor
 def find_carrier(
     recorder: Recorder, start: FrameType | None, carrier: NodeRecord
 ) -> tuple[CarrierName, torch.Tensor] | None:
-    """:func:`name_carrier`, with the tensor found; failing that, a module's attribute whose value this step
-    made from ``carrier`` (``self.hidden`` of a Lightning module, seen from the framework's frames)."""
+    """:func:`name_carrier`, with the tensor found; failing that, an attribute (of a module, or of an object
+    of the user's own class) whose value this step made from ``carrier``: ``self.hidden`` of a Lightning
+    module, ``self.baseline`` of a ``Trainer`` subclass, seen from the framework's frames."""
     frames = list(user_frames(start))[:8]
     found = _found_in_loops(recorder, frames, carrier)
     if found is not None:
         return found
     for frame in frames:
-        for name, value, tensor in _named_tensors(frame, attribute_tuples=True):
+        for name, value, tensor in _named_tensors(frame, attributes=True):
             if "." in name and _made_from(tensor, carrier, recorder.step):
                 statement = detach_statement(name, value, frame.f_globals)
-                return CarrierName(name, None, None, statement, "recurrent"), tensor
+                return CarrierName(name, None, _renewing_site(recorder, frame, name), statement, "recurrent"), tensor
+    return None
+
+
+def _renewing_site(recorder: Recorder, frame: FrameType, name: str) -> int | None:
+    """For ``obj.state`` of an object of the user's own class that is not a module (a module's state is
+    named by the line that made its graph): the line of a method of that class, other than ``__init__``,
+    that assigns ``self.state``."""
+    head, _, attr = name.partition(".")
+    owner = local_value(frame, head) if head in frame.f_code.co_varnames else frame.f_globals.get(head)
+    if "." in attr or isinstance(owner, torch.nn.Module) or not _of_a_user_class(owner):
+        return None
+    for cls in type(owner).__mro__:
+        if cls.__module__ != type(owner).__module__:
+            break
+        for method, function in vars(cls).items():
+            code = getattr(function, "__code__", None)
+            node = function_node(code) if isinstance(code, CodeType) and method != "__init__" else None
+            lines = [line for line, _ in assignments(node, f"self.{attr}")] if node is not None else []
+            if lines and isinstance(code, CodeType):
+                return recorder.sites.from_code(code, max(lines))
     return None
 
 
@@ -186,9 +207,10 @@ def detach_statement(name: str, value: Any, namespace: dict) -> str:
     return f"{name} = tuple(h.detach() for h in {name})"
 
 
-def _named_tensors(frame: FrameType, attribute_tuples: bool = False) -> Iterator[tuple[str, Any, torch.Tensor]]:
+def _named_tensors(frame: FrameType, attributes: bool = False) -> Iterator[tuple[str, Any, torch.Tensor]]:
     """(name, the value bound to it, a tensor with a grad_fn in that value) for the frame's names; with
-    ``attribute_tuples``, also the tensors in a module's tuple attributes (an LSTM's ``self.hidden``)."""
+    ``attributes``, also the tensors in a module's tuple attributes (an LSTM's ``self.hidden``) and in the
+    attributes of objects of the user's own classes."""
     names = list(frame.f_code.co_varnames) + list(frame.f_code.co_cellvars) + list(frame.f_code.co_freevars)
     seen: set[str] = set()
     for name in names:
@@ -196,14 +218,14 @@ def _named_tensors(frame: FrameType, attribute_tuples: bool = False) -> Iterator
             seen.add(name)
             value = local_value(frame, name)
             if value is not None:
-                yield from _tensors_of(name, value, value, attribute_tuples=attribute_tuples)
+                yield from _tensors_of(name, value, value, attributes=attributes)
     for name, value in list(frame.f_globals.items()):
         if not name.startswith("__") and name not in seen:
-            yield from _tensors_of(name, value, value, attribute_tuples=attribute_tuples)
+            yield from _tensors_of(name, value, value, attributes=attributes)
 
 
 def _tensors_of(
-    name: str, top: Any, value: Any, depth: int = 0, attribute_tuples: bool = False
+    name: str, top: Any, value: Any, depth: int = 0, attributes: bool = False
 ) -> Iterator[tuple[str, Any, torch.Tensor]]:
     if isinstance(value, torch.Tensor):
         if value.grad_fn is not None:
@@ -211,17 +233,24 @@ def _tensors_of(
     elif isinstance(value, torch.nn.Module):
         for module in value.modules():
             for attr, item in vars(module).items():
-                label = f"self.{attr}" if module is not value else f"{name}.{attr}"
-                if isinstance(item, torch.Tensor) and item.grad_fn is not None:
-                    yield label, item, item
-                elif attribute_tuples and isinstance(item, tuple):
-                    yield from ((label, item, t) for t in item if isinstance(t, torch.Tensor) and t.grad_fn is not None)
+                yield from _attribute_tensors(f"self.{attr}" if module is not value else f"{name}.{attr}", item, attributes)
     elif depth == 0 and isinstance(value, (list, tuple)):
         for item in value[-_CONTAINER_LIMIT:]:
             yield from _tensors_of(name, top, item, 1)
     elif depth == 0 and isinstance(value, dict):
         for item in list(value.values())[:_CONTAINER_LIMIT]:
             yield from _tensors_of(name, top, item, 1)
+    elif depth == 0 and attributes and _of_a_user_class(value):
+        for attr, item in list(vars(value).items())[:_CONTAINER_LIMIT]:
+            yield from _attribute_tensors(f"{name}.{attr}", item, attributes)
+
+
+def _attribute_tensors(label: str, item: Any, tuples: bool) -> Iterator[tuple[str, Any, torch.Tensor]]:
+    """An attribute's tensor with a graph, and with ``tuples`` those of a tuple it holds."""
+    if isinstance(item, torch.Tensor) and item.grad_fn is not None:
+        yield label, item, item
+    elif tuples and isinstance(item, tuple):
+        yield from ((label, item, t) for t in item if isinstance(t, torch.Tensor) and t.grad_fn is not None)
 
 
 def _loop_carried(frame: FrameType) -> set[str]:
