@@ -56,8 +56,13 @@ class CarriesState(Trainer):
         loss = super().compute_loss(model, inputs, return_outputs=return_outputs, **kwargs)
         if self.carried is not None:
             loss = loss + 0.1 * self.carried
-        self.carried = loss
+        self.carried = loss  # the carried loss
         return loss
+
+
+def line_of(cls: type, text: str) -> str:
+    lines, first = inspect.getsourcelines(cls)
+    return f"{os.path.relpath(__file__)}:{next(first + i for i, line in enumerate(lines) if text in line)}"
 
 
 def model() -> GPT2LMHeadModel:
@@ -92,9 +97,7 @@ def test_losses_kept_on_the_trainer_are_named_with_their_line(tmp_path: Path) ->
     train(tmp_path, callback, trainer=KeepsLosses)
     kept = next(f for f in callback.session.findings if f.kind == "graph-kept-alive")  # type: ignore[union-attr]
     assert kept.evidence["holder"].endswith("losses")
-    lines, first = inspect.getsourcelines(KeepsLosses)
-    line = next(first + i for i, text in enumerate(lines) if "# the kept losses" in text)
-    assert f"{os.path.relpath(__file__)}:{line}" in kept.evidence["sites"]
+    assert line_of(KeepsLosses, "# the kept losses") in kept.evidence["sites"]
 
 
 def test_the_callback_changes_no_parameter(tmp_path: Path) -> None:
@@ -112,11 +115,17 @@ def test_strict_fails_the_run_at_the_first_leaking_step_and_writes_the_report(tm
     assert (tmp_path / "run" / "graphwatch" / "index.html").is_file()
 
 
-def test_a_run_that_raises_is_closed_by_the_next_one(tmp_path: Path, no_session_left: None) -> None:
-    """The Trainer tells callbacks nothing of an error: the next run closes the session the failed one left."""
+def test_a_state_carried_on_the_trainer_is_named_and_the_next_run_closes_the_failed_ones_session(
+    tmp_path: Path, no_session_left: None
+) -> None:
+    """The error names ``self.carried`` and its line in ``compute_loss`` (not the line inside transformers
+    that made the loss). The Trainer tells callbacks nothing of an error: the next run closes the session
+    the failed one left."""
     failed = GraphwatchCallback()
-    with pytest.raises(graphwatch.BackwardTwiceError, match="backward through the graph a second time"):
+    with pytest.raises(graphwatch.BackwardTwiceError, match="backward through the graph a second time") as raised:
         train(tmp_path / "failed", failed, trainer=CarriesState)
+    assert "carried into step 1 by `self.carried`" in str(raised.value)
+    assert f"before {line_of(CarriesState, '# the carried loss')}" in str(raised.value)
     assert failed.session is not None and failed.session.active
     again = GraphwatchCallback()
     train(tmp_path / "again", again)
