@@ -1,9 +1,10 @@
 """Jupyter, for real: ``tests/notebooks/carried_state.ipynb`` runs on an ipykernel kernel through nbclient.
 
-Its cells load the extension, watch one cell with ``%%graphwatch --out report`` (an RNN state carried
-without detach: the cell fails as it would without graphwatch, the backward-twice error explains itself
-in the cell's output and the summary shows under the cell as HTML), then watch a state carried from one
-cell into the next with ``%graphwatch start`` / ``gw = %graphwatch stop``, and show a finding as HTML.
+Its cells load the extension, watch one cell with ``%%graphwatch`` (an RNN state carried without detach:
+the cell fails as it would without graphwatch, the backward-twice error explains itself in the cell's
+output and the summary shows under the cell as HTML), watch a state carried from one cell into the next
+with ``%graphwatch start`` / ``gw = %graphwatch stop``, show a finding as HTML, and run a correct cell
+with ``--strict --level light --out DIR``.
 """
 
 from __future__ import annotations
@@ -55,12 +56,11 @@ def test_a_watched_cell_explains_its_error_and_shows_the_summary_under_it(run: R
     summary = run.html(2)
     assert 'class="graphwatch-summary"' in summary and "backward-through-freed-graph" in summary
     assert "h = h.detach()" in summary  # the fix, as the report shows it
-    assert (run.folder / "report" / "index.html").is_file()  # --out
 
 
 def test_a_watched_cell_that_raises_fails_as_it_would_without_graphwatch(run: Run) -> None:
     assert run.status[2] == "error"  # "Run All" stops there
-    assert [run.status[i] for i in (0, 1, 3, 4, 5, 6, 7)] == ["ok"] * 7
+    assert [run.status[i] for i in (0, 1, 3, 4, 5, 6, 7, 8, 9)] == ["ok"] * 9
 
 
 def test_a_state_carried_from_one_cell_into_the_next_is_diagnosed(run: Run) -> None:
@@ -74,3 +74,9 @@ def test_a_finding_shows_as_the_report_shows_it(run: Run) -> None:
     finding = run.html(7)
     assert 'class="graphwatch-summary"' in finding and "graph-carried-across-steps" in finding
     assert '<p class="fix">' in finding or "Fix:" in finding
+
+
+def test_options_as_graphwatch_run_spells_them(run: Run) -> None:
+    """``--strict --level light --out DIR`` on a correct loop: silent, and the report is in ``DIR``."""
+    assert "no graph leaks in 3 steps" in run.html(8)
+    assert "report written: True" in "".join(o.get("text", "") for o in run.outputs[9])
