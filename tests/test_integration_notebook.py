@@ -49,6 +49,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 
 def test_a_watched_cell_explains_its_error_and_shows_the_summary_under_it(run: Run) -> None:
+    kinds = [o["output_type"] for o in run.outputs[2]]
+    assert kinds.index("error") < kinds.index("display_data")  # the summary under the traceback
     error = next(o for o in run.outputs[2] if o["output_type"] == "error")
     assert error["ename"] == "BackwardTwiceError"
     assert error["evalue"].startswith("Trying to backward through the graph a second time")

@@ -2,7 +2,8 @@
 
 * ``%%graphwatch [--strict] [--level LEVEL] [--out DIR]``: the cell runs inside a session; its summary
   shows under the cell (in the report's look).  A cell that raises still fails, as it would without
-  graphwatch (so "Run All" stops there); a ``BackwardTwiceError`` explains itself in its traceback.
+  graphwatch (so "Run All" stops there); a ``BackwardTwiceError`` explains itself in its traceback, and the
+  summary shows under the traceback.
 * ``%graphwatch start [options]`` and ``%graphwatch stop``: one session across the cells between them
   (a hidden state carried from one cell's loop into the next is diagnosed); ``stop`` shows the summary.
   A ``%%graphwatch`` cell or a framework callback inside it uses that session.
@@ -65,7 +66,7 @@ def graphwatch_magic(line: str, cell: str | None = None) -> Session | None:
     except BaseException as error:
         watched.stop(error)
         if watched.owned:
-            display(watched.session)
+            _display_after_cell(shell, watched.session)
         raise
     if value is not None:
         display(value)
@@ -102,6 +103,17 @@ def _run_cell(shell: Any, cell: str) -> Any:
     if last is None:
         return None
     return eval(shell.compile(ast.Expression(last.value), filename, "eval"), shell.user_ns)
+
+
+def _display_after_cell(shell: Any, value: Any) -> None:
+    """Display ``value`` once the running cell has ended (under its traceback, when it raised)."""
+    from IPython.display import display
+
+    def show(*_: Any) -> None:
+        shell.events.unregister("post_run_cell", show)
+        display(value)
+
+    shell.events.register("post_run_cell", show)
 
 
 def load_ipython_extension(ipython: Any) -> None:
