@@ -9,10 +9,13 @@ with ``--strict --level light --out DIR``.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from graphwatch import UsageError
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -82,3 +85,16 @@ def test_options_as_graphwatch_run_spells_them(run: Run) -> None:
     """``--strict --level light --out DIR`` on a correct loop: silent, and the report is in ``DIR``."""
     assert "no graph leaks in 3 steps" in run.html(8)
     assert "report written: True" in "".join(o.get("text", "") for o in run.outputs[9])
+
+
+@pytest.mark.parametrize(
+    ("line", "cell", "words"),
+    [("stop", None, "no session was started"), ("", None, "takes `start [options]` or `stop`"),
+     ("start", "x = 1", "is for the line magic"), ("--level fast", "x = 1", "options: [--strict]")],
+    ids=["stop-without-start", "no-action", "start-on-a-cell", "bad-level"],
+)
+def test_misuse_says_what_the_magic_takes(line: str, cell: str | None, words: str, no_session_left: None) -> None:
+    from graphwatch.integrations.notebook import graphwatch_magic
+
+    with pytest.raises(UsageError, match=re.escape(words)):
+        graphwatch_magic(line, cell)

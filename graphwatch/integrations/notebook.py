@@ -75,9 +75,12 @@ def graphwatch_magic(line: str, cell: str | None = None) -> Session | None:
 
 def _line_magic(options: argparse.Namespace) -> Session | None:
     global _started
+    from IPython import get_ipython
+
     if options.action == "start":
-        if _started is not None:
+        if _started is not None:  # started again without a stop: the earlier session ends, and shows
             _started.stop()
+            _display_after_cell(get_ipython(), _started.session)
         _started = Watched(options.strict, options.level, options.out, summary=False, explicit_steps=False).start()
         return None
     if options.action == "stop":
