@@ -217,11 +217,18 @@ def test_the_report_goes_to_the_trainers_log_dir_by_default(tmp_path: Path) -> N
     assert (tmp_path / "graphwatch" / "trace.json").is_file()
 
 
-def test_the_callback_changes_no_parameter(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("module", "options"),
+    [(lambda: Recurrent(detach=True), {}), (lambda: Recurrent(detach=True), {"accumulate_grad_batches": 2}),
+     (TwoOptimizers, {})],
+    ids=["automatic", "accumulation", "manual-two-optimizers"],
+)
+def test_the_callback_changes_no_parameter(module, options, tmp_path: Path) -> None:
     results = []
     for callback in (None, GraphwatchCallback(out=tmp_path / "report")):
         torch.manual_seed(1)
-        module = Recurrent(detach=True)
-        fit(module, tmp_path, callback)
-        results.append([p.detach().clone() for p in module.parameters()])
+        fitted = module()
+        fit(fitted, tmp_path, callback, **options)
+        results.append([p.detach().clone() for p in fitted.parameters()])
+    assert len(results[0]) == len(results[1]) > 0
     assert all(torch.equal(a, b) for a, b in zip(*results))
