@@ -468,7 +468,8 @@ def test_a_kept_alive_finding_has_a_picture_of_its_holder_and_what_it_keeps(tmp_
             total_loss += loss
     kept = [s for s in gw.trace.snapshots if s.reason.startswith("kept alive by `total_loss`")]
     assert len(kept) == 1 and "autograd node" in kept[0].reason
-    assert re.search(r'n\d+ \[label="total_loss\n \(\)" fillcolor=darkolivegreen1', kept[0].dot)  # the holder, drawn
+    # the holder, drawn by name, with what its graph keeps
+    assert re.search(r'n\d+ \[label="total_loss\n \(\)\n keeps \d+ nodes" fillcolor=darkolivegreen1', kept[0].dot)
     page = write_report(gw.trace, tmp_path).read_text()
     assert "kept alive by `total_loss`: the graphs of steps 0, 1, 2" in page
 
@@ -476,8 +477,10 @@ def test_a_kept_alive_finding_has_a_picture_of_its_holder_and_what_it_keeps(tmp_
 MEASURE = """<script>
 document.body.setAttribute('data-measured', JSON.stringify([...document.querySelectorAll('figure.snapshot')].map(
   f => [f.querySelector('svg').getBoundingClientRect().width, f.getBoundingClientRect().width,
-        f.querySelectorAll('svg g.node').length])));
+        f.querySelectorAll('svg g.node').length,
+        Math.min(...[...f.querySelectorAll('svg g.node text')].map(t => t.getBoundingClientRect().height))])));
 </script></body>"""
+READABLE = 9  # CSS pixels: the height of a node's line of text on screen, at the least
 
 
 @pytest.mark.browser
@@ -486,7 +489,7 @@ document.body.setAttribute('data-measured', JSON.stringify([...document.querySel
 @pytest.mark.parametrize("example", ["rnn_retain_graph_bug", "total_loss_bug"])
 def test_focused_snapshots_fill_their_card_in_chromium(example: str, tmp_path: Path) -> None:
     """In a real browser, an RNN bug's and a kept-alive bug's focused pictures are as wide as their card
-    (less its padding) and hold at most about 30 node boxes."""
+    (less its padding), hold at most about 30 node boxes, and their text is readable where it is shown."""
     out = tmp_path / "report"
     subprocess.run(
         [sys.executable, "-m", "graphwatch", "run", "--out", str(out), str(EXAMPLES / f"{example}.py")],
@@ -499,6 +502,7 @@ def test_focused_snapshots_fill_their_card_in_chromium(example: str, tmp_path: P
     assert attribute is not None, done.stderr[-2000:]
     measured = json.loads(unescape(attribute[1]))
     assert measured, "no snapshot in the report"
-    for svg_width, card_width, nodes in measured:
+    for svg_width, card_width, nodes, text_height in measured:
         assert svg_width >= card_width - 40, (svg_width, card_width)  # the card's padding and border
-        assert nodes <= 45, nodes  # backward nodes, their tensors, the folded parts
+        assert nodes <= 35, nodes  # backward nodes, their tensors, the folded parts
+        assert text_height >= READABLE, text_height

@@ -29,6 +29,7 @@ from typing import Any, cast
 import graphviz
 import torch
 
+from ..analysis.evidence import counted, human_bytes
 from ..model import Trace
 from .focus import FOCUS_BOXES, focus
 from .graph_items import (
@@ -47,6 +48,7 @@ from .graph_items import (
     TENSOR,
     GraphBuilder,
     Item,
+    shape_bytes,
     tensor_label,
 )
 
@@ -96,7 +98,8 @@ def _overlay(graph: GraphBuilder, trace: Trace | None, current_step: int | None,
         old, new = items[child].record, items[parent].record
         if old is not None and new is not None and new.step > old.step:
             where = trace.where(old.site) if trace is not None and old.site is not None else _step_text(old.step)
-            carried[k] = {"color": EARLIER_COLOR, "fontcolor": EARLIER_COLOR, "style": "bold", "label": where}
+            carried[k] = {"color": EARLIER_COLOR, "fontcolor": EARLIER_COLOR, "style": "bold", "label": where,
+                          "fontname": "monospace", "fontsize": "10"}
     return carried
 
 
@@ -165,6 +168,8 @@ def _tooltip(item: Item, label: str, trace: Trace | None) -> dict[str, str]:
     """What hovering a session snapshot's node shows: the op (or tensor), its line and its step."""
     if trace is None:
         return {}
+    if item.tooltip:
+        return {"tooltip": item.tooltip}
     record = item.record
     if record is None:
         return {"tooltip": " ".join(label.split())}
@@ -225,7 +230,7 @@ def legend_entries(summarised: bool = True) -> list[tuple[str, dict[str, str]]]:
          {"fontcolor": EARLIER_COLOR, "shape": "plaintext", "style": ""}),
     ]
     if summarised:
-        entries.append(("… n nodes …: a collapsed part of the graph", {"fillcolor": SUMMARY_FILL, **FADED}))
+        entries.append(("+n nodes of step k (… n nodes …): a folded part of the graph", {"fillcolor": SUMMARY_FILL, **FADED}))
     return entries
 
 
@@ -359,7 +364,27 @@ def snapshot_dot(roots: Iterable[Any], trace: Trace, step: int, *, retained: Col
         for root in roots:
             if root is not None:
                 graph.add_root(root)
+        if outputs:
+            _note_what_each_keeps(graph)
         return _finish(graph, trace, step, retained, legend, max_nodes, focus_on).source
+
+
+def _note_what_each_keeps(graph: GraphBuilder) -> None:
+    """Below each output's name: the nodes and saved bytes its graph keeps alive (parameters not counted)."""
+    kids: dict[int, list[int]] = {}
+    for child, parent in graph.flow:
+        kids.setdefault(parent, []).append(child)
+    saved: dict[int, int] = {}
+    for item in graph.items:
+        if item.role == SAVED and item.owner >= 0 and (known := shape_bytes(item.value)):
+            saved[item.owner] = saved.get(item.owner, 0) + known[1]
+    for tail, head, _ in graph.links:
+        output = graph.items[head]
+        if graph.items[tail].role == FN and output.owner == -1 and output.role == TENSOR:
+            reached = _bfs([tail], [kids.get(i, []) for i in range(len(graph.items))])
+            nodes = [i for i in reached if graph.items[i].op != "AccumulateGrad"]
+            held = sum(saved.get(i, 0) for i in nodes)
+            output.note = f"keeps {counted(len(nodes), 'node')}" + (f", {human_bytes(held)} saved" if held else "")
 
 
 def _add_holders(graph: GraphBuilder, outputs: Mapping[str, torch.Tensor]) -> None:

@@ -1,15 +1,13 @@
 """The focused picture of a snapshot: the part of the graph that shows the problem, the rest folded into counts.
 
-A report shows this picture by default (the whole graph is one click away).
-It holds, in this order while about :data:`FOCUS_BOXES` boxes allow: the
-backward's roots; where the problem is (the carried edge of a graph that
-crosses steps, the stale node a failing backward met, or for a kept graph
-the first node of each step it keeps); the path from a root to each of them
-(a long path keeps both ends, its middle folded); the saved tensors of what is
-kept (a freed one is said by its node's "freed by backward #k"); and the
-parameters feeding the kept nodes, each drawn as one box by its name (its
-``AccumulateGrad``, and a transpose or view before it, are the same box).
-Everything else folds into one box per step: "+37 nodes of step 3".
+A report shows this picture by default (the whole graph is one click away). It holds, in this order while
+about :data:`FOCUS_BOXES` boxes allow: the backward's roots; where the problem is (the carried edge of a
+graph that crosses steps, the stale node a failing backward met, or for a kept graph the first node of each
+step it keeps); the path from a root to each of them (a long path keeps both ends, its middle folded); the
+parameters feeding the kept nodes, each drawn as one box by its name (its ``AccumulateGrad``, and a
+transpose or view before it, are the same box); and the saved tensors of what is kept (a freed one is said
+by its node's "freed by backward #k"; a node whose tensors find no room, and every node under a holder,
+says how many it saved and their bytes).  Everything else folds into one box per step: "+37 nodes of step 3".
 
 Example::
 
@@ -23,8 +21,9 @@ Example::
     >>> rep = focus(graph, carried=[], targets=[])
     >>> sum(1 for i, r in enumerate(rep) if r == i) <= FOCUS_BOXES
     True
-    >>> [item.label for item in graph.items if item.collapsed]
-    ['+189 nodes, 1.5 KiB saved\\n(TanhBackward0 ×94, MulBackward0 ×94, …)']
+    >>> [(item.label, item.tooltip) for item in graph.items if item.collapsed]  # doctest: +NORMALIZE_WHITESPACE
+    [('+175 nodes\\n1.4 KiB saved', '+175 nodes: MulBackward0 ×88, TanhBackward0 ×87'),
+     ('+1 parameter', '+1 parameter')]
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ _FOLD_RESERVE = 4  # boxes kept free for the folds
 _PATH_ENDS = 3  # a root's nearest nodes kept on a long path, besides the target's side
 _TARGETS = 3  # at most this many places of interest (crossings, stale nodes, kept steps: each a path)
 _CHAIN = 2  # a parameter drawn at a node through at most this many single-input nodes (TBackward0, a view)
-_FOLD_OPS = 2  # op names listed in a fold's label
 PARAMETERS = "parameters"  # the fold of the parameters not drawn by name
 
 
@@ -93,7 +91,7 @@ class _Focus:
                       and item.owner >= 0 and self.items[item.owner].op == "AccumulateGrad"}
         self.order, self.previous = self._walk()
         self.kept: dict[int, None] = {}  # in the order kept: the most telling first
-        self.with_tensors: set[int] = set()
+        self.drawn_tensors: set[int] = set()
         self.rep = list(range(n))
         self.used = sum(1 for item in self.items if item.role != FN and item.owner == -1)  # outputs, holders
         self.holds = bool(self.used)  # graphs under named outputs: what a holder keeps
@@ -172,16 +170,19 @@ class _Focus:
                 self.rep[link] = param
 
     def keep_tensors(self) -> None:
-        """The tensors of the kept nodes, the most telling nodes first, where room is left; a node whose
-        tensors do not fit says how many it saved and their bytes."""
+        """The tensors of the kept nodes with storage of their own, the most telling nodes first, where room
+        is left; a node says how many of its tensors are not drawn (a view of storage drawn elsewhere, or no
+        room) and their bytes.  Under a holder no tensor is drawn: each output says what its graph keeps,
+        and the steps' graphs stand side by side."""
         for node in self.kept:
-            tensors = self.tensors[node]
-            if self._fits(len(tensors)):
-                self.with_tensors.add(node)
-                self.used += len(tensors)
-            elif tensors:
-                held = sum(known[1] for t in tensors if (known := shape_bytes(self.items[t].value)))
-                self.items[node].label += f"\n+{counted(len(tensors), 'saved tensor')}" + (f", {human_bytes(held)}" if held else "")
+            own = [t for t in self.tensors[node] if _bytes(self.items[t])]
+            if not self.holds and own and self._fits(len(own)):
+                self.drawn_tensors.update(own)
+                self.used += len(own)
+            left = [t for t in self.tensors[node] if t not in self.drawn_tensors]
+            if left:
+                held = sum(_bytes(self.items[t]) for t in left)
+                self.items[node].label += f"\n+{counted(len(left), 'saved tensor')}" + (f", {human_bytes(held)}" if held else "")
 
     def _chain_to_parameter(self, node: int) -> list[int]:
         """[node, ..., AccumulateGrad] when ``node`` leads to a parameter through single-input nodes only it uses."""
@@ -205,7 +206,7 @@ class _Focus:
         for index, item in enumerate(items):
             if item.role != FN and item.owner >= 0 and rep[index] == index:
                 owner = item.owner
-                shown = (owner in self.with_tensors and not _freed_saved(item)) or rep[owner] == index
+                shown = index in self.drawn_tensors or rep[owner] == index
                 rep[index] = index if shown else -1
         for key, members in groups.items():
             rep.append(len(items))
@@ -216,25 +217,33 @@ class _Focus:
 
     def _parameters_item(self, members: list[int]) -> Item:
         names = [name for i in members if (name := self.items[self.param[i]].label)]
-        listed = ", ".join(names[:_FOLD_OPS]) + (", …" * (len(names) > _FOLD_OPS))
         head = f"+{counted(len(members), 'parameter')}"
-        return Item(head + (f"\n({listed})" if listed else ""), FN, -1, SUMMARY_FILL, op=head, collapsed=True,
-                    attrs=dict(FADED))
+        return _fold(head, [], head + (": " + ", ".join(names) if names else ""))
 
     def _fold_item(self, step: int | str | None, members: list[int]) -> Item:
         items = self.items
-        ops = Counter(items[i].op for i in members).most_common()
-        listed = ", ".join(f"{op} ×{count:,}" for op, count in ops[:_FOLD_OPS]) + (", …" * (len(ops) > _FOLD_OPS))
         of = "" if not isinstance(step, int) else f" of step {step}" if step >= 0 else " from before the session"
         head = f"+{counted(len(members), 'node')}{of}"
-        held = sum(known[1] for i in members for t in self.tensors[i]
-                   if items[t].role == SAVED and (known := shape_bytes(items[t].value)))
+        held = sum(_bytes(items[t]) for i in members for t in self.tensors[i] if items[t].role == SAVED)
         freed_by = {record.freed_by for i in members if (record := items[i].record) is not None}
         facts = [f"{human_bytes(held)} saved"] if held else []
         if len(freed_by) == 1 and None not in freed_by:
             facts.append(f"freed by backward #{freed_by.pop()}")
-        label = "\n".join([head + (", " + ", ".join(facts) if facts else ""), f"({listed})"])
-        return Item(label, FN, -1, SUMMARY_FILL, op=head, collapsed=True, attrs=dict(FADED))
+        ops = ", ".join(f"{op} ×{count:,}" for op, count in Counter(items[i].op for i in members).most_common())
+        return _fold(head, facts, f"{head}: {ops}")
+
+
+def _fold(head: str, facts: list[str], tooltip: str) -> Item:
+    """A box standing for a folded part: ``head`` ("+37 nodes of step 3") over its ``facts``; what it holds
+    (each op and how many) is its hover title, so that the box stays narrow."""
+    return Item("\n".join([head, ", ".join(facts)] if facts else [head]), FN, -1, SUMMARY_FILL, op=head,
+                collapsed=True, attrs=dict(FADED), tooltip=tooltip)
+
+
+def _bytes(item: Item) -> int:
+    """The bytes of a drawn tensor's own storage (0 for a view of storage counted elsewhere)."""
+    known = shape_bytes(item.value)
+    return known[1] if known else 0
 
 
 def _freed_saved(item: Item) -> bool:

@@ -56,6 +56,8 @@ class Item:
     done: bool = False
     collapsed: bool = False
     attrs: dict[str, str] | None = None
+    note: str = ""  # a last line for a tensor's label (what a kept output holds)
+    tooltip: str = ""  # the hover title of a snapshot's box, when it is not the record's op, line and step
 
 
 class Kind(NamedTuple):
@@ -119,13 +121,14 @@ def shape_bytes(value: Any) -> tuple[Sequence[int], int] | None:
 
 def tensor_label(item: Item, with_bytes: bool) -> str:
     known = shape_bytes(item.value)
+    note = f"\n {item.note}" if item.note else ""
     if known is None:
-        return f"{item.label}\n (packed by saved-tensor hooks)"
+        return f"{item.label}\n (packed by saved-tensor hooks){note}"
     label = "{}\n ({})".format(item.label, ", ".join(str(int(d)) for d in known[0]))
     if not with_bytes:
-        return label
+        return label + note
     shared = isinstance(item.value, SavedHandle) and not known[1]
-    return label + "\n " + ("shared storage" if shared else human_bytes(known[1]))
+    return label + "\n " + ("shared storage" if shared else human_bytes(known[1])) + note
 
 
 def attr_table(name: str, attrs: Mapping[str, str], max_chars: int) -> str:

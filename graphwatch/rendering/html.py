@@ -33,18 +33,16 @@ from pathlib import Path
 
 from ..analysis.evidence import human_bytes
 from ..errors import UsageError
-from ..model import Finding, StepRecord, Trace, save_trace, write_atomically
+from ..model import StepRecord, Trace, save_trace, write_atomically
 from .charts import NODES_COLOR, bar_chart, byte_unit, line_chart
-from .gallery import Picture, code_spans, gallery_html, legend_html, render_pictures
+from .findings_html import finding_articles
+from .gallery import Picture, gallery_html, legend_html, render_pictures
 from .ranks import RANKS_CSS, is_rank_set, rank_notes, ranks_html, report_verdict
-from .sources import SourceExcerpt, cited_excerpts
 from .terminal import (
-    ended_early_text,
-    finding_steps,
+    early_end,
     marked_steps,
     sample_steps,
     seconds_text,
-    steps_text,
 )
 
 Section = tuple[str, Trace]
@@ -99,6 +97,7 @@ border-radius:4px;padding:1px 7px}
 .patch-head{display:flex;gap:8px;align-items:center;padding:4px 10px;background:#f6f8fa;font-size:13px}
 .patch-head button{margin-left:auto;font-size:12px;padding:2px 10px;cursor:pointer}
 .patch pre{margin:0;padding:8px 10px;font-size:12px;overflow-x:auto}
+.patch-same{margin:8px 0;font-size:13px}
 .patch .add{color:#116329;background:#dafbe1}.patch .del{color:#82071e;background:#ffebe9}.patch .hunk{color:#57606a}
 .unread{color:var(--muted);font-size:13px}
 figure{margin:10px 0}
@@ -122,11 +121,12 @@ table.steps{border-collapse:collapse;width:100%;font-size:13px;font-variant-nume
 .steps th:nth-child(2),.steps td:nth-child(2),.steps th:last-child,.steps td:last-child{text-align:left}
 .steps tr.marked td{background:#fff5f5}.steps tr.marked td:last-child{color:var(--red);font-weight:600}
 .steps tr.gap td{text-align:center;color:var(--muted);font-style:italic;background:var(--bg)}
-.gallery{display:grid;grid-template-columns:repeat(auto-fit,minmax(360px,1fr));gap:14px}
-.snapshot{border:1px solid var(--line);border-radius:8px;padding:10px;background:#fff}
-.snapshot .svgbox{max-height:640px;overflow:auto;text-align:center}
-.snapshot svg{width:100%;height:auto}
-.snapshot figcaption{margin-top:6px;font-size:13px;color:var(--muted)}
+/* a snapshot's card is as wide as its picture drawn at its own size (the page's width at most) */
+.gallery{display:flex;flex-wrap:wrap;gap:14px;align-items:flex-start}
+.snapshot{flex:0 1 auto;max-width:100%;border:1px solid var(--line);border-radius:8px;padding:10px;background:#fff}
+.snapshot .svgbox{overflow-x:auto}
+.snapshot svg{display:block;max-width:100%;height:auto}
+.snapshot figcaption{width:0;min-width:100%;margin-top:6px;font-size:13px;color:var(--muted)}
 .snapshot pre{max-height:300px;overflow:auto;background:#fafbfc;padding:8px}
 .legend{display:flex;flex-wrap:wrap;gap:6px 10px;align-items:center;margin:0 0 12px;font-size:12px}
 .legend span{font-family:monospace;border:1px solid #000;padding:2px 8px}
@@ -146,54 +146,6 @@ class _Run:
     slug: str
     pictures: list[Picture]
     trace_file: str
-
-
-# ------------------------------------------------------------------------- findings
-def _excerpt_html(excerpt: SourceExcerpt) -> str:
-    rows = "".join(
-        f'<span class="{"cited" if number in excerpt.cited else "ctx"}"><span class="ln">{number}</span>'
-        f"{escape(text) or ' '}</span>"
-        for number, text in excerpt.numbered()
-    )
-    return f'<figure class="source"><figcaption>{escape(excerpt.where)}</figcaption><pre>{rows}</pre></figure>'
-
-
-def _diff_class(line: str) -> str:
-    if line.startswith(("+++", "---", "@@")):
-        return "hunk"
-    return {"+": "add", "-": "del"}.get(line[:1], "")
-
-
-def _patch_html(patch: str) -> str:
-    """The finding's patch as a diff with a copy button (the page's one script copies the text)."""
-    lines = "".join(f'<span class="{_diff_class(line)}">{escape(line)}</span>\n' for line in patch.splitlines())
-    return (
-        '<div class="patch"><div class="patch-head"><strong>Patch</strong> (apply with <code>patch -p0</code>)'
-        '<button type="button" class="copy">copy</button></div>'
-        f"<pre>{lines}</pre></div>"
-    )
-
-
-def _finding_html(finding: Finding, roots: Sequence[str], note: str = "") -> str:
-    excerpts = cited_excerpts(finding, roots=roots)
-    shown = {site for e in excerpts for site in e.sites}
-    unread = [s for s in dict.fromkeys(finding.evidence.get("sites") or []) if s not in shown and s != "<unknown>"]
-    missing = (
-        f'<p class="unread">also cited (source not found): {escape(", ".join(map(str, unread)))}</p>' if unread else ""
-    )
-    severity = escape(finding.severity)
-    return (
-        f'<article class="finding {severity}"><header><span class="badge">{severity}</span>'
-        f'<code class="kind">{escape(finding.kind)}</code>'
-        + (f'<span class="ranks">{escape(note)}</span>' if note else "")  # "only on rank 1"
-        + f'<span class="steps">{escape(steps_text(finding_steps(finding)))}</span></header>'
-        f'<p class="message">{code_spans(finding.message)}</p>'
-        + (f'<p class="fix"><strong>Fix:</strong> {code_spans(finding.fix)}</p>' if finding.fix not in finding.message else "")
-        + (_patch_html(finding.patch) if finding.patch else "")
-        + "".join(map(_excerpt_html, excerpts))
-        + missing
-        + "</article>"
-    )
 
 
 # --------------------------------------------------------------------- steps: charts, table
@@ -274,8 +226,7 @@ def _meta_html(trace: Trace, trace_file: str) -> str:
     facts = [escape(f) for f in facts if f] + link
     notes = []
     if trace.ended_early:
-        reason = ended_early_text(trace.ended_early, limit=240)
-        notes.append(f'<p class="ended">The run ended early: {escape(reason)}</p>')
+        notes.append(f'<p class="ended">The run ended early: {escape(early_end(trace))}</p>')
     if trace.untracked_saved:
         notes.append(
             f'<p class="notice">{trace.untracked_saved:,} saved tensors went through saved-tensor hooks entered '
@@ -294,7 +245,7 @@ def _section_html(run: _Run, multi: bool, notes: dict[int, str], legend: str = "
         parts.append(_verdict_html([trace]))
     parts.append(_meta_html(trace, run.trace_file))
     parts.append("<h3>Findings</h3>")
-    parts += [_finding_html(f, roots, notes.get(id(f), "")) for f in trace.findings] or ['<p class="empty">No findings.</p>']
+    parts += finding_articles(trace.findings, roots, notes) or ['<p class="empty">No findings.</p>']
     parts.append("<h3>Per step</h3>")
     if trace.steps:
         parts += [_charts_html(trace), _table_html(trace)]

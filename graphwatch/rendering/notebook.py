@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 
 from ..model import Finding, Trace
-from .html import CSS, _finding_html, _meta_html, _verdict_html
+from .findings_html import finding_article, finding_articles
+from .html import CSS, _meta_html, _verdict_html
 
 NOTEBOOK_SCOPE = "graphwatch-summary"
 
@@ -40,7 +41,7 @@ def summary_html(trace: Trace) -> str:
     True
     """
     roots = [str(trace.options["cwd"])] if trace.options.get("cwd") else []
-    findings = "".join(_finding_html(f, roots) for f in trace.findings)
+    findings = "".join(finding_articles(trace.findings, roots))
     return (
         f"<style>{_scoped_css(CSS, NOTEBOOK_SCOPE)}</style>"
         f'<div class="{NOTEBOOK_SCOPE}">{_verdict_html([trace], "h1")}{_meta_html(trace, "")}{findings}</div>'
@@ -49,5 +50,5 @@ def summary_html(trace: Trace) -> str:
 
 def finding_html(finding: Finding) -> str:
     """One finding as the report shows it, styled on its own (Jupyter's view of a finding)."""
-    body = _finding_html(finding, [])
+    body = finding_article(finding, [])
     return f'<style>{_scoped_css(CSS, NOTEBOOK_SCOPE)}</style><div class="{NOTEBOOK_SCOPE}">{body}</div>'

@@ -175,6 +175,19 @@ def ended_early_text(reason: str, limit: int = 100) -> str:
     return cut + "…"
 
 
+def early_end(trace: Trace) -> str:
+    """Why the run ended early, in one short line: the error's type alone when a finding explains it (the
+    error carries that explanation), else :func:`ended_early_text`.
+
+    >>> early_end(Trace(ended_early="KeyboardInterrupt"))
+    'KeyboardInterrupt'
+    """
+    reason = trace.ended_early or ""
+    if any(explained_in_error(trace, finding) for finding in trace.findings):
+        return reason.split(":")[0]
+    return ended_early_text(reason)
+
+
 # ------------------------------------------------------------------------- rich output
 def explained_in_error(trace: Trace, finding: Finding) -> bool:
     """Whether the error that ended the run already carries this finding's whole explanation (a
@@ -296,9 +309,7 @@ class Summary:
         if one_of_ranks:
             yield Text(other_ranks_hint(self.report), style="dim")
         if trace.ended_early:
-            explained = any(explained_in_error(trace, f) for f in trace.findings)
-            reason = trace.ended_early.split(":")[0] if explained else ended_early_text(trace.ended_early)
-            yield Text(f"the run ended early: {reason}", style="yellow")
+            yield Text(f"the run ended early: {early_end(trace)}", style="yellow")
         if trace.untracked_saved:
             yield Text(
                 f"{counted(trace.untracked_saved, 'saved tensor')} went through hooks graphwatch cannot see "

@@ -1,0 +1,91 @@
+"""A finding in the HTML report: kind, steps, message, fix, its patch with a copy button, the source lines it cites.
+
+Example::
+
+    >>> from graphwatch.model import Finding
+    >>> html = finding_article(Finding("retained-graph", "warning", 3, "the `x` line", "drop it"), roots=[])
+    >>> "<code>x</code>" in html and '<p class="fix"><strong>Fix:</strong> drop it</p>' in html
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from html import escape
+
+from ..model import Finding
+from .gallery import code_spans
+from .sources import SourceExcerpt, cited_excerpts
+from .terminal import finding_steps, steps_text
+
+
+def _excerpt_html(excerpt: SourceExcerpt) -> str:
+    rows = "".join(
+        f'<span class="{"cited" if number in excerpt.cited else "ctx"}"><span class="ln">{number}</span>'
+        f"{escape(text) or ' '}</span>"
+        for number, text in excerpt.numbered()
+    )
+    return f'<figure class="source"><figcaption>{escape(excerpt.where)}</figcaption><pre>{rows}</pre></figure>'
+
+
+def _diff_class(line: str) -> str:
+    if line.startswith(("+++", "---", "@@")):
+        return "hunk"
+    return {"+": "add", "-": "del"}.get(line[:1], "")
+
+
+def _patch_html(patch: str) -> str:
+    """The finding's patch as a diff with a copy button (the page's one script copies the text)."""
+    lines = "".join(f'<span class="{_diff_class(line)}">{escape(line)}</span>\n' for line in patch.splitlines())
+    return (
+        '<div class="patch"><div class="patch-head"><strong>Patch</strong> (apply with <code>patch -p0</code>)'
+        '<button type="button" class="copy">copy</button></div>'
+        f"<pre>{lines}</pre></div>"
+    )
+
+
+def _same_patch_html(kind: str) -> str:
+    return f'<p class="patch-same"><strong>Patch:</strong> the one under <code>{escape(kind)}</code> above</p>'
+
+
+def finding_articles(findings: Sequence[Finding], roots: Sequence[str], notes: Mapping[int, str] | None = None
+                     ) -> list[str]:
+    """Each finding's HTML (``notes``: by ``id(finding)``, e.g. "only on rank 1"); a patch two findings share
+    (an error and the carried graph behind it) is shown under the first only.
+
+    >>> f = Finding("retained-graph", "warning", 3, "m", "f", patch="--- a.py\\n+++ a.py\\n")
+    >>> [part.count('class="copy"') for part in finding_articles([f, f], roots=[])]
+    [1, 0]
+    """
+    shown: dict[str, str] = {}
+    parts = []
+    for finding in findings:
+        note = (notes or {}).get(id(finding), "")
+        parts.append(finding_article(finding, roots, note, shown.get(finding.patch or "", "")))
+        if finding.patch:
+            shown.setdefault(finding.patch, finding.kind)
+    return parts
+
+
+def finding_article(finding: Finding, roots: Sequence[str], note: str = "", patch_above: str = "") -> str:
+    """One finding: kind, steps, message, fix, its patch (or, ``patch_above``, the kind of the finding above
+    that shows the same one), the source lines it cites."""
+    excerpts = cited_excerpts(finding, roots=roots)
+    shown = {site for e in excerpts for site in e.sites}
+    unread = [s for s in dict.fromkeys(finding.evidence.get("sites") or []) if s not in shown and s != "<unknown>"]
+    missing = (
+        f'<p class="unread">also cited (source not found): {escape(", ".join(map(str, unread)))}</p>' if unread else ""
+    )
+    severity = escape(finding.severity)
+    return (
+        f'<article class="finding {severity}"><header><span class="badge">{severity}</span>'
+        f'<code class="kind">{escape(finding.kind)}</code>'
+        + (f'<span class="ranks">{escape(note)}</span>' if note else "")  # "only on rank 1"
+        + f'<span class="steps">{escape(steps_text(finding_steps(finding)))}</span></header>'
+        f'<p class="message">{code_spans(finding.message)}</p>'
+        + (f'<p class="fix"><strong>Fix:</strong> {code_spans(finding.fix)}</p>' if finding.fix not in finding.message else "")
+        + (_same_patch_html(patch_above) if finding.patch and patch_above else _patch_html(finding.patch) if finding.patch else "")
+        + "".join(map(_excerpt_html, excerpts))
+        + missing
+        + "</article>"
+    )
