@@ -76,3 +76,77 @@ def test_no_patch_where_the_line_is_not_a_whole_statement_or_the_file_changed(tm
     assert patch_for(finding, str(tmp_path)) is None  # line 3 starts a statement that goes on to line 4
     source.write_text("x = 1\n")
     assert patch_for(finding, str(tmp_path)) is None  # the file no longer holds that statement
+
+
+EVALUATION_LOOP = """\
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    val_batches = [(torch.randn(32, 16), torch.randn(32, 1)) for _ in range(3)]
+    history = []
+    for epoch in range(6):
+        for _ in range(2):
+            x, y = torch.randn(32, 16), torch.randn(32, 1)
+            loss = F.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        for xv, yv in val_batches:  # the evaluation loop
+            out = model(xv)
+            history.append(F.mse_loss(out, yv))
+    print(f"{min(v.item() for v in history):.3f}")
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@needs_patch_tool
+def test_an_evaluation_loop_goes_under_no_grad_whole_and_re_indented(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(EVALUATION_LOOP)
+    _, trace = graphwatch_run(tmp_path, "train.py")
+    (patch,) = {f.patch for f in trace.findings if f.patch}
+    assert "+        with torch.no_grad():\n+            for xv, yv in val_batches:  # the evaluation loop\n" in patch
+    assert "+                out = model(xv)\n+                history.append(F.mse_loss(out, yv))\n" in patch
+    applied = subprocess.run(["patch", "-p0"], input=patch, cwd=tmp_path, capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    run, patched = graphwatch_run(tmp_path, "train.py")
+    assert run.returncode == 0 and patched.findings == [], run.stderr
+
+
+@needs_patch_tool
+def test_a_loop_that_may_train_keeps_its_body_and_only_the_forward_goes_under_no_grad(tmp_path: Path) -> None:
+    """A call of a function the file defines could train: the loop is not wrapped, the forward line is."""
+    source = EVALUATION_LOOP.replace("            out = model(xv)\n", "            out = model(xv)\n            log(out)\n")
+    source = source.replace("def main() -> None:", "def log(value: torch.Tensor) -> None:\n    pass\n\n\ndef main() -> None:")
+    (tmp_path / "train.py").write_text(source)
+    _, trace = graphwatch_run(tmp_path, "train.py")
+    (patch,) = {f.patch for f in trace.findings if f.patch}
+    assert "-            out = model(xv)\n+            with torch.no_grad():\n+                out = model(xv)\n" in patch
+    added = [line for line in patch.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    assert len(added) == 2  # the with line and the forward, nothing else moved
+    applied = subprocess.run(["patch", "-p0"], input=patch, cwd=tmp_path, capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    run, patched = graphwatch_run(tmp_path, "train.py")
+    assert run.returncode == 0 and patched.findings == [], run.stderr
+
+
+@needs_patch_tool
+def test_a_script_outside_the_run_folder_gets_a_patch_that_says_where_to_apply_it(tmp_path: Path) -> None:
+    scripts, elsewhere = tmp_path / "scripts", tmp_path / "elsewhere"
+    scripts.mkdir()
+    elsewhere.mkdir()
+    shutil.copy(EXAMPLES / "total_loss_bug.py", scripts / "total_loss_bug.py")
+    _, trace = graphwatch_run(elsewhere, str(scripts / "total_loss_bug.py"))
+    (patch,) = {f.patch for f in trace.findings if f.patch}
+    assert patch.startswith(f"# in {scripts}: patch -p0\n--- total_loss_bug.py\n+++ total_loss_bug.py\n")
+    applied = subprocess.run(["patch", "-p0", "-d", str(scripts)], input=patch, cwd=elsewhere, capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert "total_loss += loss.item()" in (scripts / "total_loss_bug.py").read_text()

@@ -3,7 +3,8 @@
 The patch does what the finding's fix says, at the line it names, and no
 more: the detach that cuts a carried graph (and the ``retain_graph=True`` it
 makes unneeded), ``.item()`` where a number is kept instead of a graph,
-``with torch.no_grad():`` around an evaluation forward, ``retain_graph=True``
+``with torch.no_grad():`` around an evaluation forward (around its whole
+evaluation loop, re-indented, when the loop does nothing else), ``retain_graph=True``
 dropped from the last backward, ``zero_grad()`` before a backward.  A fix
 that needs judgement (which of two backwards to drop, where a GAN's
 generator output must be detached) gets no patch: no patch is better than a
@@ -11,7 +12,9 @@ wrong one.  Each edit is made only where the cited line is a whole, simple
 statement of the file as it is now (checked with :mod:`ast`).
 
 Diff paths are the finding's cited paths (relative to the session's working
-folder when the file is inside it), so ``patch -p0`` applies it from there.
+folder when the file is inside it), so ``patch -p0`` applies it from there; a
+file outside that folder is named as in its own folder, and a first line says
+where to apply it (``# in /abs/folder: patch -p0``).
 
 Example::
 
@@ -26,7 +29,7 @@ from __future__ import annotations
 import ast
 import difflib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from ..model import Finding, Trace
@@ -41,19 +44,39 @@ _ZERO_GRAD = re.compile(r"call `(?P<call>[\w.]+\.zero_grad\(\))` before the back
 def add_patches(trace: Trace) -> None:
     """Set ``finding.patch`` for every finding of ``trace`` whose fix is one edit of the user's file."""
     cwd = str(trace.options.get("cwd") or ".")
+    training = training_lines(trace)
     by_carrier = {f.evidence.get("carrier_where"): f for f in trace.findings if f.kind == "graph-carried-across-steps"}
     for finding in trace.findings:
         if finding.patch is None:
             carried = by_carrier.get(finding.evidence.get("carrier_at"))
             if finding.kind == "backward-through-freed-graph" and carried is not None:
-                finding.patch = patch_for(carried, cwd)  # the same edit as the carried graph's finding
+                finding.patch = patch_for(carried, cwd, training)  # the same edit as the carried graph's finding
             else:
-                finding.patch = patch_for(finding, cwd)
+                finding.patch = patch_for(finding, cwd, training)
 
 
-def patch_for(finding: Finding, cwd: str) -> str | None:
-    """The unified diff that applies ``finding``'s fix, or None when the fix is not one safe edit."""
-    planned = _plan(finding)
+def training_lines(trace: Trace) -> dict[str, set[int]]:
+    """File -> the lines where the run called a backward or an optimizer's step (what must keep its graph).
+
+    >>> training_lines(Trace())
+    {}
+    """
+    sites = [b.site for b in trace.backwards] + [s.optimizer_site for s in trace.steps]
+    lines: dict[str, set[int]] = {}
+    for site in sites:
+        where = _where(trace.where(site)) if site is not None else None
+        if where is not None:
+            lines.setdefault(where[0], set()).add(where[1])
+    return lines
+
+
+def patch_for(finding: Finding, cwd: str, training: Mapping[str, Collection[int]] | None = None) -> str | None:
+    """The unified diff that applies ``finding``'s fix, or None when the fix is not one safe edit.
+
+    ``training``: file -> lines that call a backward or an optimizer's step (:func:`training_lines`): an
+    evaluation loop holding one of them is not put under ``torch.no_grad()``.
+    """
+    planned = _plan(finding, training or {})
     if planned is None:
         return None
     where, edit = planned
@@ -65,10 +88,14 @@ def patch_for(finding: Finding, cwd: str) -> str | None:
     edited = edit(lines)
     if edited is None or edited == lines or not _parses(edited):
         return None
-    return "".join(difflib.unified_diff(lines, edited, fromfile=where, tofile=where, n=2))
+    if not Path(where).is_absolute():
+        return "".join(difflib.unified_diff(lines, edited, fromfile=where, tofile=where, n=2))
+    # patch and git apply refuse absolute names: name the file in its own folder, and say where that is
+    diff = "".join(difflib.unified_diff(lines, edited, fromfile=path.name, tofile=path.name, n=2))
+    return f"# in {path.parent}: patch -p0\n{diff}"
 
 
-def _plan(finding: Finding) -> tuple[str, Edit] | None:
+def _plan(finding: Finding, training: Mapping[str, Collection[int]]) -> tuple[str, Edit] | None:
     """(file, edit) for the kinds of fix that are one edit of one file."""
     ev = finding.evidence
     if finding.kind == "graph-carried-across-steps" and ev.get("pattern") == "recurrent" and ev.get("detach"):
@@ -85,7 +112,7 @@ def _plan(finding: Finding) -> tuple[str, Edit] | None:
         evaluation = ev.get("evaluation_at") or []
         if ev.get("never_backwarded") and evaluation and finding.fix.startswith("run the forward at"):
             where = _where(evaluation[0])
-            return (where[0], _under_no_grad(where[1])) if where else None
+            return (where[0], _under_no_grad(where[1], training.get(where[0], ()))) if where else None
         holder = _where(ev.get("key"))
         name = ev.get("holder")
         if ev.get("suggestion") and holder and isinstance(name, str) and finding.fix.startswith("keep a number"):
@@ -195,15 +222,59 @@ def _replace_statement(line: int, statement: str) -> Edit:
     return edit
 
 
-def _under_no_grad(line: int) -> Edit:
+def _under_no_grad(line: int, training: Collection[int]) -> Edit:
+    """``with torch.no_grad():`` around the statement that starts on ``line`` or, when the statement is in a
+    loop that does nothing but evaluate (:func:`_evaluation_loop`), around that whole loop; what it wraps is
+    re-indented."""
+
     def edit(lines: list[str]) -> list[str] | None:
-        if _statement_at(lines, line) is None or not _imports_torch(lines):
+        tree = _parse(lines)
+        if tree is None or not _imports_torch(lines):
             return None
-        text = lines[line - 1]
-        indent = _indent(text)
-        return [*lines[: line - 1], f"{indent}with torch.no_grad():\n", f"    {text}", *lines[line:]]
+        statement = next((n for n in ast.walk(tree) if isinstance(n, ast.stmt) and not hasattr(n, "body")
+                          and n.lineno == line), None)  # fmt: skip
+        if statement is None:
+            return None
+        spans = [(n.lineno, n.end_lineno or n.lineno) for n in (_evaluation_loop(tree, lines, line, training), statement) if n]
+        first, last = next(((a, b) for a, b in spans if _reindentable(tree, lines, a, b)), (0, 0))
+        if not first:
+            return None
+        block = [f"    {text}" if text.strip() else text for text in lines[first - 1 : last]]
+        return [*lines[: first - 1], f"{_indent(lines[first - 1])}with torch.no_grad():\n", *block, *lines[last:]]
 
     return edit
+
+
+_TRAINING_CALL = re.compile(r"\.backward\(|\.step\(|zero_grad|autograd\.grad|\.train\(")
+
+
+def _evaluation_loop(tree: ast.Module, lines: list[str], line: int, training: Collection[int]) -> ast.stmt | None:
+    """The outermost loop holding ``line`` that only evaluates: no backward, optimizer step, ``zero_grad``,
+    ``autograd.grad`` or ``.train(`` in its text, none of the run's backward or step lines, no call of a
+    function the file defines (it could train) and no definition; None if there is no such loop."""
+    defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+    def only_evaluates(loop: ast.stmt) -> bool:
+        first, last = loop.lineno, loop.end_lineno or loop.lineno
+        if _TRAINING_CALL.search("".join(lines[first - 1 : last])) or any(first <= t <= last for t in training):
+            return False
+        inner = list(ast.walk(loop))
+        calls_own = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in defined for n in inner)
+        return not calls_own and not any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in inner)
+
+    loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.AsyncFor, ast.While)) and _spans(n, line)]
+    evaluating = [loop for loop in loops if only_evaluates(loop)]
+    return min(evaluating, key=lambda loop: loop.lineno) if evaluating else None
+
+
+def _reindentable(tree: ast.Module, lines: list[str], first: int, last: int) -> bool:
+    """Whether lines ``first``..``last`` can move right by four spaces as text: indented with spaces only,
+    and no string literal spanning lines there (its text would change)."""
+    if any("\t" in _indent(text) for text in lines[first - 1 : last]):
+        return False
+    strings = (n for n in ast.walk(tree) if isinstance(n, (ast.Constant, ast.JoinedStr)))
+    return not any(n.lineno != n.end_lineno and first <= n.lineno <= last for n in strings
+                   if not isinstance(n, ast.Constant) or isinstance(n.value, (str, bytes)))
 
 
 def _drop_retain(line: int | None) -> Edit:
@@ -235,12 +306,15 @@ def _combine(*edits: Edit) -> Edit:
     return edit
 
 
-def _parses(lines: list[str]) -> bool:
+def _parse(lines: list[str]) -> ast.Module | None:
     try:
-        ast.parse("".join(lines))
+        return ast.parse("".join(lines))
     except SyntaxError:
-        return False
-    return True
+        return None
+
+
+def _parses(lines: list[str]) -> bool:
+    return _parse(lines) is not None
 
 
 def _imports_torch(lines: list[str]) -> bool:
