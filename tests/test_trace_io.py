@@ -79,7 +79,7 @@ def test_save_then_load_round_trips_every_record(rich_session, tmp_path):
 def test_saved_file_is_versioned_json(rich_session, tmp_path):
     path = rich_session.save(tmp_path / "trace.json")
     data = json.loads(path.read_text(encoding="utf-8"))
-    assert (data["format"], data["version"]) == (FORMAT, VERSION) == ("graphwatch-trace", 2)
+    assert (data["format"], data["version"]) == (FORMAT, VERSION) == ("graphwatch-trace", 3)
     assert set(data["steps"]) == set(data["backwards"]) == {"count", "columns", "extra"}  # version 2: columns
     assert data["steps"]["count"] == len(rich_session.trace.steps)
 
@@ -94,6 +94,43 @@ def test_a_version_1_trace_still_loads(rich_session, tmp_path):
     path = tmp_path / "v1.json"
     path.write_text(json.dumps(data))
     assert graphwatch.load(path) == rich_session.trace
+
+
+def test_patches_and_focused_pictures_round_trip_and_a_version_2_trace_loads_without_them(rich_session, tmp_path):
+    """Version 3 adds a finding's patch and a snapshot's focused picture; a version 2 trace has neither."""
+    from graphwatch.model import save_trace
+    from graphwatch.model.trace_io import trace_to_dict
+
+    trace = graphwatch.load(rich_session.save(tmp_path / "copy.json"))  # (the shared session stays as it is)
+    assert any(s.focus for s in trace.snapshots)
+    trace.findings[0].patch = "--- train.py\n+++ train.py\n@@ -1 +1 @@\n-a\n+b\n"
+    save_trace(trace, tmp_path / "v3.json")
+    loaded = graphwatch.load(tmp_path / "v3.json")
+    assert loaded.findings[0].patch == trace.findings[0].patch
+    assert [s.focus for s in loaded.snapshots] == [s.focus for s in trace.snapshots]
+    data = trace_to_dict(trace)
+    data["version"] = 2
+    for row in data["findings"]:
+        row.pop("patch", None)
+    for row in data["snapshots"]:
+        row.pop("focus", None)
+    (tmp_path / "v2.json").write_text(json.dumps(data))
+    old = graphwatch.load(tmp_path / "v2.json")
+    assert [f.patch for f in old.findings] == [None] * len(trace.findings)
+    assert [s.focus for s in old.snapshots] == [None] * len(trace.snapshots)
+    assert [s.dot for s in old.snapshots] == [s.dot for s in trace.snapshots]
+
+
+@pytest.mark.parametrize("field, value", [("patch", 5), ("patch", ["-a"]), ("focus", {"dot": 1})])
+def test_load_of_a_damaged_patch_or_focus_names_the_field(rich_session, tmp_path, field, value):
+    from graphwatch.model.trace_io import trace_to_dict
+
+    data = trace_to_dict(rich_session.trace)
+    data["findings" if field == "patch" else "snapshots"][0][field] = value
+    path = tmp_path / "damaged.json"
+    path.write_text(json.dumps(data))
+    message = _load_error(path)
+    assert f"field '{field}' is {value!r}, expected str | None" in message and "record the run again" in message
 
 
 def test_a_long_run_is_written_in_columns_and_kept_in_columns(tmp_path):

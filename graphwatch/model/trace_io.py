@@ -37,7 +37,9 @@ from .records import (
 )
 
 FORMAT = "graphwatch-trace"
-VERSION = 2  # 2: steps and backwards as columns (version 1 traces, a list of objects each, still load)
+# 2: steps and backwards as columns (version 1 traces, a list of objects each, still load)
+# 3: a finding's patch and a snapshot's focused picture (version 1 and 2 traces still load, without them)
+VERSION = 3
 
 _LIST_FIELDS: dict[str, type] = {
     "sites": CallSite,
