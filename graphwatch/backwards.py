@@ -35,7 +35,7 @@ from .analysis import FindingLog, explain_backward_twice
 from .analysis.explain import handed_off
 from .capture import Recorder, frontier, path_to, quick_walk, root_records, walk
 from .capture.carriers import find_carrier, name_carrier, reaches
-from .capture.holders import parameter_names
+from .capture.holders import local_value, parameter_names, user_frames
 from .capture.optimizer import GradResetTracker
 from .capture.step_clock import next_sequence_nr
 from .errors import BackwardTwiceError
@@ -197,7 +197,7 @@ class BackwardWatch:
             return
         retained = {i for _, reached in self.retained for i in reached}
         try:
-            params = parameter_names(sys._getframe())  # named as the user's frames hold their modules
+            params = _parameter_names(sys._getframe())
             roots = list(roots)
             dot, focus = (
                 snapshot_dot(roots, trace, step, retained=retained, params=params, outputs=outputs,
@@ -208,3 +208,30 @@ class BackwardWatch:
             warnings.warn(f"graphwatch: could not draw the step {step} graph ({exc!r}); the trace is unaffected", stacklevel=2)
             return
         trace.snapshots.append(Snapshot(step, reason, dot, focus))
+
+
+def _parameter_names(frame: Any, limit: int = 8) -> dict[str, torch.Tensor]:
+    """``{"model.0.weight": tensor, ...}``: parameters named as the user's frames hold their modules, also
+    through ``self`` (a trainer's ``self.model``: ``self.model.0.weight``) in the innermost ``limit`` frames.
+
+    >>> class Trainer:
+    ...     def __init__(self):
+    ...         self.model = torch.nn.Linear(2, 1)
+    ...     def names(self):
+    ...         return sorted(_parameter_names(sys._getframe()))
+    >>> Trainer().names()
+    ['self.model.bias', 'self.model.weight']
+    """
+    names = parameter_names(frame, limit)
+    seen = {id(param) for param in names.values()}
+    for user_frame in list(user_frames(frame))[:limit]:
+        owner = local_value(user_frame, "self")
+        if owner is None or isinstance(owner, torch.nn.Module) or not hasattr(owner, "__dict__"):
+            continue  # (a module as ``self`` is one of the frame's modules already)
+        for attr, module in list(vars(owner).items()):
+            if isinstance(module, torch.nn.Module) and not attr.startswith("_"):
+                for name, param in module.named_parameters(prefix=f"self.{attr}"):
+                    if id(param) not in seen:
+                        seen.add(id(param))
+                        names[name] = param
+    return names

@@ -177,3 +177,28 @@ def test_a_small_graph_is_drawn_whole() -> None:
     whole, _ = parse(first.dot)
     focused, _ = parse(first.focus or "")
     assert sorted(labels(focused)) == sorted(labels(whole))
+
+
+class Trainer:
+    """A training loop that keeps its model on ``self``: no frame holds the module by a name of its own."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def fit(self) -> graphwatch.Trace:
+        with graphwatch.watch(summary=False) as gw:
+            for _ in range(3):
+                self.opt.zero_grad()
+                self.model(torch.randn(2, 4)).pow(2).mean().backward()
+                self.opt.step()
+        return gw.trace
+
+
+def test_parameters_of_a_model_kept_on_self_are_named_from_it() -> None:
+    first = Trainer().fit().snapshots[0]
+    for source in (first.dot, first.focus or ""):
+        nodes, _ = parse(source)
+        params = sorted(node["label"].split("\n")[0] for node in nodes.values() if node.get("fillcolor") == "lightblue")
+        assert params == ["self.model.0.bias", "self.model.0.weight", "self.model.2.bias", "self.model.2.weight"]
