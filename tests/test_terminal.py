@@ -280,3 +280,4 @@ def test_output_to_no_terminal_is_not_hard_wrapped(rnn_leak: Trace, monkeypatch:
         assert f"  {finding.message}" in lines
     assert "findings" in lines and not any(line.startswith("╭") for line in lines)
     assert max(len(line) for line in lines) <= max(len(f.message) for f in rnn_leak.findings) + 10
+    assert not [line for line in lines if line.endswith(" ")]  # a copied patch or table row keeps no padding

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
-from ..analysis.evidence import human_bytes
+from ..analysis.evidence import counted, human_bytes
 from ..errors import UsageError
 from ..model import StepRecord, Trace, save_trace, write_atomically
 from .charts import NODES_COLOR, bar_chart, byte_unit, line_chart
@@ -229,8 +229,8 @@ def _meta_html(trace: Trace, trace_file: str) -> str:
         notes.append(f'<p class="ended">The run ended early: {escape(early_end(trace))}</p>')
     if trace.untracked_saved:
         notes.append(
-            f'<p class="notice">{trace.untracked_saved:,} saved tensors went through saved-tensor hooks entered '
-            "inside the session, which graphwatch cannot see; they are not counted.</p>"
+            f'<p class="notice">{counted(trace.untracked_saved, "saved tensor")} went through saved-tensor hooks '
+            "entered inside the session, which graphwatch cannot see; they are not counted.</p>"
         )
     return f'<p class="meta">{" · ".join(facts)}</p>' + "".join(notes)
 
