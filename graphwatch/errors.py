@@ -50,9 +50,12 @@ class GraphLeakError(GraphwatchError, AssertionError):
         self.findings = list(findings or [])
 
 
-def without_own_frames(tb: TracebackType | None, hidden: Collection[str] = ()) -> TracebackType | None:
-    """``tb`` with graphwatch's own frames (and those of the files ``hidden``) unlinked: what is left is the
-    user's frames and torch's, ending where the user's call into torch raised, as without graphwatch.
+def without_own_frames(
+    tb: TracebackType | None, hidden: Collection[str] = (), folders: Collection[str] = ()
+) -> TracebackType | None:
+    """``tb`` with graphwatch's own frames (and those of the files ``hidden`` and of the files under
+    ``folders``) unlinked: what is left is the user's frames and torch's, ending where the user's call into
+    torch raised, as without graphwatch (with torch's folder in ``folders``: at the user's own call).
 
     The traceback entries are relinked in place; the first one kept is returned.
 
@@ -68,7 +71,7 @@ def without_own_frames(tb: TracebackType | None, hidden: Collection[str] = ()) -
     kept = []
     while tb is not None:
         name = os.path.normcase(tb.tb_frame.f_code.co_filename)
-        if name not in hidden and not name.startswith(_PACKAGE):
+        if name not in hidden and not name.startswith((_PACKAGE, *folders)):
             kept.append(tb)
         tb = tb.tb_next
     for outer, inner in itertools.pairwise(kept):

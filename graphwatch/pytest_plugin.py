@@ -39,15 +39,18 @@ Example::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
+import torch
 
 from .analysis import LEAK_KINDS
-from .errors import GraphLeakError
+from .errors import BackwardTwiceError, GraphLeakError, without_own_frames
 from .session import Session, watch
 
+TORCH_FOLDER = os.path.normcase(os.path.dirname(os.path.abspath(torch.__file__))) + os.sep
 FIXTURE = "graphwatch_session"
 MARKER = "graphwatch"
 _SESSION = pytest.StashKey[Session]()
@@ -107,6 +110,11 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, None]:
         return
     error = outcome.excinfo[1] if outcome.excinfo is not None else None
     _end(session, error)
+    if isinstance(error, BackwardTwiceError) and hasattr(outcome, "force_exception"):
+        # its text says everything: the traceback ends at the test's own backward call, with no page of
+        # torch's or graphwatch's source before the message
+        error.__traceback__ = without_own_frames(error.__traceback__, folders=[TORCH_FOLDER])
+        outcome.force_exception(error)
     leaks = [f for f in session.findings if f.kind in LEAK_KINDS]
     fail = bool(leaks) and session.strict and (error is None or isinstance(error, GraphLeakError))
     explained = str(error) if error is not None else ""  # a BackwardTwiceError carries its finding's text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from importlib.metadata import entry_points
 
 import pytest
@@ -159,3 +160,7 @@ def test_backward_twice():
     assert "graphwatch/session.py" not in out and "graphwatch/capture" not in out  # no graphwatch source or locals
     failure = out.split("short test summary info")[0]  # (pytest's one-line summary repeats the error's text)
     assert failure.count("Fixes, best first:") == 1
+    # the traceback ends at the test's own backward line: no page of torch's source before the message
+    assert "torch/autograd" not in failure and "torch/_tensor.py" not in failure
+    assert re.search(r">\s+y\.backward\(\)  # the failing line\n.*\nE\s+graphwatch\.errors\.BackwardTwiceError", failure)
+    assert len(failure.splitlines()) < 30, failure
