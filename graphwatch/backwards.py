@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import sys
 import warnings
 import weakref
@@ -212,26 +213,45 @@ class BackwardWatch:
 
 def _parameter_names(frame: Any, limit: int = 8) -> dict[str, torch.Tensor]:
     """``{"model.0.weight": tensor, ...}``: parameters named as the user's frames hold their modules, also
-    through ``self`` (a trainer's ``self.model``: ``self.model.0.weight``) in the innermost ``limit`` frames.
+    through ``self`` (a trainer's ``self.model``: ``self.model.0.weight``), and leaf tensors that require grad
+    by the variable holding them (``w``), in the innermost ``limit`` user frames.
 
     >>> class Trainer:
     ...     def __init__(self):
     ...         self.model = torch.nn.Linear(2, 1)
     ...     def names(self):
+    ...         w = torch.ones(2, requires_grad=True)
     ...         return sorted(_parameter_names(sys._getframe()))
     >>> Trainer().names()
-    ['self.model.bias', 'self.model.weight']
+    ['self.model.bias', 'self.model.weight', 'w']
     """
     names = parameter_names(frame, limit)
     seen = {id(param) for param in names.values()}
-    for user_frame in list(user_frames(frame))[:limit]:
+
+    def add(name: str, tensor: torch.Tensor) -> None:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            names[name] = tensor
+
+    frames = list(user_frames(frame))[:limit]
+    for user_frame in frames:
         owner = local_value(user_frame, "self")
-        if owner is None or isinstance(owner, torch.nn.Module) or not hasattr(owner, "__dict__"):
-            continue  # (a module as ``self`` is one of the frame's modules already)
-        for attr, module in list(vars(owner).items()):
-            if isinstance(module, torch.nn.Module) and not attr.startswith("_"):
-                for name, param in module.named_parameters(prefix=f"self.{attr}"):
-                    if id(param) not in seen:
-                        seen.add(id(param))
-                        names[name] = param
+        if owner is not None and not isinstance(owner, torch.nn.Module) and hasattr(owner, "__dict__"):
+            for attr, module in list(vars(owner).items()):  # (a module as ``self`` is a frame's module already)
+                if isinstance(module, torch.nn.Module) and not attr.startswith("_"):
+                    for name, param in module.named_parameters(prefix=f"self.{attr}"):
+                        add(name, param)
+    for user_frame in frames:
+        for name, value in _variables(user_frame):
+            if isinstance(value, torch.Tensor) and value.is_leaf and value.requires_grad and not name.startswith("_"):
+                add(name, value)
     return names
+
+
+def _variables(frame: Any) -> list[tuple[str, Any]]:
+    """A frame's variables: a function's locals one by one (no snapshot of them kept on the frame), or the
+    namespace of a module's code."""
+    code = frame.f_code
+    if code.co_flags & inspect.CO_OPTIMIZED:
+        return [(name, local_value(frame, name)) for name in (*code.co_varnames, *code.co_cellvars)]
+    return list(frame.f_globals.items())

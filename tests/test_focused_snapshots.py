@@ -202,3 +202,11 @@ def test_parameters_of_a_model_kept_on_self_are_named_from_it() -> None:
         nodes, _ = parse(source)
         params = sorted(node["label"].split("\n")[0] for node in nodes.values() if node.get("fillcolor") == "lightblue")
         assert params == ["self.model.0.bias", "self.model.0.weight", "self.model.2.bias", "self.model.2.weight"]
+
+
+def test_a_leaf_tensor_that_requires_grad_is_named_by_its_variable() -> None:
+    weights = torch.ones(3, requires_grad=True)
+    with graphwatch.watch(summary=False) as gw:
+        (weights.exp() * 2).sum().backward()
+    nodes, _ = parse(gw.trace.snapshots[0].dot)
+    assert [node["label"] for node in nodes.values() if node.get("fillcolor") == "lightblue"] == ["weights\n (3)"]
