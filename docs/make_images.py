@@ -4,11 +4,15 @@ Run from the repo root with the set-up venv: ``.venv/bin/python docs/make_images
 It runs ``examples/rnn_retain_graph_bug.py`` under a session, saves the rich
 summary as SVG, writes the HTML report, runs the notebook of
 ``tests/notebooks/`` on a real kernel for its ``%%graphwatch`` cell's output,
-and has headless Chromium turn all three into PNGs in ``docs/``.
+and has headless Chromium turn them into PNGs in ``docs/``: the summary, the
+top of the report, the report's snapshots (its legend and focused pictures;
+those of ``examples/validation_no_grad_bug.py`` too, whose kept-alive picture
+draws the holder) and the notebook's output.
 """
 
 from __future__ import annotations
 
+import re
 import runpy
 import shutil
 import subprocess
@@ -20,6 +24,7 @@ from pathlib import Path
 from rich.console import Console
 
 import graphwatch
+from graphwatch.rendering.html import write_report
 from graphwatch.rendering.terminal import Summary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,9 +57,27 @@ def main() -> None:
     screenshot(out / "summary.svg", ROOT / "docs" / "terminal-summary.png", "1100,900")
     report = gw.report(out / "report")
     screenshot(report, ROOT / "docs" / "html-report.png", "1280,1600")
+    with graphwatch.watch(summary=False) as kept:
+        runpy.run_path(str(ROOT / "examples" / "validation_no_grad_bug.py"), run_name="__main__")
+    both = write_report([("rnn_retain_graph_bug.py", gw.trace), ("validation_no_grad_bug.py", kept.trace)], out / "both")
+    screenshot(snapshots_only(both), ROOT / "docs" / "html-snapshots.png", "1280,2200")
     notebook_output(out / "notebook.html")
     screenshot(out / "notebook.html", ROOT / "docs" / "notebook-output.png", "1100,1300")
-    print("wrote docs/terminal-summary.png, docs/html-report.png and docs/notebook-output.png")
+    print("wrote docs/terminal-summary.png, docs/html-report.png, docs/html-snapshots.png and docs/notebook-output.png")
+
+
+def snapshots_only(index: Path) -> Path:
+    """A copy of the report that shows its legend and the snapshots that show a problem (a graph that crosses
+    steps, what a kept-alive finding keeps), side by side as the report lays them out."""
+    page = index.read_text()
+    head = page.split("<body>", 1)[0]
+    legend = re.search(r'<div class="legend">.*?</div>', page, re.S)
+    figures = re.findall(r'<figure class="snapshot">.*?</figure>', page, re.S)
+    shown = [f for f in figures if "crosses steps" in f or "kept alive" in f]
+    gallery = f'<h3>Graph snapshots</h3>{legend[0] if legend else ""}<div class="gallery">{"".join(shown)}</div>'
+    copy = index.with_name("snapshots.html")
+    copy.write_text(f'{head}<body><main><section class="run">{gallery}</section></main></body></html>')
+    return copy
 
 
 def notebook_output(page: Path) -> None:
