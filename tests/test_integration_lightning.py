@@ -174,7 +174,7 @@ def test_strict_fails_the_fit_at_the_first_leaking_step_and_writes_the_report(tm
     assert (tmp_path / "report" / "index.html").is_file()
 
 
-def test_the_report_goes_to_the_trainers_log_dir(tmp_path: Path) -> None:
+def test_the_report_goes_to_the_log_dir_of_the_trainers_logger(tmp_path: Path) -> None:
     callback = GraphwatchCallback()
     trainer = fit(KeepsOutputs(keep_graph=False), tmp_path, callback, logger=CSVLogger(tmp_path / "logs"))
     assert trainer.log_dir is not None

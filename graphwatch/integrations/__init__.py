@@ -32,7 +32,7 @@ from types import TracebackType
 from ..errors import GraphLeakError
 from ..session import Session, active_session, watch
 
-__all__ = ["Watched"]
+__all__ = ["Watched", "WatchingCallback"]
 
 _unfinished: Watched | None = None  # a framework run's own session, until the run ends
 
@@ -108,6 +108,36 @@ class Watched:
         if isinstance(last, BaseException) and last is not self._last_error_at_start:
             return last
         return RuntimeError("the run ended without its end event (an error the framework did not report)")
+
+
+class WatchingCallback:
+    """What the framework callbacks share: their options (``strict``, ``out``, ``level``, as in
+    :func:`graphwatch.watch`) and ``session``, the session of the current (or last) run (its ``findings``,
+    ``trace``)."""
+
+    def __init__(self, strict: bool = False, out: str | Path | None = None, level: str = "default") -> None:
+        super().__init__()
+        self.strict, self.out, self.level = strict, out, level
+        self._watched: Watched | None = None
+
+    @property
+    def session(self) -> Session | None:
+        """The session of the current (or last) run: its ``findings``, ``trace``."""
+        return self._watched.session if self._watched is not None else None
+
+    def _start(self, default_folder: Path, summary: bool) -> None:
+        """Enter the run's session (or use the one already watching); the report goes to ``out``, or to
+        ``default_folder``."""
+        folder = self.out if self.out is not None else default_folder
+        self._watched = Watched(self.strict, self.level, folder, summary=summary).start()
+
+    def _end_step(self) -> None:
+        if self._watched is not None:
+            self._watched.end_step()
+
+    def _stop(self, error: BaseException | None = None) -> None:
+        if self._watched is not None:
+            self._watched.stop(error)
 
 
 def close_unfinished() -> None:

@@ -31,13 +31,12 @@ except ImportError:  # the older package name
             "graphwatch.integrations.lightning needs PyTorch Lightning: pip install 'graphwatch[lightning]'"
         ) from missing
 
-from ..session import Session
-from . import Watched
+from . import WatchingCallback
 
 __all__ = ["GraphwatchCallback"]
 
 
-class GraphwatchCallback(Callback):  # type: ignore[misc]
+class GraphwatchCallback(WatchingCallback, Callback):  # type: ignore[misc]
     """Watch ``fit()`` with graphwatch: ``Trainer(callbacks=[GraphwatchCallback()])``.
 
     ``strict`` fails the fit at the end of the first leaking step (``graphwatch.GraphLeakError``);
@@ -47,33 +46,20 @@ class GraphwatchCallback(Callback):  # type: ignore[misc]
     leaves the report to it.
     """
 
-    def __init__(self, strict: bool = False, out: str | Path | None = None, level: str = "default") -> None:
-        self.strict, self.out, self.level = strict, out, level
-        self._watched: Watched | None = None
-        self._global_step = 0
-
-    @property
-    def session(self) -> Session | None:
-        """The session of the current (or last) fit."""
-        return self._watched.session if self._watched is not None else None
+    _global_step = 0
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        folder = self.out if self.out is not None else Path(trainer.log_dir or trainer.default_root_dir) / "graphwatch"
-        self._watched = Watched(self.strict, self.level, folder, summary=trainer.is_global_zero).start()
+        self._start(Path(trainer.log_dir or trainer.default_root_dir) / "graphwatch", trainer.is_global_zero)
         self._global_step = trainer.global_step
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self._watched is None:
-            return
         if pl_module.automatic_optimization and trainer.global_step == self._global_step:
             return  # still accumulating: the optimizer step ends the step
         self._global_step = trainer.global_step
-        self._watched.end_step()
+        self._end_step()
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
-        if self._watched is not None:
-            self._watched.stop()
+        self._stop()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        if self._watched is not None:
-            self._watched.stop(exception)
+        self._stop(exception)

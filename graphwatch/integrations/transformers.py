@@ -27,13 +27,12 @@ except ImportError as missing:
         "graphwatch.integrations.transformers needs transformers: pip install 'graphwatch[transformers]'"
     ) from missing
 
-from ..session import Session
-from . import Watched
+from . import WatchingCallback
 
 __all__ = ["GraphwatchCallback"]
 
 
-class GraphwatchCallback(TrainerCallback):  # type: ignore[misc]
+class GraphwatchCallback(WatchingCallback, TrainerCallback):  # type: ignore[misc]
     """Watch ``train()`` with graphwatch: ``Trainer(..., callbacks=[GraphwatchCallback()])``.
 
     ``strict`` fails the run at the end of the first leaking step (``graphwatch.GraphLeakError``);
@@ -43,23 +42,11 @@ class GraphwatchCallback(TrainerCallback):  # type: ignore[misc]
     leaves the report to it.
     """
 
-    def __init__(self, strict: bool = False, out: str | Path | None = None, level: str = "default") -> None:
-        self.strict, self.out, self.level = strict, out, level
-        self._watched: Watched | None = None
-
-    @property
-    def session(self) -> Session | None:
-        """The session of the current (or last) run."""
-        return self._watched.session if self._watched is not None else None
-
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        folder = self.out if self.out is not None else Path(args.output_dir) / "graphwatch"
-        self._watched = Watched(self.strict, self.level, folder, summary=state.is_world_process_zero).start()
+        self._start(Path(args.output_dir) / "graphwatch", state.is_world_process_zero)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._watched is not None:
-            self._watched.end_step()
+        self._end_step()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._watched is not None:
-            self._watched.stop()
+        self._stop()
