@@ -14,7 +14,7 @@ from rich.panel import Panel
 
 import graphwatch
 from graphwatch.model import Trace
-from graphwatch.rendering import charts, sources, terminal
+from graphwatch.rendering import charts, sources, terminal, wording
 from graphwatch.rendering.terminal import Summary, make_console, print_summary
 
 ANSI = re.compile(r"\x1b\[")
@@ -102,7 +102,7 @@ def test_clean_run_says_no_leaks(clean: Trace) -> None:
 
 def test_leak_verdict_counts_problems_first(rnn_leak: Trace) -> None:
     out = render(Summary(rnn_leak))
-    problems = len(terminal.problems(rnn_leak))
+    problems = len(wording.problems(rnn_leak))
     assert problems >= 1
     assert out.splitlines()[0] == f"graphwatch: {problems} problem{'s' * (problems > 1)} in 30 steps"
 
@@ -116,7 +116,7 @@ def test_empty_trace(clean: Trace) -> None:
 def test_findings_panel_names_kind_steps_fix_and_lines(rnn_leak: Trace) -> None:
     out = render(Summary(rnn_leak))
     for finding in rnn_leak.findings:
-        assert f"{finding.kind}  {terminal.steps_text(terminal.finding_steps(finding))}" in out
+        assert f"{finding.kind}  {wording.steps_text(wording.finding_steps(finding))}" in out
     assert "graph-carried-across-steps" in out
     assert "steps 1–29" in out  # the carried graph, seen from step 1 on
     assert "fix: `h = h.detach()`" in out
@@ -145,7 +145,7 @@ def step_rows(out: str) -> list[int]:
 
 def test_long_run_table_is_sampled(rnn_leak: Trace) -> None:
     out = render(Summary(rnn_leak))
-    marked = sorted(terminal.marked_steps(rnn_leak))
+    marked = sorted(wording.marked_steps(rnn_leak))
     shown = step_rows(out)
     assert shown[:5] == [0, 1, 2, 3, 4] and shown[-5:] == [25, 26, 27, 28, 29]
     assert set(marked) <= set(shown) and len(shown) < 30
@@ -217,7 +217,7 @@ def test_ascii_console_gets_ascii_text(rnn_leak: Trace) -> None:
     assert spark[0] == "_" and spark[-1] == "@"
 
 
-@pytest.mark.parametrize("module", [terminal, charts, sources], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [terminal, wording, charts, sources], ids=lambda m: m.__name__)
 def test_docstring_examples_run(module: object) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted and not result.failed

@@ -29,7 +29,6 @@ from typing import Any, cast
 import graphviz
 import torch
 
-from ..analysis.evidence import counted, human_bytes
 from ..model import Trace
 from .focus import FOCUS_BOXES, focus
 from .graph_items import (
@@ -38,19 +37,17 @@ from .graph_items import (
     FADED,
     FN,
     FREED_FILL,
-    HOLDER_FILL,
     NODE_ATTR,
     OUTPUT_FILL,
     PARAM_FILL,
     SAVED,
     SAVED_FILL,
     SUMMARY_FILL,
-    TENSOR,
     GraphBuilder,
     Item,
-    shape_bytes,
     tensor_label,
 )
+from .kept import add_holders, note_what_each_keeps
 
 _HEAD = 40  # nodes nearest the outputs kept when a large graph is summarised
 _IMPORTANT = 40  # at most this many crossing / freed-frontier nodes kept besides
@@ -360,42 +357,10 @@ def snapshot_dot(roots: Iterable[Any], trace: Trace, step: int, *, retained: Col
         graph = GraphBuilder({**(params or {}), **(outputs or {})} or None, False, True, 50)
         for tensor in (outputs or {}).values():
             graph.add_output(tensor)
-        _add_holders(graph, outputs or {})
+        add_holders(graph, outputs or {})
         for root in roots:
             if root is not None:
                 graph.add_root(root)
         if outputs:
-            _note_what_each_keeps(graph)
+            note_what_each_keeps(graph)
         return _finish(graph, trace, step, retained, legend, max_nodes, focus_on).source
-
-
-def _note_what_each_keeps(graph: GraphBuilder) -> None:
-    """Below each output's name: the nodes and saved bytes its graph keeps alive (parameters not counted)."""
-    kids: dict[int, list[int]] = {}
-    for child, parent in graph.flow:
-        kids.setdefault(parent, []).append(child)
-    saved: dict[int, int] = {}
-    for item in graph.items:
-        if item.role == SAVED and item.owner >= 0 and (known := shape_bytes(item.value)):
-            saved[item.owner] = saved.get(item.owner, 0) + known[1]
-    for tail, head, _ in graph.links:
-        output = graph.items[head]
-        if graph.items[tail].role == FN and output.owner == -1 and output.role == TENSOR:
-            reached = _bfs([tail], [kids.get(i, []) for i in range(len(graph.items))])
-            nodes = [i for i in reached if graph.items[i].op != "AccumulateGrad"]
-            held = sum(saved.get(i, 0) for i in nodes)
-            output.note = f"keeps {counted(len(nodes), 'node')}" + (f", {human_bytes(held)} saved" if held else "")
-
-
-def _add_holders(graph: GraphBuilder, outputs: Mapping[str, torch.Tensor]) -> None:
-    """A box for each list or dict that holds outputs (``losses`` for ``losses[0]``, ``losses[1]``), below them."""
-    tensors = {id(item.value): index for index, item in enumerate(graph.items) if item.owner == -1}
-    held: dict[str, list[tuple[str, int]]] = {}  # holder -> (the key in it, the output's item)
-    for name, tensor in outputs.items():
-        holder, bracket, key = name.partition("[")
-        if bracket and id(tensor) in tensors:
-            held.setdefault(holder, []).append((key, tensors[id(tensor)]))
-    for holder, members in held.items():
-        kind = "list" if all(key[:1].isdigit() for key, _ in members) else "dict"
-        graph.items.append(Item(f"{holder}\n({kind})", TENSOR, -1, HOLDER_FILL, op=holder))
-        graph.links.extend((member, len(graph.items) - 1, {}) for _, member in members)

@@ -16,7 +16,7 @@ from html import escape
 from ..model import Finding
 from .gallery import code_spans
 from .sources import SourceExcerpt, cited_excerpts
-from .terminal import finding_steps, steps_text
+from .wording import finding_steps, steps_text
 
 
 def _excerpt_html(excerpt: SourceExcerpt) -> str:

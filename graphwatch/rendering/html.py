@@ -38,12 +38,7 @@ from .charts import NODES_COLOR, bar_chart, byte_unit, line_chart
 from .findings_html import finding_articles
 from .gallery import Picture, gallery_html, legend_html, render_pictures
 from .ranks import RANKS_CSS, is_rank_set, rank_notes, ranks_html, report_verdict
-from .terminal import (
-    early_end,
-    marked_steps,
-    sample_steps,
-    seconds_text,
-)
+from .wording import early_end, marked_steps, sample_steps, seconds_text
 
 Section = tuple[str, Trace]
 

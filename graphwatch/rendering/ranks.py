@@ -41,16 +41,8 @@ from rich.text import Text
 from ..analysis.evidence import human_bytes
 from ..model import Finding, StepRecord, Trace
 from .charts import sparkline
-from .terminal import (
-    ascii_safe,
-    cited_sites,
-    finding_lines,
-    marked_steps,
-    problems,
-    sample_steps,
-    seconds_text,
-    verdict,
-)
+from .terminal import ascii_safe, finding_lines
+from .wording import cited_sites, marked_steps, problems, sample_steps, seconds_text, verdict
 
 RANK_FOLDER = "rank{}"
 
@@ -139,7 +131,7 @@ def rank_verdict(traces: Sequence[Trace]) -> tuple[str, bool]:
 
 
 def report_verdict(traces: Sequence[Trace]) -> tuple[str, bool]:
-    """:func:`rank_verdict` for a rank set, else the summary's :func:`~graphwatch.rendering.terminal.verdict`."""
+    """:func:`rank_verdict` for a rank set, else the summary's :func:`~graphwatch.rendering.wording.verdict`."""
     return rank_verdict(traces) if is_rank_set(traces) else verdict(traces)
 
 

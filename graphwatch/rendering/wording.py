@@ -1,0 +1,172 @@
+"""What a summary says, in the terminal and in the HTML report alike: the verdict, the problems, which
+steps a finding was seen in, which steps a table shows, why a run ended early.
+
+Example::
+
+    >>> from graphwatch.model import StepRecord, Trace
+    >>> verdict([Trace(steps=[StepRecord(index=0, source="optimizer")])])
+    ('graphwatch: no graph leaks in 1 step', True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from ..analysis.evidence import counted
+from ..model import Finding, StepRecord, Trace
+
+# memory-growth cites the first and last step of its fit, not every step it saw
+_RANGE_KINDS = frozenset({"memory-growth"})
+
+
+def problems(trace: Trace) -> list[Finding]:
+    """The findings that are problems (errors and warnings, not notes).
+
+    >>> problems(Trace(findings=[Finding("memory-growth", "info", 9, "m", "f")]))
+    []
+    """
+    return [f for f in trace.findings if f.severity != "info"]
+
+
+def verdict(traces: Sequence[Trace]) -> tuple[str, bool]:
+    """The one-line verdict over one or more traces, and whether it is good news.
+
+    >>> verdict([Trace(steps=[StepRecord(index=i, source="optimizer") for i in range(40)])])
+    ('graphwatch: no graph leaks in 40 steps', True)
+    """
+    steps = sum(len(t.steps) for t in traces)
+    found = sum(len(problems(t)) for t in traces)
+    where = counted(steps, "step") if len(traces) == 1 else f"{counted(len(traces), 'run')}, {counted(steps, 'step')}"
+    if found:
+        return f"graphwatch: {counted(found, 'problem')} in {where}", False
+    if not steps:
+        return "graphwatch: no steps recorded", True
+    return f"graphwatch: no graph leaks in {where}", True
+
+
+def finding_steps(finding: Finding) -> list[int]:
+    """The steps a finding was seen in (for ``memory-growth``: every step of its fit).
+
+    >>> finding_steps(Finding("memory-growth", "warning", 9, "m", "f", {"steps": [0, 3]}))
+    [0, 1, 2, 3]
+    """
+    steps = sorted(set(finding.evidence.get("steps") or [finding.step]))
+    if finding.kind in _RANGE_KINDS and len(steps) == 2:
+        return list(range(steps[0], steps[1] + 1))
+    return steps
+
+
+def steps_text(steps: Sequence[int]) -> str:
+    """A short way to say which steps: ``step 3``, ``steps 1–4``, ``steps 1, 5, 9``, ``12 steps, 1…40``.
+
+    >>> steps_text([3]), steps_text([1, 2, 3, 4]), steps_text([1, 5, 9]), steps_text([1, 2, 9, 10, 11])
+    ('step 3', 'steps 1–4', 'steps 1, 5, 9', '5 steps, 1…11')
+    """
+    if not steps:
+        return "no step"
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if steps[-1] - steps[0] == len(steps) - 1:
+        return f"steps {steps[0]}–{steps[-1]}"
+    if len(steps) <= 3:
+        return "steps " + ", ".join(map(str, steps))
+    return f"{counted(len(steps), 'step')}, {steps[0]}…{steps[-1]}"
+
+
+def marked_steps(trace: Trace) -> dict[int, str]:
+    """Step -> the kinds of the findings first seen in it (a repeated problem marks only where it began).
+
+    >>> marked_steps(Trace(findings=[Finding("retained-graph", "warning", 3, "m", "f", {"steps": [3, 4]})]))
+    {3: 'retained-graph'}
+    """
+    marks: dict[int, list[str]] = {}
+    for finding in trace.findings:
+        kinds = marks.setdefault(finding.step, [])
+        if finding.kind not in kinds:
+            kinds.append(finding.kind)
+    return {step: ", ".join(kinds) for step, kinds in marks.items()}
+
+
+def sample_steps(
+    steps: Sequence[StepRecord], keep: Collection[int], head: int = 5, tail: int = 5, most: int = 20
+) -> list[StepRecord | int]:
+    """The steps worth a table row: the first ``head``, up to ``most`` of ``keep``, the last ``tail``.
+
+    Each run of left-out steps becomes one int, the number of steps left out
+    there; runs shorter than three steps are shown instead.
+
+    >>> rows = sample_steps([StepRecord(index=i, source="optimizer") for i in range(100)], keep={50, 53})
+    >>> [r if isinstance(r, int) else r.index for r in rows]
+    [0, 1, 2, 3, 4, 45, 50, 51, 52, 53, 41, 95, 96, 97, 98, 99]
+    """
+    n = len(steps)
+    kept = sorted(i for i, s in enumerate(steps) if s.index in keep)[:most]
+    wanted = sorted(set(range(min(head, n))) | set(range(max(n - tail, 0), n)) | set(kept))
+    rows: list[StepRecord | int] = []
+    previous = -1
+    for i in wanted:
+        gap = i - previous - 1
+        if gap >= 3:
+            rows.append(gap)
+        rows.extend(steps[i - gap if gap < 3 else i : i + 1])
+        previous = i
+    return rows
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration for a table cell.
+
+    >>> seconds_text(0.00042), seconds_text(2.5)
+    ('0.42 ms', '2.50 s')
+    """
+    return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def ended_early_text(reason: str, limit: int = 100) -> str:
+    """Why a run ended early, in one short line: its first sentence, cut at a word (the findings and the
+    error itself say the rest).
+
+    >>> ended_early_text("KeyboardInterrupt")
+    'KeyboardInterrupt'
+    >>> ended_early_text("RuntimeError: Trying to backward through the graph a second time (or directly access "
+    ...                  "saved tensors after they have already been freed). Saved intermediate values", limit=60)
+    'RuntimeError: Trying to backward through the graph a…'
+    """
+    first = reason.strip().splitlines()[0] if reason.strip() else reason
+    sentence = first.split(". ")[0]
+    if len(sentence) <= limit:
+        return sentence
+    cut = sentence[: limit - 1].rsplit(" ", 1)[0].rstrip(" ,;:(")
+    return cut + "…"
+
+
+def early_end(trace: Trace) -> str:
+    """Why the run ended early, in one short line: the error's type alone when a finding explains it (the
+    error carries that explanation), else :func:`ended_early_text`.
+
+    >>> early_end(Trace(ended_early="KeyboardInterrupt"))
+    'KeyboardInterrupt'
+    """
+    reason = trace.ended_early or ""
+    if any(explained_in_error(trace, finding) for finding in trace.findings):
+        return reason.split(":")[0]
+    return ended_early_text(reason)
+
+
+def explained_in_error(trace: Trace, finding: Finding) -> bool:
+    """Whether the error that ended the run already carries this finding's whole explanation (a
+    :class:`~graphwatch.BackwardTwiceError`): the summary then points at it instead of printing it twice.
+
+    >>> explained_in_error(Trace(), Finding("retained-graph", "warning", 3, "m", "f"))
+    False
+    """
+    return bool(trace.ended_early) and finding.severity == "error" and finding.message in (trace.ended_early or "")
+
+
+def cited_sites(finding: Finding) -> list[str]:
+    """The ``file:line`` places a finding cites, each once, in order (unknown places left out).
+
+    >>> cited_sites(Finding("k", "warning", 0, "m", "f", {"sites": ["a.py:3", "<unknown>", "a.py:3"]}))
+    ['a.py:3']
+    """
+    return [str(s) for s in dict.fromkeys(finding.evidence.get("sites") or []) if s != "<unknown>"]
