@@ -210,3 +210,16 @@ def test_a_leaf_tensor_that_requires_grad_is_named_by_its_variable() -> None:
         (weights.exp() * 2).sum().backward()
     nodes, _ = parse(gw.trace.snapshots[0].dot)
     assert [node["label"] for node in nodes.values() if node.get("fillcolor") == "lightblue"] == ["weights\n (3)"]
+
+
+def test_a_bug_inside_one_step_is_not_captioned_as_crossing_steps() -> None:
+    """A backward that meets a graph its own step freed (a GAN's generator graph, a loss backwarded twice)
+    is drawn as what it is, not as a graph that crosses steps."""
+    x = torch.ones(3, requires_grad=True)
+    with pytest.raises(graphwatch.BackwardTwiceError), graphwatch.watch(summary=False) as gw:
+        y = (x.exp() * 2).sum()
+        y.backward()
+        y.backward()
+    for trace in (gw.trace, gan_freed_generator()):
+        reasons = [s.reason for s in trace.snapshots]
+        assert "backward through a freed graph" in reasons and "graph crosses steps" not in reasons, reasons
