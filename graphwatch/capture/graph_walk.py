@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..model import NodeRecord
+from ..model import NodeRecord, StepSpans
 from .saved import SavedHandle
 from .saved_views import SavedTensor, raw_data
 from .stack_limit import TouchedNodes
@@ -303,12 +303,9 @@ class Reach:
         self.spans = _merge_spans(self.spans, other.spans)
         self.backwarded_before += other.backwarded_before + other.backwarded_in_step
 
-    def earlier(self, step: int) -> tuple[list[int], int]:
+    def earlier(self, step: int) -> tuple[StepSpans, int]:
         """(steps before ``step`` reached, nodes reached that a backward before ``step`` ran through)."""
-        steps: list[int] = []
-        for start, end in self.spans:
-            if start < step:
-                steps.extend(range(start, min(end, step)))
+        steps = StepSpans((start, min(end, step)) for start, end in self.spans if start < step)
         return steps, self.backwarded_before + (self.backwarded_in_step if step > self.step else 0)
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..model import Holder
+from ..model import Holder, StepSpans
 from .callsite import is_user_file
 from .graph_walk import Reach, reach
 from .source import assignments, function_node, module_node
@@ -205,16 +205,18 @@ class HolderSearch:
     """Decides at each step end whether to search for holders again, or to keep the last answer.
 
     A search walks the graph of every tensor the user's frames can reach.
-    While every earlier step still alive was alive at the last search (a list
-    that keeps a loss every thousand steps, between two of them), that
-    search's holders are kept, trimmed to the steps still alive; a step alive
-    that was not calls for a new search.  (A search may not name every graph:
-    it looks at the last items of long lists; it is not repeated for those.)
+    While no earlier step came alive since the last search (a list that keeps
+    a loss every thousand steps, between two of them), that search's holders
+    are kept, less the steps whose graphs died meanwhile; an earlier step alive
+    that the last search did not see calls for a new one.  Deciding costs
+    O(steps that came alive or died since the last step end), however many
+    graphs are kept.  (A search may not name every graph: it looks at the last
+    items of long lists; it is not repeated for those.)
     """
 
     def __init__(self) -> None:
         self._holders: list[Holder] = []
-        self._searched: set[int] = set()  # the earlier steps alive at the last search
+        self._unsearched: set[int] = set()  # steps alive that no search saw as earlier steps yet
         self._reaches: dict[int, Reach] = {}  # what the last search's tensors reach, by their node's record id
 
     def at_step_end(
@@ -225,21 +227,23 @@ class HolderSearch:
         ``census``: search whatever is alive, walking every graph the frames reach; that also counts the
         nodes of graphs no backward walks (a chain an in-place update of a parameter grows each step).
         """
-        alive = recorder.earlier_steps_alive()
-        if census:
-            self._holders = find_holders(recorder, start, script, self._reaches)
-            self._searched = recorder.earlier_steps_alive()
+        appeared, vanished = recorder.alive_changes()
+        self._unsearched.update(appeared)
+        self._unsearched = {s for s in self._unsearched if recorder.is_alive(s)}
+        # this step's graphs (and the next one's, after a pending end) are not earlier yet: they stay unsearched
+        new = {s for s in self._unsearched if s < recorder.step}
+        if census or new:
+            self._holders = find_holders(recorder, start, script if census else None, self._reaches)
+            self._unsearched -= new
             return list(self._holders)
-        if alive == self._searched:
-            return list(self._holders)
-        if alive < self._searched:
+        dead = [s for s in vanished if not recorder.is_alive(s)]
+        if dead:
             kept = []
             for holder in self._holders:
-                steps = [s for s in holder.steps if s in alive]
+                steps = StepSpans.of(holder.steps).without(dead)
                 if steps:
                     kept.append(holder if len(steps) == len(holder.steps) else replace(holder, steps=steps))
-            return kept
-        self._holders, self._searched = find_holders(recorder, start, None, self._reaches), alive
+            self._holders = kept
         return list(self._holders)
 
 

@@ -100,6 +100,10 @@ class Recorder:
         self._live_activation: dict[int, int] = {}  # step -> live activation bytes
         self._live_leaf = 0
         self._live_nodes: dict[int, int] = {}  # step -> tagged nodes alive
+        self._live_activation_total = 0  # the sums of the two tables, kept as they change
+        self._live_nodes_total = 0
+        self._appeared: list[int] = []  # steps that came alive in a table since the last alive_changes()
+        self._vanished: list[int] = []  # steps gone from both tables since then
         self._node_ids_by_step: dict[int, list[int]] = {}
         self._saved_ids_by_step: dict[int, list[int]] = {}
         self._fresh: list[weakref.ref] = []  # this step's handles: those alive at its end get records
@@ -116,7 +120,11 @@ class Recorder:
     # --------------------------------------------------------------- nodes
     def node_born(self, step: int) -> None:
         """A walk tagged a node of ``step``: it counts as alive until its tag dies."""
-        self._live_nodes[step] = self._live_nodes.get(step, 0) + 1
+        count = self._live_nodes.get(step, 0)
+        if not count:
+            self._appeared.append(step)
+        self._live_nodes[step] = count + 1
+        self._live_nodes_total += 1
 
     def node_record(self, tag: NodeTag, op: str) -> NodeRecord:
         """The NodeRecord of a tagged node, kept in the trace while its step is in the detail window."""
@@ -136,6 +144,7 @@ class Recorder:
         if self.closed:
             return
         left = self._live_nodes[tag.step] = self._live_nodes[tag.step] - 1
+        self._live_nodes_total -= 1
         if not left:
             self._emptied.append(tag.step)
         if tag.record is not None:
@@ -209,7 +218,11 @@ class Recorder:
         if not nbytes:  # also keeps finalizers from adding keys while a step end iterates the table
             return
         if activation:
-            left = self._live_activation[step] = self._live_activation.get(step, 0) + nbytes
+            before = self._live_activation.get(step, 0)
+            if not before:
+                self._appeared.append(step)
+            left = self._live_activation[step] = before + nbytes
+            self._live_activation_total += nbytes
             if not left:
                 self._emptied.append(step)
         else:
@@ -296,17 +309,21 @@ class Recorder:
         """Drop the steps whose graphs are all gone from the live tables (noted by the finalizers)."""
         emptied, self._emptied = self._emptied, []
         for step in emptied:
+            dropped = False
             for table in (self._live_activation, self._live_nodes):
                 if not table.get(step, 1):
                     del table[step]
+                    dropped = True
+            if dropped and not self.is_alive(step):
+                self._vanished.append(step)
 
     def _snapshot_live(self, record: StepRecord) -> None:
         self._forget_emptied()
         record.saved_alive_by_step = dict(self._live_activation)  # copied in C: a leak's steps add up
         record.nodes_alive_by_step = dict(self._live_nodes)
-        record.live_activation_bytes = sum(record.saved_alive_by_step.values())
+        record.live_activation_bytes = self._live_activation_total
         record.live_leaf_bytes = self._live_leaf
-        record.live_nodes = sum(record.nodes_alive_by_step.values())
+        record.live_nodes = self._live_nodes_total
         record.rss_bytes = self._rss.bytes()
         if self.cuda_seen and torch.cuda.is_available():
             record.cuda_allocated = torch.cuda.memory_allocated()
@@ -415,9 +432,14 @@ class Recorder:
         """Whether any node a walk touched is still alive."""
         return any(self._live_nodes.values())
 
-    def earlier_steps_alive(self) -> set[int]:
-        """The earlier steps whose nodes or saved tensors are still alive."""
+    def is_alive(self, step: int) -> bool:
+        """Whether nodes or saved tensors of ``step`` are still alive (as of the last forgetting of emptied steps)."""
+        return step in self._live_nodes or step in self._live_activation
+
+    def alive_changes(self) -> tuple[list[int], list[int]]:
+        """(steps that came alive, steps all of whose graphs died) since the last call: what a holder search
+        needs to know at a step end, in O(what changed) rather than O(steps alive)."""
         self._forget_emptied()
-        alive = set(self._live_nodes).union(self._live_activation)
-        alive.difference_update((self.step, self.step + 1))  # this step's, and the next one's after a pending end
-        return alive
+        appeared, vanished = self._appeared, self._vanished
+        self._appeared, self._vanished = [], []
+        return appeared, vanished

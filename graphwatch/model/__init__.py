@@ -11,6 +11,7 @@ from .records import (
     SavedRecord,
     Snapshot,
     StepRecord,
+    StepSpans,
     Trace,
 )
 from .trace_io import (
@@ -36,6 +37,7 @@ __all__ = [
     "SavedRecord",
     "Snapshot",
     "StepRecord",
+    "StepSpans",
     "Trace",
     "load_trace",
     "save_trace",

@@ -17,8 +17,10 @@ Example::
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 # Where a step boundary came from.
 STEP_SOURCES = ("explicit", "optimizer", "backward", "session-end")
@@ -119,6 +121,100 @@ class BackwardRecord:
     held_bytes: int = 0
 
 
+class StepSpans(Sequence[int]):
+    """Step numbers kept as sorted, disjoint ``[start, end)`` spans: the steps a holder keeps alive.
+
+    A list that keeps one graph a step holds every step since it began, so
+    its holder's steps are one span however long the run: looking at it
+    each step costs O(spans), not O(steps).  It reads like a list of ints.
+
+    Example::
+
+        >>> steps = StepSpans([(3, 6), (8, 9)])
+        >>> list(steps), len(steps), 4 in steps, steps[-1]
+        ([3, 4, 5, 8], 4, True, 8)
+        >>> steps.without([4]) == [3, 5, 8]
+        True
+    """
+
+    __slots__ = ("_ends", "_length", "_spans")
+
+    def __init__(self, spans: Iterable[tuple[int, int]] = ()) -> None:
+        self._spans = tuple((start, end) for start, end in spans if end > start)
+        ends, length = [], 0
+        for start, end in self._spans:
+            length += end - start
+            ends.append(length)
+        self._ends = tuple(ends)  # steps up to and including each span
+        self._length = length
+
+    @classmethod
+    def of(cls, steps: Iterable[int]) -> StepSpans:
+        """The spans of some step numbers (in any order, repeats allowed); spans stay as they are."""
+        if isinstance(steps, StepSpans):
+            return steps
+        spans: list[tuple[int, int]] = []
+        for step in sorted(set(steps)):
+            if spans and spans[-1][1] == step:
+                spans[-1] = (spans[-1][0], step + 1)
+            else:
+                spans.append((step, step + 1))
+        return cls(spans)
+
+    @property
+    def spans(self) -> tuple[tuple[int, int], ...]:
+        return self._spans
+
+    def without(self, steps: Iterable[int]) -> StepSpans:
+        """These steps less ``steps``."""
+        gone = sorted(set(steps))
+        spans = []
+        for start, end in self._spans:
+            for step in gone[bisect_right(gone, start - 1) : bisect_right(gone, end - 1)]:
+                spans.append((start, step))
+                start = step + 1
+            spans.append((start, end))
+        return StepSpans(spans)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self) -> Iterator[int]:
+        for start, end in self._spans:
+            yield from range(start, end)
+
+    def __contains__(self, step: object) -> bool:
+        i = bisect_right(self._spans, (step, float("inf"))) - 1 if isinstance(step, int) else -1
+        return i >= 0 and self._spans[i][0] <= step < self._spans[i][1]  # type: ignore[operator]
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError("step index out of range")
+        i = bisect_right(self._ends, index)
+        return self._spans[i][1] - (self._ends[i] - index)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StepSpans):
+            return self._spans == other._spans
+        if isinstance(other, (list, tuple)):
+            return len(other) == self._length and list(self) == list(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._spans)
+
+    def __repr__(self) -> str:
+        return repr(list(self)) if self._length <= 16 else f"StepSpans({list(self._spans)!r})"
+
+
 @dataclass(slots=True)
 class Holder:
     """A live Python value that keeps a graph of earlier steps alive (found at a step end)."""
@@ -126,7 +222,7 @@ class Holder:
     name: str  # how the user's code spells it: "total_loss", "self.cache", "losses[3]"
     site: int | None  # CallSite id of the line that made the tensor (its grad_fn's line)
     scope: str  # "train.py:12 in main": the frame or object where the name lives
-    steps: list[int] = field(default_factory=list)  # earlier steps whose nodes it reaches
+    steps: Sequence[int] = field(default_factory=StepSpans)  # earlier steps whose nodes it reaches
     nodes: int = 0  # earlier-step nodes it reaches
 
 

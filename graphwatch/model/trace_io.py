@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import json
 import math
@@ -33,6 +34,7 @@ from .records import (
     SavedRecord,
     Snapshot,
     StepRecord,
+    StepSpans,
     Trace,
 )
 
@@ -76,6 +78,8 @@ def _plain(record: Any) -> dict:
             continue
         if f.name == "holders":
             value = [_plain(h) for h in value]
+        elif isinstance(value, StepSpans):
+            value = list(value)
         out[f.name] = value
     return out
 
@@ -125,6 +129,8 @@ def _record(cls: type, row: Any) -> Any:
             raise TypeError("StepRecord field 'holders' should be a list of objects")
         record.holders = [_record(Holder, h) for h in record.holders]
     _check_fields(record, cls.__name__)
+    if isinstance(record, Holder):
+        record.steps = StepSpans.of(record.steps)
     return record
 
 
@@ -162,7 +168,7 @@ def _is_a(value: Any, hint: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is str:
         return isinstance(value, str)
-    if hint in (list, tuple) or origin in (list, tuple):
+    if hint in (list, tuple) or origin in (list, tuple, collections.abc.Sequence):
         if not isinstance(value, (list, tuple, RecordList)):
             return False
         return not args or all(_is_a(v, args[0]) for v in value)  # list[X], tuple[X, ...], tuple[X, X]
