@@ -227,16 +227,16 @@ class HolderSearch:
         ``census``: search whatever is alive, walking every graph the frames reach; that also counts the
         nodes of graphs no backward walks (a chain an in-place update of a parameter grows each step).
         """
-        appeared, vanished = recorder.alive_changes()
+        appeared, vanished = recorder.live.changes()
         self._unsearched.update(appeared)
-        self._unsearched = {s for s in self._unsearched if recorder.is_alive(s)}
+        self._unsearched = {s for s in self._unsearched if recorder.live.is_alive(s)}
         # this step's graphs (and the next one's, after a pending end) are not earlier yet: they stay unsearched
         new = {s for s in self._unsearched if s < recorder.step}
         if census or new:
             self._holders = find_holders(recorder, start, script if census else None, self._reaches)
             self._unsearched -= new
             return list(self._holders)
-        dead = [s for s in vanished if not recorder.is_alive(s)]
+        dead = [s for s in vanished if not recorder.live.is_alive(s)]
         if dead:
             kept = []
             for holder in self._holders:

@@ -30,6 +30,7 @@ import torch
 from ..model import BackwardRecord, NodeRecord, SavedRecord, StepRecord, Trace
 from ..model.columns import freeze_step
 from .callsite import SiteTable
+from .live_steps import LiveSteps
 from .step_clock import StepClock, next_sequence_nr
 
 if TYPE_CHECKING:
@@ -97,18 +98,12 @@ class Recorder:
         self.dtype_names: dict[torch.dtype, str] = {}
         # storage key -> [handles alive, bytes, step, is_activation]
         self._storages: dict[tuple, list] = {}
-        self._live_activation: dict[int, int] = {}  # step -> live activation bytes
+        self.live = LiveSteps()  # nodes and activation bytes alive, by step
         self._live_leaf = 0
-        self._live_nodes: dict[int, int] = {}  # step -> tagged nodes alive
-        self._live_activation_total = 0  # the sums of the two tables, kept as they change
-        self._live_nodes_total = 0
-        self._appeared: list[int] = []  # steps that came alive in a table since the last alive_changes()
-        self._vanished: list[int] = []  # steps gone from both tables since then
         self._node_ids_by_step: dict[int, list[int]] = {}
         self._saved_ids_by_step: dict[int, list[int]] = {}
         self._fresh: list[weakref.ref] = []  # this step's handles: those alive at its end get records
         self._settled: list[int] = []  # pruned steps waiting to go into columns
-        self._emptied: list[int] = []  # steps whose live count reached 0 (finalizers only append here)
         self._site_seq = -1  # node sequence number at the last pack-site lookup, and its result
         self._op_site: int | None = None
         self.closed = False
@@ -120,11 +115,7 @@ class Recorder:
     # --------------------------------------------------------------- nodes
     def node_born(self, step: int) -> None:
         """A walk tagged a node of ``step``: it counts as alive until its tag dies."""
-        count = self._live_nodes.get(step, 0)
-        if not count:
-            self._appeared.append(step)
-        self._live_nodes[step] = count + 1
-        self._live_nodes_total += 1
+        self.live.node_born(step)
 
     def node_record(self, tag: NodeTag, op: str) -> NodeRecord:
         """The NodeRecord of a tagged node, kept in the trace while its step is in the detail window."""
@@ -143,10 +134,7 @@ class Recorder:
         """Called by a node tag's finalizer: the autograd node was destroyed."""
         if self.closed:
             return
-        left = self._live_nodes[tag.step] = self._live_nodes[tag.step] - 1
-        self._live_nodes_total -= 1
-        if not left:
-            self._emptied.append(tag.step)
+        self.live.node_died(tag.step)
         if tag.record is not None:
             tag.record.died_step = self.step
 
@@ -218,13 +206,7 @@ class Recorder:
         if not nbytes:  # also keeps finalizers from adding keys while a step end iterates the table
             return
         if activation:
-            before = self._live_activation.get(step, 0)
-            if not before:
-                self._appeared.append(step)
-            left = self._live_activation[step] = before + nbytes
-            self._live_activation_total += nbytes
-            if not left:
-                self._emptied.append(step)
+            self.live.count_bytes(nbytes, step)
         else:
             self._live_leaf += nbytes
 
@@ -291,6 +273,7 @@ class Recorder:
         self._snapshot_live(record)
         self.trace.steps.append(record)
         self.step += 1
+        self.live.advance(self.step)
         self.current = StepRecord(index=self.step, source="explicit")
         self.step_seq = seq
         self.step_started = time.perf_counter()
@@ -305,25 +288,11 @@ class Recorder:
             if handle is not None and handle.record is None:
                 self.saved_record(handle)
 
-    def _forget_emptied(self) -> None:
-        """Drop the steps whose graphs are all gone from the live tables (noted by the finalizers)."""
-        emptied, self._emptied = self._emptied, []
-        for step in emptied:
-            dropped = False
-            for table in (self._live_activation, self._live_nodes):
-                if not table.get(step, 1):
-                    del table[step]
-                    dropped = True
-            if dropped and not self.is_alive(step):
-                self._vanished.append(step)
-
     def _snapshot_live(self, record: StepRecord) -> None:
-        self._forget_emptied()
-        record.saved_alive_by_step = dict(self._live_activation)  # copied in C: a leak's steps add up
-        record.nodes_alive_by_step = dict(self._live_nodes)
-        record.live_activation_bytes = self._live_activation_total
+        record.nodes_alive_by_step, record.saved_alive_by_step = self.live.snapshot()
+        record.live_activation_bytes = self.live.activation_total
         record.live_leaf_bytes = self._live_leaf
-        record.live_nodes = self._live_nodes_total
+        record.live_nodes = self.live.nodes_total
         record.rss_bytes = self._rss.bytes()
         if self.cuda_seen and torch.cuda.is_available():
             record.cuda_allocated = torch.cuda.memory_allocated()
@@ -430,16 +399,4 @@ class Recorder:
 
     def has_live_nodes(self) -> bool:
         """Whether any node a walk touched is still alive."""
-        return any(self._live_nodes.values())
-
-    def is_alive(self, step: int) -> bool:
-        """Whether nodes or saved tensors of ``step`` are still alive (as of the last forgetting of emptied steps)."""
-        return step in self._live_nodes or step in self._live_activation
-
-    def alive_changes(self) -> tuple[list[int], list[int]]:
-        """(steps that came alive, steps all of whose graphs died) since the last call: what a holder search
-        needs to know at a step end, in O(what changed) rather than O(steps alive)."""
-        self._forget_emptied()
-        appeared, vanished = self._appeared, self._vanished
-        self._appeared, self._vanished = [], []
-        return appeared, vanished
+        return self.live.nodes_total > 0

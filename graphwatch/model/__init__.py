@@ -12,6 +12,7 @@ from .records import (
     Snapshot,
     StepRecord,
     StepSpans,
+    StepTable,
     Trace,
 )
 from .trace_io import (
@@ -38,6 +39,7 @@ __all__ = [
     "Snapshot",
     "StepRecord",
     "StepSpans",
+    "StepTable",
     "Trace",
     "load_trace",
     "save_trace",

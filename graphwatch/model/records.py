@@ -18,7 +18,7 @@ Example::
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -119,6 +119,45 @@ class BackwardRecord:
     # and how many saved bytes of it were still alive when the step ended.
     graph_reused: bool = False
     held_bytes: int = 0
+
+
+class StepTable(Mapping[int, int]):
+    """``{step: count}`` read from two tables with no step in common: the recent steps' (the record's own
+    copy) and the older steps' (a copy shared by the records of the steps in which it did not change).
+
+    Example::
+
+        >>> table = StepTable({7: 2}, {3: 5})
+        >>> table[3], table.get(9, 0), sorted(table), table == {3: 5, 7: 2}
+        (5, 0, [3, 7], True)
+    """
+
+    __slots__ = ("_old", "_recent")
+
+    def __init__(self, recent: dict[int, int], old: dict[int, int]) -> None:
+        self._recent = recent
+        self._old = old
+
+    def __getitem__(self, step: int) -> int:
+        found = self._recent.get(step)
+        return found if found is not None else self._old[step]
+
+    def get(self, step: int, default: Any = None) -> Any:  # type: ignore[override]
+        found = self._recent.get(step)
+        return found if found is not None else self._old.get(step, default)
+
+    def __contains__(self, step: object) -> bool:
+        return step in self._recent or step in self._old
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._old
+        yield from self._recent
+
+    def __len__(self) -> int:
+        return len(self._old) + len(self._recent)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
 
 
 class StepSpans(Sequence[int]):
@@ -238,8 +277,8 @@ class StepRecord:
     live_activation_bytes: int = 0
     live_leaf_bytes: int = 0
     live_nodes: int = 0
-    nodes_alive_by_step: dict[int, int] = field(default_factory=dict)
-    saved_alive_by_step: dict[int, int] = field(default_factory=dict)  # live activation bytes
+    nodes_alive_by_step: Mapping[int, int] = field(default_factory=dict)
+    saved_alive_by_step: Mapping[int, int] = field(default_factory=dict)  # live activation bytes
     backwards: list[int] = field(default_factory=list)
     backward_seconds: float = 0.0
     seconds: float = 0.0

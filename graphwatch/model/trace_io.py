@@ -35,6 +35,7 @@ from .records import (
     Snapshot,
     StepRecord,
     StepSpans,
+    StepTable,
     Trace,
 )
 
@@ -80,6 +81,8 @@ def _plain(record: Any) -> dict:
             value = [_plain(h) for h in value]
         elif isinstance(value, StepSpans):
             value = list(value)
+        elif isinstance(value, StepTable):
+            value = dict(value)
         out[f.name] = value
     return out
 
@@ -172,8 +175,8 @@ def _is_a(value: Any, hint: Any) -> bool:
         if not isinstance(value, (list, tuple, RecordList)):
             return False
         return not args or all(_is_a(v, args[0]) for v in value)  # list[X], tuple[X, ...], tuple[X, X]
-    if hint is dict or origin is dict:
-        if not isinstance(value, dict):
+    if hint is dict or origin in (dict, collections.abc.Mapping):
+        if not isinstance(value, collections.abc.Mapping):
             return False
         return not args or all(_is_a(k, args[0]) and _is_a(v, args[1]) for k, v in value.items())
     if isinstance(hint, type):
