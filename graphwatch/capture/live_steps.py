@@ -45,41 +45,29 @@ class LiveSteps:
 
     def node_born(self, step: int) -> None:
         """A walk tagged a node of ``step``."""
-        if step >= self.boundary:
-            table = self.nodes
-        else:
-            table = self.old_nodes
-            self._old_version += 1
-        count = table.get(step, 0)
-        if not count:
-            self._appeared.append(step)
-        table[step] = count + 1
+        self._add(step, 1, self.nodes, self.old_nodes)
         self.nodes_total += 1
 
     def node_died(self, step: int) -> None:
         """A tagged node of ``step`` was destroyed."""
-        if step >= self.boundary:
-            table = self.nodes
-        else:
-            table = self.old_nodes
-            self._old_version += 1
-        left = table[step] = table[step] - 1
+        self._add(step, -1, self.nodes, self.old_nodes)
         self.nodes_total -= 1
-        if not left:
-            self._emptied.append(step)
 
     def count_bytes(self, nbytes: int, step: int) -> None:
         """Saved activation bytes of ``step`` became live (``nbytes`` > 0) or were released (< 0)."""
+        self._add(step, nbytes, self.activation, self.old_activation)
+        self.activation_total += nbytes
+
+    def _add(self, step: int, amount: int, recent: dict[int, int], old: dict[int, int]) -> None:
         if step >= self.boundary:
-            table = self.activation
+            table = recent
         else:
-            table = self.old_activation
+            table = old
             self._old_version += 1
         before = table.get(step, 0)
         if not before:
             self._appeared.append(step)
-        left = table[step] = before + nbytes
-        self.activation_total += nbytes
+        left = table[step] = before + amount
         if not left:
             self._emptied.append(step)
 
