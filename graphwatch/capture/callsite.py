@@ -45,7 +45,17 @@ def is_user_file(filename: str) -> bool:
 
 
 def display_path(filename: str) -> str:
-    """``filename`` relative to the working directory when it lies below it."""
+    """``filename`` relative to the working directory when it lies below it; an installed package's file
+    from its package folder on (``lightning/pytorch/core/module.py``: a framework's line, named as its
+    tracebacks' readers know it; :mod:`linecache` still finds it through ``sys.path``).
+
+    >>> display_path("/venv/lib/python3.11/site-packages/lightning/pytorch/core/module.py")
+    'lightning/pytorch/core/module.py'
+    """
+    for packages in ("site-packages", "dist-packages"):
+        head, sep, tail = filename.rpartition(os.sep + packages + os.sep)
+        if sep and head and tail:
+            return tail
     try:
         rel = os.path.relpath(filename)
     except ValueError:

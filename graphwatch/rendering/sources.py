@@ -3,9 +3,10 @@
 Findings cite lines as ``"file:line"`` strings (``evidence["sites"]``).  The
 file part is the path as the run saw it: relative to the run's working folder
 when the file lies below it.  :func:`read_excerpt` looks for it under each of
-the folders it is given (then as is), and returns ``None`` for files that are
-gone, for lines past their end and for pseudo-files such as ``<stdin>`` whose
-text is no longer in :mod:`linecache`.
+the folders it is given (then as is, then in :mod:`linecache`, where a Jupyter
+kernel keeps its cells), and returns ``None`` for files that are gone, for
+lines past their end and for pseudo-files such as ``<stdin>`` whose text is no
+longer in :mod:`linecache`.
 
 Example::
 
@@ -96,7 +97,7 @@ def _source_lines(file: str, roots: Sequence[str | os.PathLike]) -> list[str]:
     for candidate in candidates:
         if candidate.is_file():
             return linecache.getlines(str(candidate.resolve()))
-    return []
+    return linecache.getlines(file)  # a notebook cell (/tmp/ipykernel_N/M.py): no file, but linecache has it
 
 
 def read_excerpt(
