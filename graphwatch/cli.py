@@ -41,6 +41,7 @@ from typing import Any
 
 from . import __version__
 from .errors import TraceFormatError, UsageError
+from .options import LEVELS
 from .runner import (
     EXIT_INTERRUPTED,
     EXIT_SIGTERM,
@@ -52,7 +53,6 @@ from .runner import (
     run_script,
     write_report,
 )
-from .session import LEVELS
 from .signals import SignalGuard
 
 EXIT_USAGE = 2  # a user error: nothing ran, or the report could not be written

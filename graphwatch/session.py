@@ -25,11 +25,9 @@ Example::
 
 from __future__ import annotations
 
-import difflib
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -44,17 +42,13 @@ from .analysis import (
     LEAK_KINDS,
     FindingLog,
     add_patches,
-    graph_kept_alive,
     is_backward_twice,
     session_findings,
-    step_findings,
 )
-from .analysis.evidence import counted, human_bytes, steps_text
 from .backwards import BackwardWatch
 from .capture import EnginePatch, Recorder, parse_engine_args
 from .capture.call_mode import CallSiteMode
 from .capture.callsite import outer_frame
-from .capture.holders import HolderSearch, tensors_in_user_frames
 from .capture.loop_steps import LoopSteps
 from .capture.optimizer import GradResetTracker, OptimizerHooks
 from .capture.ranks import rank_and_world_size
@@ -63,11 +57,11 @@ from .capture.stack_limit import claim_stack
 from .capture.transforms import hide_from_compiler, step_aside_for_disable, transforming
 from .errors import BackwardTwiceError, GraphLeakError, GraphwatchError, UsageError, without_own_frames
 from .model import BackwardRecord, Finding, StepRecord, Trace, save_trace
+from .options import SessionOptions
 from .rendering.ranks import rank_folder
 from .signals import SignalGuard
+from .step_ends import StepEnds
 
-LEVELS = ("default", "light", "precise")
-_OPTIONS = ("strict", "level", "summary", "out", "keep_steps", "snapshots", "max_snapshots")
 # What a step's end says about graphs still held: not said of a step an exception cut short.
 _HOLDING_KINDS = frozenset({"graph-kept-alive", "memory-growth"})
 _lock = threading.Lock()
@@ -108,33 +102,15 @@ class Session:
         max_snapshots: int = 12,
         **unknown: Any,
     ) -> None:
-        if unknown:
-            name = next(iter(unknown))
-            close = difflib.get_close_matches(name, _OPTIONS, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise UsageError(
-                f"graphwatch.watch() got an unknown option {name!r}; {hint}options are: {', '.join(_OPTIONS)}"
-            )
-        if level not in LEVELS:
-            raise UsageError(f"level={level!r} is not a graphwatch level; use one of {', '.join(map(repr, LEVELS))}")
-        if not isinstance(keep_steps, int) or keep_steps < 1:
-            raise UsageError(f"keep_steps={keep_steps!r}: give a whole number of steps, at least 1")
-        if not isinstance(max_snapshots, int) or max_snapshots < 0:
-            raise UsageError(f"max_snapshots={max_snapshots!r}: give a whole number, 0 or more")
-        if isinstance(snapshots, str) and snapshots not in ("auto", "off"):
-            raise UsageError(f"snapshots={snapshots!r}: use 'auto', 'off' or a list of step numbers")
-        self.strict = bool(strict)
+        options = SessionOptions.checked(
+            strict=strict, level=level, summary=summary, out=out, keep_steps=keep_steps, snapshots=snapshots,
+            max_snapshots=max_snapshots, **unknown,
+        )  # fmt: skip
+        self.strict = options.strict
         self.level = level
-        self.print_summary = bool(summary)
-        if out is not None and not isinstance(out, (str, os.PathLike)):
-            raise UsageError(f"out={out!r}: give the report folder as a path (a str or pathlib.Path), or None")
-        self.out = Path(out) if out is not None else None
-        if self.out is not None:
-            _check_writable_folder(self.out)
-        try:
-            self.snapshots = snapshots if isinstance(snapshots, str) else frozenset(int(s) for s in snapshots)
-        except (TypeError, ValueError):
-            raise UsageError(f"snapshots={snapshots!r}: use 'auto', 'off' or a list of step numbers") from None
+        self.print_summary = options.summary
+        self.out = options.out
+        self.snapshots = options.snapshots
         self.max_snapshots = max_snapshots
         self._recorder = Recorder(keep_steps)
         self._recorder.trace.options = {
@@ -146,8 +122,8 @@ class Session:
         self._installed: list[Callable[[], None]] = []
         self._explicit = False
         self._loop = LoopSteps()
-        self._holder_search = HolderSearch()
         self._backwards = BackwardWatch(self._recorder, self._log, self._grads, self.snapshots, max_snapshots)
+        self._step_ends = StepEnds(self._recorder, self._log, self._backwards, self.strict)
         self._entered_at = ""
         self._finished = False
         self._pid = os.getpid()  # a forked child that leaves the session writes and prints nothing
@@ -315,15 +291,8 @@ class Session:
 
     def _finish_steps(self, frame: Any) -> None:
         """End the last step; its holders are searched in ``frame`` (the ``with`` block's) and the script."""
-        recorder = self._recorder
-        current = recorder.current
-        if recorder.boundary_pending:
-            self._end_step(recorder.pending_source, frame, final=True)
-        elif current.saved_packed or current.backwards or not self.trace.steps:
-            self._end_step("session-end", frame, final=True)
-        elif self.level != "light" and self.trace.steps[-1].detail:  # the last step: every holder's full count
-            for finding in graph_kept_alive(self.trace, self.trace.steps[-1]):
-                self._log.add(finding)
+        script, self.script_globals = self.script_globals, None
+        self._step_ends.finish(frame, self.level == "light", script)
 
     def _finalize(self, raise_leaks: bool = False, failing: bool = False) -> None:
         """Close the trace, add session findings, write ``out`` and print the summary.
@@ -367,49 +336,9 @@ class Session:
     def _pending_boundary(self, source: str) -> None:
         self._end_step(source, outer_frame(3))
 
-    def _end_step(self, source: str, frame: Any, final: bool = False) -> StepRecord:
+    def _end_step(self, source: str, frame: Any) -> StepRecord:
         __tracebackhide__ = True  # pytest: a strict-mode GraphLeakError points at the user's line
-        recorder = self._recorder
-        current = recorder.current
-        if self._backwards.retained:
-            self._backwards.settle_retained(current)
-        if (frame is not None or final) and self.level != "light":
-            census = final or recorder.step & (recorder.step - 1) == 0  # steps 0, 1, 2, 4, 8, ...: HolderSearch
-            script, self.script_globals = (self.script_globals, None) if final else (None, self.script_globals)
-            current.holders = self._holder_search.at_step_end(recorder, frame, census, script)
-        record = recorder.end_step(source)
-        if self.level == "light":  # no walks and no saved tensors: nothing a step detector starts from
-            return record
-        refresh = final or record.index & (record.index - 1) == 0  # steps 0, 1, 2, 4, 8, ... and the last
-        new = [f for f in step_findings(self.trace, record, refresh) if self._log.add(f)]
-        if new:
-            recorder.keep_detail(record.index)
-        for finding in new:
-            if finding.kind == "graph-kept-alive" and frame is not None:
-                self._draw_kept(record.index, finding, frame)
-        if self.strict:
-            leaks = [f for f in new if f.kind in LEAK_KINDS]
-            if leaks:
-                raise GraphLeakError(
-                    f"graphwatch strict mode: step {record.index} leaks a graph:\n" + "\n".join(map(str, leaks)),
-                    leaks,
-                )
-        return record
-
-    def _draw_kept(self, step: int, finding: Finding, frame: Any) -> None:
-        """A picture of what a kept-alive finding's holder keeps: the holder by name, the graphs below it."""
-        holder = finding.evidence.get("holder")
-        if not isinstance(holder, str):
-            return
-        base = holder.split("[")[0]
-        held = {name: t for name, t in tensors_in_user_frames(frame) if name.split("[")[0] == base}
-        if held:
-            ev = finding.evidence
-            nodes, kept_bytes = int(ev.get("nodes") or 0), int(ev.get("bytes") or 0)
-            size = [counted(nodes, "autograd node")] * bool(nodes) + [f"{human_bytes(kept_bytes)} saved"] * bool(kept_bytes)
-            reason = f"kept alive by `{holder}`: the graphs of {steps_text(ev.get('kept_steps') or [])}"
-            reason += f" ({', '.join(size)})" if size else ""
-            self._backwards.snapshot(step, [], reason, outputs=dict(list(held.items())[-8:]))
+        return self._step_ends.end(source, frame, self.level == "light")
 
     def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._owns_thread():
@@ -476,21 +405,6 @@ class Session:
         return result
 
 
-def _check_writable_folder(folder: Path) -> None:
-    probe = folder
-    while not probe.exists():
-        probe = probe.parent
-    try:
-        if not probe.is_dir():
-            raise NotADirectoryError
-        with tempfile.TemporaryFile(dir=probe):  # os.access says yes to root, even for /proc
-            pass
-    except OSError:
-        raise UsageError(
-            f"cannot write the report to {folder}: {probe} is not a writable folder; pass out= a folder you can write"
-        ) from None
-
-
 def watch(
     *,
     strict: bool = False,
@@ -513,12 +427,6 @@ def watch(
         []
     """
     return Session(
-        strict=strict,
-        level=level,
-        summary=summary,
-        out=out,
-        keep_steps=keep_steps,
-        snapshots=snapshots,
-        max_snapshots=max_snapshots,
-        **unknown,
-    )
+        strict=strict, level=level, summary=summary, out=out, keep_steps=keep_steps, snapshots=snapshots,
+        max_snapshots=max_snapshots, **unknown,
+    )  # fmt: skip

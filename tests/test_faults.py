@@ -160,7 +160,7 @@ INTERNALS = {
     "backward start": ("graphwatch.capture.recorder.Recorder", "begin_backward", 2),
     "backward end": ("graphwatch.capture.recorder.Recorder", "end_backward", 2),
     "step end": ("graphwatch.capture.recorder.Recorder", "end_step", 2),
-    "step findings": ("graphwatch.session", "step_findings", 2),
+    "step findings": ("graphwatch.step_ends", "step_findings", 2),
     "holder search": ("graphwatch.capture.holders", "find_holders", 1),
     "snapshot drawing": ("graphwatch.backwards", "snapshot_dot", 0),
     "optimizer hook": ("graphwatch.capture.optimizer.GradResetTracker", "before_step", 2),

@@ -140,7 +140,7 @@ def test_looking_for_holders_costs_what_the_step_added_not_what_is_kept():
             loss.backward()
             opt.step()
             total_loss += loss
-            looked_at.append(sum(r.looked_at for r in gw._holder_search._reaches.values()))
+            looked_at.append(sum(r.looked_at for r in gw._step_ends._holders._reaches.values()))
     assert max(looked_at[5:]) <= 8, looked_at  # the same few nodes each step: the new `+`, the new loss
     finding = next(f for f in gw.findings if f.kind == "graph-kept-alive")
     assert finding.evidence["holder"] == "total_loss"

@@ -26,7 +26,8 @@ import shlex
 from typing import Any
 
 from ..errors import UsageError
-from ..session import LEVELS, Session
+from ..options import LEVELS
+from ..session import Session
 from . import Watched
 
 __all__ = ["graphwatch_magic", "load_ipython_extension", "magic_options"]

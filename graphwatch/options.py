@@ -1,0 +1,99 @@
+"""What ``graphwatch.watch()`` takes, checked once: a wrong option is a :class:`~graphwatch.UsageError` that
+names the option and what to pass instead, before anything is installed.
+
+Example::
+
+    >>> from graphwatch.options import SessionOptions
+    >>> SessionOptions.checked(level="light").level
+    'light'
+    >>> from graphwatch.errors import UsageError
+    >>> try:
+    ...     SessionOptions.checked(levle="light")
+    ... except UsageError as error:
+    ...     print(str(error).split(";")[1])
+     did you mean 'level'? options are: strict, level, summary, out, keep_steps, snapshots, max_snapshots
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageError
+
+LEVELS = ("default", "light", "precise")
+OPTIONS = ("strict", "level", "summary", "out", "keep_steps", "snapshots", "max_snapshots")
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """A session's options, checked (see :class:`~graphwatch.session.Session` for what each does)."""
+
+    strict: bool = False
+    level: str = "default"
+    summary: bool = True
+    out: Path | None = None
+    keep_steps: int = 20
+    snapshots: str | frozenset[int] = "auto"
+    max_snapshots: int = 12
+
+    @classmethod
+    def checked(
+        cls,
+        *,
+        strict: bool = False,
+        level: str = "default",
+        summary: bool = True,
+        out: str | os.PathLike[str] | None = None,
+        keep_steps: int = 20,
+        snapshots: str | Iterable[int] = "auto",
+        max_snapshots: int = 12,
+        **unknown: Any,
+    ) -> SessionOptions:
+        """The options as given, or a UsageError naming the first wrong one."""
+        if unknown:
+            name = next(iter(unknown))
+            close = difflib.get_close_matches(name, OPTIONS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UsageError(
+                f"graphwatch.watch() got an unknown option {name!r}; {hint}options are: {', '.join(OPTIONS)}"
+            )
+        if level not in LEVELS:
+            raise UsageError(f"level={level!r} is not a graphwatch level; use one of {', '.join(map(repr, LEVELS))}")
+        if not isinstance(keep_steps, int) or keep_steps < 1:
+            raise UsageError(f"keep_steps={keep_steps!r}: give a whole number of steps, at least 1")
+        if not isinstance(max_snapshots, int) or max_snapshots < 0:
+            raise UsageError(f"max_snapshots={max_snapshots!r}: give a whole number, 0 or more")
+        if isinstance(snapshots, str) and snapshots not in ("auto", "off"):
+            raise UsageError(f"snapshots={snapshots!r}: use 'auto', 'off' or a list of step numbers")
+        if out is not None and not isinstance(out, (str, os.PathLike)):
+            raise UsageError(f"out={out!r}: give the report folder as a path (a str or pathlib.Path), or None")
+        folder = Path(out) if out is not None else None
+        if folder is not None:
+            check_writable_folder(folder)
+        try:
+            steps = snapshots if isinstance(snapshots, str) else frozenset(int(s) for s in snapshots)
+        except (TypeError, ValueError):
+            raise UsageError(f"snapshots={snapshots!r}: use 'auto', 'off' or a list of step numbers") from None
+        return cls(bool(strict), level, bool(summary), folder, keep_steps, steps, max_snapshots)
+
+
+def check_writable_folder(folder: Path) -> None:
+    """A UsageError unless ``folder`` (or the nearest folder above it that exists) can be written."""
+    probe = folder
+    while not probe.exists():
+        probe = probe.parent
+    try:
+        if not probe.is_dir():
+            raise NotADirectoryError
+        with tempfile.TemporaryFile(dir=probe):  # os.access says yes to root, even for /proc
+            pass
+    except OSError:
+        raise UsageError(
+            f"cannot write the report to {folder}: {probe} is not a writable folder; pass out= a folder you can write"
+        ) from None
