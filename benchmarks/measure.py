@@ -119,6 +119,8 @@ def recursion_limit(active: bool, headroom: int) -> Iterator[int | None]:
 
 
 def run_round(workload: W.Workload, config: str, steps: int, headroom: int) -> RoundResult:
+    if workload.begin is not None:
+        workload.begin()
     gc.collect()
     result = RoundResult([], [])
     cpu, wall = result.cpu_s, result.wall_s

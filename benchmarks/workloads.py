@@ -17,6 +17,11 @@ The workloads, from the issue-5 brief:
 - ``transformer``: one ``nn.TransformerEncoderLayer`` (training mode).
 - ``rnn10k`` / ``rnn100k``: ``h = torch.tanh(h @ w)`` unrolled until the graph
   has 10,000 / 100,000 nodes: the deep-graph case (graph walks, recursion).
+- ``grubug``: the classic bug itself, a GRU language model whose hidden state
+  is carried into the next step without ``detach`` and backwarded with
+  ``retain_graph=True`` (parameters updated through ``.data`` as in PyTorch's
+  word-language-model example): each backward runs through every earlier
+  step's graph of the round, so bare torch slows down too.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class Workload:
     skip: tuple[str, ...] = field(default_factory=tuple)  # configurations not run here (too slow)
     skip_reason: str = ""
     group: str = ""  # workloads of one group are measured together, interleaved (and compared with each other)
+    begin: Callable[[], None] | None = None  # before each round: a state carried from step to step starts afresh
 
 
 def count_nodes(root: Any) -> int:
@@ -200,6 +206,38 @@ def unrolled_rnn(nodes: int) -> Workload:
     )
 
 
+def gru_carried_bug(segments: int = 8) -> Workload:
+    """A GRU language model (vocabulary 100, 20 tokens x batch 8, hidden 64) that carries its hidden state
+    without ``detach`` and backwards with ``retain_graph=True``; each round starts a new state."""
+    torch.manual_seed(0)
+    vocab, hidden_size, batch = 100, 64, 8
+    embed, gru, head = nn.Embedding(vocab, 32), nn.GRU(32, hidden_size), nn.Linear(hidden_size, vocab)
+    params = [*embed.parameters(), *gru.parameters(), *head.parameters()]
+    tokens = torch.randint(0, vocab, (21, batch))
+    state: dict[str, Any] = {}
+
+    def begin() -> None:
+        state["hidden"] = torch.zeros(1, batch, hidden_size)
+
+    def loss() -> torch.Tensor:
+        output, state["hidden"] = gru(embed(tokens[:-1]), state["hidden"])  # the bug: never detached
+        return F.cross_entropy(head(output).reshape(-1, vocab), tokens[1:].reshape(-1))
+
+    def step() -> None:
+        for p in params:
+            p.grad = None
+        loss().backward(retain_graph=True)  # the "fix" that hides the error and keeps every graph
+        with torch.no_grad():
+            for p in params:
+                p.data.add_(p.grad, alpha=-0.1)  # (as the example does: no version bump, no in-place error)
+
+    begin()
+    nodes = count_nodes(loss().grad_fn)
+    begin()
+    description = f"GRU LM (vocab 100, 20x8 tokens, hidden 64), hidden carried + retain_graph=True, {segments} steps a round"
+    return Workload("grubug", description, step, segments, 21, nodes=nodes, begin=begin)
+
+
 def all_workloads() -> dict[str, Callable[[], Workload]]:
     """Workload builders by name, in the order the benchmark runs them."""
     return {
@@ -210,6 +248,7 @@ def all_workloads() -> dict[str, Callable[[], Workload]]:
         "transformer": transformer,
         "rnn10k": lambda: unrolled_rnn(10_000),
         "rnn100k": lambda: unrolled_rnn(100_000),
+        "grubug": gru_carried_bug,
     }
 
 
