@@ -113,6 +113,6 @@ class LiveSteps:
         self.forget_emptied()  # (emptied steps are looked up on the side of the boundary they were counted)
         self.boundary = step - OLD_BATCH
         for recent, old in ((self.nodes, self.old_nodes), (self.activation, self.old_activation)):
-            for moved in [s for s in recent if s < self.boundary]:
+            for moved in [s for s in list(recent) if s < self.boundary]:  # (list: a copy in C, whatever the finalizers do)
                 old[moved] = recent.pop(moved)
                 self._old_version += 1
