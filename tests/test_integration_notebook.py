@@ -61,7 +61,8 @@ def test_a_watched_cell_explains_its_error_and_shows_the_summary_under_it(run: R
     summary = run.html(2)
     assert 'class="graphwatch-summary"' in summary and "backward-through-freed-graph" in summary
     assert "h = h.detach()" in summary  # the fix, as the report shows it
-    # the cited line read back from the kernel's cell (no file on disk: linecache has it)
+    # the cell named as IPython names it (the third cell run: In[3]), its cited line read back from the kernel
+    assert "In[3]:4" in summary and "ipykernel" not in summary and "ipykernel" not in error["evalue"]
     assert "source not found" not in summary and "# the carried state" in summary
 
 

@@ -24,6 +24,7 @@ from types import CodeType, FrameType
 
 import torch
 
+from ..cells import cell_name
 from ..model import CallSite
 
 _GRAPHWATCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -47,11 +48,15 @@ def is_user_file(filename: str) -> bool:
 def display_path(filename: str) -> str:
     """``filename`` relative to the working directory when it lies below it; an installed package's file
     from its package folder on (``lightning/pytorch/core/module.py``: a framework's line, named as its
-    tracebacks' readers know it; :mod:`linecache` still finds it through ``sys.path``).
+    tracebacks' readers know it; :mod:`linecache` still finds it through ``sys.path``); a Jupyter cell as
+    IPython names it (``In[3]``, see :mod:`graphwatch.cells`).
 
     >>> display_path("/venv/lib/python3.11/site-packages/lightning/pytorch/core/module.py")
     'lightning/pytorch/core/module.py'
     """
+    cell = cell_name(filename)  # a notebook cell: In[3], as IPython's tracebacks say
+    if cell is not None:
+        return cell
     for packages in ("site-packages", "dist-packages"):
         head, sep, tail = filename.rpartition(os.sep + packages + os.sep)
         if sep and head and tail:

@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cells import cell_lines
 from ..model import Finding
 
 CONTEXT_LINES = 3
@@ -97,7 +98,7 @@ def _source_lines(file: str, roots: Sequence[str | os.PathLike]) -> list[str]:
     for candidate in candidates:
         if candidate.is_file():
             return linecache.getlines(str(candidate.resolve()))
-    return linecache.getlines(file)  # a notebook cell (/tmp/ipykernel_N/M.py): no file, but linecache has it
+    return cell_lines(file) or linecache.getlines(file)  # a notebook cell (In[3]): no file, linecache has it
 
 
 def read_excerpt(
