@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 from ..model import Finding, Trace
+from ..model.columns import field_values
 from .evidence import human_bytes
 from .findings import make_finding, renderer
 from .leaks import final_retained
@@ -53,10 +54,13 @@ def growth(xs: list[float], ys: list[float], minimum: float) -> tuple[float, flo
 
 def memory_growth(trace: Trace, explained_by: list[Finding]) -> list[Finding]:
     """Live saved bytes or live nodes that rise steadily step after step (one finding for both)."""
-    steps = [s for s in trace.steps if s.source != "session-end"] or trace.steps
-    xs = [float(s.index) for s in steps]
-    saved = [float(s.live_activation_bytes) for s in steps]
-    nodes = [float(s.live_nodes) for s in steps]
+    # read field by field: a long run's settled steps are columns, not records
+    rows = list(zip(*(field_values(trace.steps, name) for name in ("index", "live_activation_bytes", "live_nodes"))))
+    kept = [row for row, source in zip(rows, field_values(trace.steps, "source")) if source != "session-end"]
+    rows = kept or rows
+    xs = [float(row[0]) for row in rows]
+    saved = [float(row[1]) for row in rows]
+    nodes = [float(row[2]) for row in rows]
     by_bytes, by_nodes = growth(xs, saved, MIN_BYTES), growth(xs, nodes, MIN_NODES)
     fit = by_bytes or by_nodes
     if fit is None:
@@ -65,8 +69,8 @@ def memory_growth(trace: Trace, explained_by: list[Finding]) -> list[Finding]:
     evidence = {
         "key": "memory-growth",
         "sites": list(dict.fromkeys(site for f in causes for site in f.evidence.get("sites", [])[:1])),
-        "steps": [steps[0].index, steps[-1].index],
-        "fitted_steps": len(steps),
+        "steps": [rows[0][0], rows[-1][0]],
+        "fitted_steps": len(rows),
         "unit": "bytes" if by_bytes else "nodes",
         "per_step_slope": fit[0],
         "projected": fit[1],
@@ -83,7 +87,7 @@ def memory_growth(trace: Trace, explained_by: list[Finding]) -> list[Finding]:
             dict.fromkeys(f"{f.kind} at {f.evidence['sites'][0]}" if f.evidence["sites"] else f.kind for f in causes)
         ),
     }
-    return [make_finding("memory-growth", "warning", steps[-1].index, evidence)]
+    return [make_finding("memory-growth", "warning", rows[-1][0], evidence)]
 
 
 @renderer("memory-growth")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 
 from ..model import BackwardRecord, Finding, Holder, StepRecord, Trace
+from ..model.columns import field_values
 from .evidence import (
     alive_graph_sites,
     backward_name,
@@ -87,11 +88,12 @@ def final_retained(trace: Trace) -> list[Finding]:
     last = next((s for s in reversed(trace.steps) if s.backwards), None)
     if last is None:
         return []
-    reentered = {s for b in trace.backwards if b.earlier_nodes_reached for s in b.earlier_steps if s < b.step}
+    backwards = trace.backwards  # a long run's are columns: look at one field first, build the few that matter
+    reaching = [i for i, n in enumerate(field_values(backwards, "earlier_nodes_reached")) if n]
+    reentered = {s for i in reaching for s in backwards[i].earlier_steps if s < backwards[i].step}
+    retaining = [i for i, retain in enumerate(field_values(backwards, "retain_graph")) if retain]
     carried = {
-        trace.where(bw.site)
-        for bw in trace.backwards
-        if bw.retain_graph and bw.step < last.index and bw.step in reentered
+        trace.where(bw.site) for bw in (backwards[i] for i in retaining) if bw.step < last.index and bw.step in reentered
     }
     return [f for f in _unused_retains(trace, last, []) if f.evidence["backward_where"] not in carried]
 

@@ -33,6 +33,7 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from ..model import Finding, Trace
+from ..model.columns import field_values
 
 Edit = Callable[[list[str]], list[str] | None]  # the file's lines -> the edited lines, or None: no patch
 
@@ -61,7 +62,7 @@ def training_lines(trace: Trace) -> dict[str, set[int]]:
     >>> training_lines(Trace())
     {}
     """
-    sites = [b.site for b in trace.backwards] + [s.optimizer_site for s in trace.steps]
+    sites = dict.fromkeys([*field_values(trace.backwards, "site"), *field_values(trace.steps, "optimizer_site")])
     lines: dict[str, set[int]] = {}
     for site in sites:
         where = _where(trace.where(site)) if site is not None else None

@@ -1,0 +1,44 @@
+"""Records kept in columns read back field by field exactly as record by record."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+import graphwatch
+from graphwatch.model.columns import BACKWARD_COLUMNS, STEP_COLUMNS, RecordList, field_values
+
+
+def _session_trace(steps: int) -> graphwatch.Trace:
+    """A real run long enough that most steps and backwards are frozen into columns, with a retained graph,
+    a kept loss and no optimizer on some steps (fields at and off their defaults, None and not)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    kept = []
+    with graphwatch.watch(summary=False, snapshots="off", keep_steps=5) as gw:
+        for step in range(steps):
+            opt.zero_grad()
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss.backward(retain_graph=step % 7 == 0)
+            if step % 3:
+                opt.step()
+            if step % 50 == 0:
+                kept.append(loss)
+            gw.end_step()
+    return gw.trace
+
+
+def test_every_field_reads_the_same_from_columns_as_from_records() -> None:
+    trace = _session_trace(300)
+    for records, columns in ((trace.steps, STEP_COLUMNS), (trace.backwards, BACKWARD_COLUMNS)):
+        assert isinstance(records, RecordList) and 0 < records.frozen() < len(records)
+        built = list(records)
+        for field in dataclasses.fields(columns.cls):
+            assert field_values(records, field.name) == [getattr(r, field.name) for r in built], field.name
+
+
+def test_a_plain_list_reads_record_by_record() -> None:
+    steps = list(_session_trace(20).steps)
+    assert field_values(steps, "index") == list(range(len(steps)))
