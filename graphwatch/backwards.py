@@ -5,7 +5,9 @@ current step by a backward that frees it gets a quick walk (node tags and
 counts, no records).  The first backward, a retained or ``create_graph``
 graph, a snapshot, the precise level, and any graph that reaches nodes an
 earlier walk or step made get the full walk, which builds the records the
-analysis reads.  When torch raises "backward through the graph a second
+analysis reads; a first backward whose step saved more than
+:data:`DRAW_SAVED_BOUND` tensors is not drawn (its snapshot says so) and gets
+the quick walk, which keeps a million-node graph's memory near bare torch's.  When torch raises "backward through the graph a second
 time", the full walk's freed nodes name the stale part of the graph.
 
 Example::
@@ -44,6 +46,9 @@ from .model import BackwardRecord, NodeRecord, Snapshot, StepRecord
 from .rendering.dot import FOCUS_NODES, snapshot_dot
 
 CROSSING = "graph crosses steps"  # the reason of the snapshot of the first graph that crosses steps
+# a first backward whose step saved more tensors than this is not drawn: drawing it needs the full walk's
+# records of every node (about 4x bare torch's memory on a 1M-node chain); it gets the quick walk instead
+DRAW_SAVED_BOUND = 100_000
 
 
 class BackwardWatch:
@@ -182,8 +187,24 @@ class BackwardWatch:
         if self._snapshots != "auto":
             return record.step in self._snapshots and not any(s.step == record.step for s in taken)
         if not self._first_drawn:
-            return True
+            return self._small_enough(record)
         return crosses and not any(s.reason == CROSSING for s in taken)
+
+    def _small_enough(self, record: BackwardRecord) -> bool:
+        """Whether the first backward's step is small enough to draw (:data:`DRAW_SAVED_BOUND`); if not, the
+        snapshot is given up and the trace says so in its place."""
+        saved = self._recorder.current.saved_packed
+        if saved <= DRAW_SAVED_BOUND:
+            return True
+        self._first_drawn = True
+        note = (
+            f"not drawn: step {record.step} saved {saved:,} tensors before its first backward, over the bound"
+            f" of {DRAW_SAVED_BOUND:,}\\n(a graph that large gets counts, not a record per node)"
+        )
+        self._recorder.trace.snapshots.append(
+            Snapshot(record.step, "first backward", f'digraph {{ note [shape=note, label="{note}"] }}')
+        )
+        return False
 
     def snapshot(
         self, step: int, roots: Iterable[Any], reason: str, force: bool = False,
