@@ -7,8 +7,9 @@ graph, a snapshot, the precise level, and any graph that reaches nodes an
 earlier walk or step made get the full walk, which builds the records the
 analysis reads; a first backward whose step saved more than
 :data:`DRAW_SAVED_BOUND` tensors is not drawn (its snapshot says so) and gets
-the quick walk, which keeps a million-node graph's memory near bare torch's.  When torch raises "backward through the graph a second
-time", the full walk's freed nodes name the stale part of the graph.
+the quick walk, which holds a million-node graph's peak memory to about twice
+bare torch's.  When torch raises "backward through the graph a second time",
+the full walk's freed nodes name the stale part of the graph.
 
 Example::
 
