@@ -40,6 +40,12 @@ def graphwatch_run(folder: Path, script: str) -> tuple[subprocess.CompletedProce
     return run, graphwatch.load(out / "trace.json")
 
 
+def apply_patch(folder: Path, patch: str) -> None:
+    """Apply ``patch`` in ``folder`` with the real ``patch -p0``, as the user would."""
+    applied = subprocess.run(["patch", "-p0"], input=patch, cwd=folder, capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+
+
 @needs_patch_tool
 @pytest.mark.parametrize("example", BUGS)
 def test_a_bug_examples_patch_applies_and_the_patched_script_runs_clean(example: str, tmp_path: Path) -> None:
@@ -53,8 +59,7 @@ def test_a_bug_examples_patch_applies_and_the_patched_script_runs_clean(example:
         return
     assert patches, "no patch for a fix that is one edit"
     for patch in patches:
-        applied = subprocess.run(["patch", "-p0"], input=patch, cwd=tmp_path, capture_output=True, text=True)
-        assert applied.returncode == 0, applied.stdout + applied.stderr
+        apply_patch(tmp_path, patch)
     run, patched = graphwatch_run(tmp_path, script)
     assert run.returncode == 0, run.stderr
     assert patched.findings == [], [f"{f.kind}: {f.message}" for f in patched.findings]
@@ -115,8 +120,7 @@ def test_an_evaluation_loop_goes_under_no_grad_whole_and_re_indented(tmp_path: P
     (patch,) = {f.patch for f in trace.findings if f.patch}
     assert "+        with torch.no_grad():\n+            for xv, yv in val_batches:  # the evaluation loop\n" in patch
     assert "+                out = model(xv)\n+                history.append(F.mse_loss(out, yv))\n" in patch
-    applied = subprocess.run(["patch", "-p0"], input=patch, cwd=tmp_path, capture_output=True, text=True)
-    assert applied.returncode == 0, applied.stdout + applied.stderr
+    apply_patch(tmp_path, patch)
     run, patched = graphwatch_run(tmp_path, "train.py")
     assert run.returncode == 0 and patched.findings == [], run.stderr
 
@@ -132,8 +136,7 @@ def test_a_loop_that_may_train_keeps_its_body_and_only_the_forward_goes_under_no
     assert "-            out = model(xv)\n+            with torch.no_grad():\n+                out = model(xv)\n" in patch
     added = [line for line in patch.splitlines() if line.startswith("+") and not line.startswith("+++")]
     assert len(added) == 2  # the with line and the forward, nothing else moved
-    applied = subprocess.run(["patch", "-p0"], input=patch, cwd=tmp_path, capture_output=True, text=True)
-    assert applied.returncode == 0, applied.stdout + applied.stderr
+    apply_patch(tmp_path, patch)
     run, patched = graphwatch_run(tmp_path, "train.py")
     assert run.returncode == 0 and patched.findings == [], run.stderr
 

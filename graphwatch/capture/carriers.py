@@ -30,7 +30,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
@@ -133,20 +133,17 @@ def _found_in_loops(
 
 def _made_from(tensor: torch.Tensor, carrier: NodeRecord, step: int, limit: int = 10_000) -> bool:
     """Whether ``tensor``'s graph of ``step`` runs into ``carrier`` (a node of an earlier step)."""
-    stack: list[Any] = [tensor.grad_fn]
-    seen: set[Any] = set()
-    while stack and len(seen) < limit:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
+
+    def record(node: Any) -> NodeRecord | None:
         tag = node.metadata.get(METADATA_KEY)
-        record = None if tag is None else tag.record
-        if record is not None and record.id == carrier.id:
-            return True
-        if record is None or record.step == step:
-            stack.extend(child for child, _ in node.next_functions)
-    return False
+        return None if tag is None else tag.record
+
+    def of_this_step(node: Any) -> bool:  # below an earlier step's node lies no node of this step
+        found = record(node)
+        return found is None or found.step == step
+
+    nodes = _nodes_below(tensor.grad_fn, limit, descend=of_this_step)
+    return any((found := record(node)) is not None and found.id == carrier.id for node in nodes)
 
 
 def _reaches_trained(tensor: torch.Tensor, recorder: Recorder) -> bool:
@@ -158,19 +155,26 @@ def _reaches_trained(tensor: torch.Tensor, recorder: Recorder) -> bool:
 def reaches(tensor: torch.Tensor, parameters: set[int], limit: int = 10_000) -> bool:
     """Whether the tensor's graph reaches a leaf whose ``id()`` is in ``parameters`` (empty: any leaf that
     requires grad)."""
-    trained = parameters
-    stack: list[Any] = [tensor.grad_fn]
+    for node in _nodes_below(tensor.grad_fn, limit):
+        variable = getattr(node, "variable", None)
+        if variable is not None and (id(variable) in parameters if parameters else variable.requires_grad):
+            return True
+    return False
+
+
+def _nodes_below(root: Any, limit: int, descend: Callable[[Any], bool] | None = None) -> Iterator[Any]:
+    """The nodes of ``root``'s graph, depth first, each once and at most ``limit`` of them; below a node only
+    where ``descend(node)`` says so (everywhere without it)."""
+    stack: list[Any] = [root]
     seen: set[Any] = set()
     while stack and len(seen) < limit:
         node = stack.pop()
         if node is None or node in seen:
             continue
         seen.add(node)
-        variable = getattr(node, "variable", None)
-        if variable is not None and (id(variable) in trained if trained else variable.requires_grad):
-            return True
-        stack.extend(child for child, _ in node.next_functions)
-    return False
+        yield node
+        if descend is None or descend(node):
+            stack.extend(child for child, _ in node.next_functions)
 
 
 def frontier(roots: list[Any], step: int) -> list[tuple[int, int]]:
