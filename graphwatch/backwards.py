@@ -28,7 +28,6 @@ import inspect
 import sys
 import warnings
 import weakref
-from array import array
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
@@ -44,6 +43,7 @@ from .capture.optimizer import GradResetTracker
 from .capture.step_clock import next_sequence_nr
 from .errors import BackwardTwiceError
 from .model import BackwardRecord, NodeRecord, Snapshot, StepRecord
+from .model.packed import PackedArray
 from .rendering.dot import FOCUS_NODES, snapshot_dot
 
 CROSSING = "graph crosses steps"  # the reason of the snapshot of the first graph that crosses steps
@@ -70,7 +70,7 @@ class BackwardWatch:
         self._max_snapshots = max_snapshots
         self._first_drawn = False  # the "first backward" snapshot was tried (drawn or not)
         self.retained: list[tuple[BackwardRecord, set[int]]] = []  # with the node records each reached
-        self._started_at = array("q")  # per backward id: the node sequence number when it started
+        self._started_at = PackedArray("q")  # per backward id: the node sequence number when it started
         # the last optimizer steps: (backwards started before it, the optimizer), to tell who trains what
         self._recent_steps: deque[tuple[int, weakref.ref]] = deque(maxlen=32)
 

@@ -26,10 +26,11 @@ Example::
 
 from __future__ import annotations
 
-from array import array
 from bisect import bisect_right
 
 import torch
+
+from ..model.packed import PackedArray
 
 next_sequence_nr = torch._C._autograd._get_sequence_nr
 _PRUNE_AT = 8192  # timeline entries before old ones are dropped
@@ -39,7 +40,7 @@ class StepClock:
     """Step starts and line changes, both as node sequence numbers."""
 
     def __init__(self) -> None:
-        self.bounds = array("q")  # 8 bytes a step
+        self.bounds = PackedArray("q")  # packed: a steady loop's bounds take almost nothing
         self._line_seqs: list[int] = []
         self._line_sites: list[int | None] = []
         self._last_site: int | None = None
@@ -52,7 +53,7 @@ class StepClock:
 
     def step_of(self, seq: int) -> int:
         """The step in which the node with sequence number ``seq`` was created (-1: before)."""
-        return bisect_right(self.bounds, seq) - 1
+        return self.bounds.bisect_right(seq) - 1
 
     def note_site(self, site: int | None) -> None:
         """A pack hook at ``site`` runs inside the op whose node was numbered last."""

@@ -1,10 +1,12 @@
-"""A list of records whose settled entries live in typed arrays: a long run's steps in a few bytes each.
+"""A list of records whose settled entries live in packed columns: a long run's steps in a few bytes each.
 
 A 100,000-step session makes 100,000 StepRecords and as many BackwardRecords;
 as objects they take about 1.3 KB a step.  :class:`RecordList` behaves like the
 list it replaces (indexing, slices, iteration, ``len``, equality), but
 :meth:`RecordList.freeze` moves a record whose fields are all plain numbers
-(or at their defaults) into one row of ``array`` columns, about 150 bytes.
+(or at their defaults) into one row of number columns, each a
+:class:`~graphwatch.model.packed.PackedArray` that packs every full chunk of
+rows (a clean loop's steps take a few bytes each, mostly their timings).
 Reading a frozen entry builds an equal record again; records that carry
 detail (holders, crossings, per-step tables) stay objects.  The JSON trace
 writes these lists as columns too (:func:`to_json_columns`).
@@ -24,12 +26,12 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Generic, TypeVar, overload
 
+from .packed import PackedArray
 from .records import STEP_SOURCES, BackwardRecord, StepRecord
 
 R = TypeVar("R")
@@ -97,10 +99,10 @@ class RecordList(Sequence, Generic[R]):
         typecodes = {name: "q" if code == "n" else code for name, code in columns.numbers.items()}
         typecodes.update({name: "b" for name in columns.choices})
         typecodes.update({f"{name}.{part}": "q" for name in columns.ranges for part in ("first", "count")})
-        self._arrays = {name: array(code) for name, code in typecodes.items()}
+        self._arrays = {name: PackedArray(code) for name, code in typecodes.items()}
         self._numbers = attrgetter(*columns.numbers)
         self._number_arrays = [self._arrays[name] for name in columns.numbers]
-        self._row = array("q")  # per index: its row in the arrays, or -1 while it is an object
+        self._row = PackedArray("q")  # per index: its row in the arrays, or -1 while it is an object
         self._objects: dict[int, R] = {}
         self.extend(records)
 
