@@ -7,7 +7,7 @@ import dataclasses
 import torch
 
 import graphwatch
-from graphwatch.model.columns import BACKWARD_COLUMNS, STEP_COLUMNS, RecordList, field_values
+from graphwatch.model.columns import BACKWARD_COLUMNS, STEP_COLUMNS, RecordList, field_values, to_json_columns
 
 
 def _session_trace(steps: int) -> graphwatch.Trace:
@@ -42,3 +42,12 @@ def test_every_field_reads_the_same_from_columns_as_from_records() -> None:
 def test_a_plain_list_reads_record_by_record() -> None:
     steps = list(_session_trace(20).steps)
     assert field_values(steps, "index") == list(range(len(steps)))
+
+
+def test_json_columns_of_the_columns_equal_those_of_the_records() -> None:
+    from graphwatch.model.trace_io import _plain
+
+    trace = _session_trace(300)
+    for records, columns in ((trace.steps, STEP_COLUMNS), (trace.backwards, BACKWARD_COLUMNS)):
+        assert isinstance(records, RecordList) and records.loose()
+        assert to_json_columns(records, columns, _plain) == to_json_columns(list(records), columns, _plain)

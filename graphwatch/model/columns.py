@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Generic, TypeVar, overload
 
 from .packed import PackedArray
@@ -187,6 +187,10 @@ class RecordList(Sequence, Generic[R]):
         """How many records are stored in columns."""
         return len(self._row) - len(self._objects)
 
+    def loose(self) -> list[tuple[int, R]]:
+        """(index, record) of the records kept as objects, in order."""
+        return sorted(self._objects.items(), key=itemgetter(0))
+
     def field(self, name: str) -> list[Any]:
         """Every record's value of field ``name``, in order, read from the columns without building the
         frozen records again (a million-step run's session end reads a few fields of every step)."""
@@ -233,33 +237,35 @@ def freeze_step(steps: RecordList, backwards: RecordList, index: int) -> None:
 
 
 # ------------------------------------------------------------------ JSON
-def to_json_columns(records: Iterable[Any], columns: Columns, plain: Any) -> dict:
+def to_json_columns(records: Sequence[Any], columns: Columns, plain: Any) -> dict:
     """Records as JSON columns: ``{"count", "columns", "extra"}``.
 
     A column is ``{"all": v}`` when every record has ``v``, ``{"from": a}`` for
     a, a+1, ..., else a list.  ``extra`` lists ``[i, {field: value}]`` for the
     fields outside the columns that differ from their defaults, as
-    ``plain(record)`` (which leaves out defaults) gives them.
+    ``plain(record)`` (which leaves out defaults) gives them.  A
+    :class:`RecordList` is read column by column: only the records it keeps as
+    objects can have extra fields.
     """
     names = [*columns.numbers, *columns.choices]
-    values: dict[str, list] = {name: [] for name in names}
-    values.update({f"{name}.{part}": [] for name in columns.ranges for part in ("first", "count")})
-    extra = []
-    for i, record in enumerate(records):
-        for name in names:
-            values[name].append(getattr(record, name))
-        other = {k: v for k, v in plain(record).items() if k not in values}
-        for name in columns.ranges:
-            items = other.pop(name, [])
-            first = items[0] if items else 0
-            if items != list(range(first, first + len(items))):
-                other[name], first = items, 0  # not consecutive: written in full
-            values[f"{name}.first"].append(first)
-            values[f"{name}.count"].append(len(items) if name not in other else 0)
+    values = {name: field_values(records, name) for name in names}
+    loose = records.loose() if isinstance(records, RecordList) else enumerate(records)
+    extras = {}
+    for i, record in loose:
+        other = {k: v for k, v in plain(record).items() if k not in values and k not in columns.ranges}
         if other:
-            extra.append([i, other])
-    count = len(values[names[0]]) if names else 0
-    return {"count": count, "columns": {name: _encode(column) for name, column in values.items()}, "extra": extra}
+            extras[i] = other
+    for name in columns.ranges:
+        firsts, counts = values[f"{name}.first"], values[f"{name}.count"] = [], []
+        for i, items in enumerate(field_values(records, name)):
+            first = items[0] if items else 0
+            if items != list(range(first, first + len(items))):  # not consecutive: written in full
+                extras.setdefault(i, {})[name] = items
+                first, items = 0, []
+            firsts.append(first)
+            counts.append(len(items))
+    extra = [[i, extras[i]] for i in sorted(extras)]
+    return {"count": len(records), "columns": {name: _encode(column) for name, column in values.items()}, "extra": extra}
 
 
 MAX_RECORDS = 10**8  # more steps or backwards than any trace holds: a damaged count
