@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..model import BackwardRecord, NodeRecord, SavedRecord, StepRecord, Trace
-from ..model.columns import freeze_step
+from ..model.columns import averaged_steps, freeze_step
 from .callsite import SiteTable
 from .live_steps import LiveSteps
 from .step_clock import StepClock, next_sequence_nr
@@ -395,6 +395,7 @@ class Recorder:
         """The session ended: put the settled steps into columns, release the file the recorder kept open."""
         self.closed = True
         self._freeze_settled()
+        self.trace.averaged_from, self.trace.averaged_before = averaged_steps(self.trace)
         self._rss.close()
 
     def has_live_nodes(self) -> bool:

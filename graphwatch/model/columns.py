@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 from typing import Any, Generic, TypeVar, overload
 
-from .packed import PackedArray
-from .records import STEP_SOURCES, BackwardRecord, StepRecord
+from .packed import NONE_CODE, PackedArray
+from .records import STEP_SOURCES, BackwardRecord, StepRecord, Trace
 
 R = TypeVar("R")
-_NONE = -(2**63)  # an int column's code for None
+_NONE = NONE_CODE  # an int column's code for None
+AVERAGE_AFTER = 2**18  # rows of a long run whose measurements stay exact; older ones are averaged over spans
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class Columns:
     ``"n"`` ints that may be None, ``"d"`` floats, ``"b"`` bools).
     ``choices``: str fields with a closed set of values, stored as an index.
     ``ranges``: list-of-int fields stored as (first, count) when consecutive.
+    ``averaged``: number fields that measure (times, sizes, counts), read as
+    the mean of their span once more than :data:`AVERAGE_AFTER` rows are
+    newer (:class:`~graphwatch.model.packed.PackedArray`); the others (ids,
+    flags, what the analysis tests for zero) stay exact.
     Any other field must hold its default for the record to be frozen.
     """
 
@@ -53,6 +58,7 @@ class Columns:
     numbers: dict[str, str]
     choices: dict[str, tuple[str, ...]]
     ranges: tuple[str, ...] = ()
+    averaged: tuple[str, ...] = ()
 
     def defaults(self) -> dict[str, Any]:
         return {
@@ -73,6 +79,10 @@ STEP_COLUMNS = Columns(
     },
     choices={"source": STEP_SOURCES},
     ranges=("backwards",),
+    averaged=(
+        "nodes_created", "saved_packed", "saved_bytes_packed", "live_activation_bytes", "live_leaf_bytes",
+        "live_nodes", "backward_seconds", "seconds", "rss_bytes", "cuda_allocated", "cuda_reserved",
+    ),
 )  # fmt: skip
 
 BACKWARD_COLUMNS = Columns(
@@ -83,6 +93,7 @@ BACKWARD_COLUMNS = Columns(
         "graph_reused": "b", "held_bytes": "q",
     },
     choices={"api": ("backward", "grad")},
+    averaged=("nodes_reached", "saved_freed", "bytes_freed", "seconds"),
 )  # fmt: skip
 
 
@@ -99,7 +110,10 @@ class RecordList(Sequence, Generic[R]):
         typecodes = {name: "q" if code == "n" else code for name, code in columns.numbers.items()}
         typecodes.update({name: "b" for name in columns.choices})
         typecodes.update({f"{name}.{part}": "q" for name in columns.ranges for part in ("first", "count")})
-        self._arrays = {name: PackedArray(code) for name, code in typecodes.items()}
+        self._arrays = {
+            name: PackedArray(code, averaged_after=AVERAGE_AFTER if name in columns.averaged else None)
+            for name, code in typecodes.items()
+        }
         self._numbers = attrgetter(*columns.numbers)
         self._number_arrays = [self._arrays[name] for name in columns.numbers]
         self._row = PackedArray("q")  # per index: its row in the arrays, or -1 while it is an object
@@ -187,6 +201,16 @@ class RecordList(Sequence, Generic[R]):
         """How many records are stored in columns."""
         return len(self._row) - len(self._objects)
 
+    def averaged(self) -> tuple[int, int]:
+        """(first, stop): frozen records ``first`` to ``stop - 1`` read the mean of their span for the
+        ``averaged`` fields; (0, 0) when none do."""
+        spans = [span for name in self.columns.averaged if (span := self._arrays[name].averaged())[1]]
+        if not spans:
+            return 0, 0
+        key = self._arrays[next(iter(self.columns.numbers))]  # each row's record number (index, id)
+        first, stop = min(a for a, _ in spans), max(b for _, b in spans)
+        return key[first], key[stop] if stop < len(key) else len(self)
+
     def loose(self) -> list[tuple[int, R]]:
         """(index, record) of the records kept as objects, in order."""
         return sorted(self._objects.items(), key=itemgetter(0))
@@ -226,6 +250,21 @@ def field_values(records: Sequence[Any], name: str) -> list[Any]:
     if isinstance(records, RecordList):
         return records.field(name)
     return [getattr(record, name) for record in records]
+
+
+def averaged_steps(trace: Trace) -> tuple[int, int]:
+    """(first, stop): the steps whose times and sizes, or those of their backwards, read as the mean of
+    their span; (0, 0) when every step's read as recorded.
+
+    Only a run longer than :data:`AVERAGE_AFTER` steps (or backwards) has averaged ones; steps that carry
+    detail (a finding's evidence) are never averaged.
+    """
+    spans = []
+    if isinstance(trace.steps, RecordList) and (span := trace.steps.averaged())[1]:
+        spans.append(span)
+    if isinstance(trace.backwards, RecordList) and (span := trace.backwards.averaged())[1]:
+        spans.append((trace.backwards[span[0]].step, trace.backwards[span[1] - 1].step + 1))
+    return (min(a for a, _ in spans), max(b for _, b in spans)) if spans else (0, 0)
 
 
 def freeze_step(steps: RecordList, backwards: RecordList, index: int) -> None:

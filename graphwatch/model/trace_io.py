@@ -277,6 +277,9 @@ def _check_ranges(trace: Trace) -> None:
     for finding in trace.findings:
         _check_evidence(finding.evidence)
     _check_number("untracked_saved", trace.untracked_saved, "the trace's")
+    first, stop = trace.averaged_from, trace.averaged_before
+    if not 0 <= first <= stop <= max(len(trace.steps), first):
+        raise ValueError(f"the trace's averaged steps {first} to {stop - 1} are not steps of the run")
 
 
 def _check_number(name: str, value: Any, what: str) -> None:

@@ -38,7 +38,7 @@ from .charts import NODES_COLOR, bar_chart, byte_unit, line_chart
 from .findings_html import finding_articles
 from .gallery import Picture, gallery_html, legend_html, render_pictures
 from .ranks import RANKS_CSS, is_rank_set, rank_notes, ranks_html, report_verdict
-from .wording import early_end, marked_steps, sample_steps, seconds_text
+from .wording import averaged_text, early_end, marked_steps, sample_steps, seconds_text
 
 Section = tuple[str, Trace]
 
@@ -227,6 +227,8 @@ def _meta_html(trace: Trace, trace_file: str) -> str:
             f'<p class="notice">{counted(trace.untracked_saved, "saved tensor")} went through saved-tensor hooks '
             "entered inside the session, which graphwatch cannot see; they are not counted.</p>"
         )
+    if averaged_text(trace):
+        notes.append(f'<p class="notice">{escape(averaged_text(trace))}</p>')
     return f'<p class="meta">{" · ".join(facts)}</p>' + "".join(notes)
 
 

@@ -41,6 +41,7 @@ from ..analysis.evidence import counted, human_bytes
 from ..model import Finding, Trace
 from .charts import SPARK_ASCII, SPARK_BLOCKS, sparkline
 from .wording import (
+    averaged_text,
     cited_sites,
     early_end,
     explained_in_error,
@@ -170,6 +171,8 @@ class Summary:
                 "(saved_tensors_hooks entered inside the session); they are not counted",
                 style="dim",
             )
+        if averaged_text(trace):
+            yield Text(averaged_text(trace), style="dim")
         if trace.findings and boxed:
             yield Panel(
                 Group(*self._findings()),

@@ -14,6 +14,7 @@ from collections.abc import Collection, Sequence
 
 from ..analysis.evidence import counted
 from ..model import Finding, StepRecord, Trace
+from ..model.columns import AVERAGE_AFTER
 
 # memory-growth cites the first and last step of its fit, not every step it saw
 _RANGE_KINDS = frozenset({"memory-growth"})
@@ -120,6 +121,22 @@ def seconds_text(seconds: float) -> str:
     ('0.42 ms', '2.50 s')
     """
     return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def averaged_text(trace: Trace) -> str:
+    """The notice for a long run whose older settled steps were averaged ("" when none were).
+
+    >>> print(averaged_text(Trace(averaged_from=4096, averaged_before=1_000_000)))  # doctest: +NORMALIZE_WHITESPACE
+    steps 4,096 to 999,999: times and sizes are averaged over spans of steps (a long run keeps its first
+    steps and its last 262,144 exact; findings and their evidence are whole)
+    """
+    if trace.averaged_before <= trace.averaged_from:
+        return ""
+    return (
+        f"steps {trace.averaged_from:,} to {trace.averaged_before - 1:,}: times and sizes are averaged over spans "
+        f"of steps (a long run keeps its first steps and its last {AVERAGE_AFTER:,} exact; findings and their "
+        "evidence are whole)"
+    )
 
 
 def ended_early_text(reason: str, limit: int = 100) -> str:
