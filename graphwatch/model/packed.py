@@ -233,9 +233,9 @@ class PackedArray:
     def _flush(self) -> None:
         """Pack the unpacked chunk again if it was written to."""
         if self._dirty:
-            chunk = self._chunks[self._cached_at]
-            self._chunks[self._cached_at] = _Chunk(self._cached)  # type: ignore[arg-type]
-            self._chunks[self._cached_at].averaged = chunk.averaged
+            chunk = self._chunks[self._cached_at] = _Chunk(self._cached)  # type: ignore[arg-type]
+            if self._cached_at < self._averaged and self._cached_at > 0:  # a span written to: still a span
+                chunk.averaged, chunk.sum = True, sum(self._cached)  # type: ignore[arg-type]
             self._dirty = False
 
     def __getitem__(self, index: int) -> Any:  # an int, or a float in a "d" array
