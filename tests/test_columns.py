@@ -7,7 +7,9 @@ import dataclasses
 import torch
 
 import graphwatch
-from graphwatch.model.columns import BACKWARD_COLUMNS, STEP_COLUMNS, RecordList, field_values, to_json_columns
+from graphwatch.model import save_trace
+from graphwatch.model.column_json import to_json_columns
+from graphwatch.model.columns import BACKWARD_COLUMNS, STEP_COLUMNS, RecordList, field_values
 
 
 def _session_trace(steps: int) -> graphwatch.Trace:
@@ -51,3 +53,14 @@ def test_json_columns_of_the_columns_equal_those_of_the_records() -> None:
     for records, columns in ((trace.steps, STEP_COLUMNS), (trace.backwards, BACKWARD_COLUMNS)):
         assert isinstance(records, RecordList) and records.loose()
         assert to_json_columns(records, columns, _plain) == to_json_columns(list(records), columns, _plain)
+
+
+def test_a_loaded_trace_reads_the_same_and_keeps_its_settled_steps_in_columns(tmp_path) -> None:
+    trace = _session_trace(300)
+    path = tmp_path / "trace.json"
+    save_trace(trace, path)
+    loaded = graphwatch.load(path)
+    for name in ("steps", "backwards"):
+        original, back = getattr(trace, name), getattr(loaded, name)
+        assert list(back) == list(original), name
+        assert isinstance(back, RecordList) and back.frozen() >= original.frozen() > 0, name

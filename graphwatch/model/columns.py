@@ -9,7 +9,7 @@ list it replaces (indexing, slices, iteration, ``len``, equality), but
 rows (a clean loop's steps take a few bytes each, mostly their timings).
 Reading a frozen entry builds an equal record again; records that carry
 detail (holders, crossings, per-step tables) stay objects.  The JSON trace
-writes these lists as columns too (:func:`to_json_columns`).
+writes these lists as columns too (:mod:`graphwatch.model.column_json`).
 
 Example::
 
@@ -211,6 +211,34 @@ class RecordList(Sequence, Generic[R]):
         first, stop = min(a for a, _ in spans), max(b for _, b in spans)
         return key[first], key[stop] if stop < len(key) else len(self)
 
+    @classmethod
+    def from_columns(
+        cls, columns: Columns, count: int, values: dict[str, list[Any]], objects: dict[int, Any]
+    ) -> RecordList[Any]:
+        """``count`` records: ``objects`` at their indices, every other one frozen from ``values``, a list per
+        column (numbers, choices and ``name.first``/``name.count`` of ranges) of what the columns store (None
+        as its code, a choice as its index), one value per frozen record in order."""
+        records: RecordList[Any] = cls(columns)
+        for name, column in records._arrays.items():
+            column.extend(values[name])
+        rows = records._row
+        row = 0
+        for i in range(count):
+            if i in objects:
+                rows.append(-1)
+            else:
+                rows.append(row)
+                row += 1
+        records._objects = dict(objects)
+        return records
+
+    def thaw(self, index: int) -> None:
+        """Keep record ``index`` as an object again (its row stays in the columns, unused)."""
+        row = self._row[index]
+        if row >= 0:
+            self._objects[index] = self._thaw(row)
+            self._row[index] = -1
+
     def loose(self) -> list[tuple[int, R]]:
         """(index, record) of the records kept as objects, in order."""
         return sorted(self._objects.items(), key=itemgetter(0))
@@ -273,93 +301,3 @@ def freeze_step(steps: RecordList, backwards: RecordList, index: int) -> None:
     if steps.freeze(index):
         for backward_id in ids:
             backwards.freeze(backward_id)
-
-
-# ------------------------------------------------------------------ JSON
-def to_json_columns(records: Sequence[Any], columns: Columns, plain: Any) -> dict:
-    """Records as JSON columns: ``{"count", "columns", "extra"}``.
-
-    A column is ``{"all": v}`` when every record has ``v``, ``{"from": a}`` for
-    a, a+1, ..., else a list.  ``extra`` lists ``[i, {field: value}]`` for the
-    fields outside the columns that differ from their defaults, as
-    ``plain(record)`` (which leaves out defaults) gives them.  A
-    :class:`RecordList` is read column by column: only the records it keeps as
-    objects can have extra fields.
-    """
-    names = [*columns.numbers, *columns.choices]
-    values = {name: field_values(records, name) for name in names}
-    loose = records.loose() if isinstance(records, RecordList) else enumerate(records)
-    extras = {}
-    for i, record in loose:
-        other = {k: v for k, v in plain(record).items() if k not in values and k not in columns.ranges}
-        if other:
-            extras[i] = other
-    for name in columns.ranges:
-        firsts, counts = values[f"{name}.first"], values[f"{name}.count"] = [], []
-        for i, items in enumerate(field_values(records, name)):
-            first = items[0] if items else 0
-            if items != list(range(first, first + len(items))):  # not consecutive: written in full
-                extras.setdefault(i, {})[name] = items
-                first, items = 0, []
-            firsts.append(first)
-            counts.append(len(items))
-    extra = [[i, extras[i]] for i in sorted(extras)]
-    return {"count": len(records), "columns": {name: _encode(column) for name, column in values.items()}, "extra": extra}
-
-
-MAX_RECORDS = 10**8  # more steps or backwards than any trace holds: a damaged count
-
-
-def from_json_columns(data: Any, columns: Columns, range_limit: int = MAX_RECORDS) -> list[dict]:
-    """The rows (one dict per record) of :func:`to_json_columns` output; ValueError naming what is damaged.
-
-    ``range_limit``: a ``ranges`` field (a step's backwards) names ids below it.
-    """
-    if not isinstance(data, dict) or not isinstance(data.get("count"), int) or not isinstance(data.get("columns"), dict):
-        raise ValueError("expected an object with 'count' and 'columns'")
-    count, encoded = data["count"], data["columns"]
-    if isinstance(count, bool) or not 0 <= count <= MAX_RECORDS:
-        raise ValueError(f"'count' is {count!r}, not a number of records")
-    rows: list[dict] = [{} for _ in range(count)]
-    for name, column in encoded.items():
-        for row, value in zip(rows, _decode(column, count, name)):
-            row[name] = value
-    for name in columns.ranges:
-        for row in rows:
-            first, n = row.pop(f"{name}.first", 0), row.pop(f"{name}.count", 0)
-            if not isinstance(first, int) or not isinstance(n, int):
-                raise ValueError(f"column {name!r} should hold whole numbers")
-            if first < 0 or n < 0 or first + n > range_limit:
-                raise ValueError(f"column {name!r} names ids {first} to {first + n - 1}, outside 0 to {range_limit - 1}")
-            row[name] = list(range(first, first + n))
-    extra = data.get("extra", [])
-    if not isinstance(extra, list):
-        raise ValueError("'extra' should be a list")
-    for item in extra:
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) and isinstance(item[1], dict)):
-            raise ValueError("each 'extra' entry should be [index, object]")
-        if not 0 <= item[0] < count:
-            raise ValueError(f"'extra' names record {item[0]}, but there are {count}")
-        rows[item[0]].update(item[1])
-    return rows
-
-
-def _encode(column: list) -> Any:
-    if column and all(v == column[0] and type(v) is type(column[0]) for v in column):
-        return {"all": column[0]}
-    first = column[0] if column else None
-    if type(first) is int and column == list(range(first, first + len(column))):
-        return {"from": first}
-    return column
-
-
-def _decode(column: Any, count: int, name: str) -> list:
-    if isinstance(column, list):
-        if len(column) != count:
-            raise ValueError(f"column {name!r} has {len(column)} values for {count} records")
-        return column
-    if isinstance(column, dict) and "all" in column:
-        return [column["all"]] * count
-    if isinstance(column, dict) and isinstance(column.get("from"), int):
-        return list(range(column["from"], column["from"] + count))
-    raise ValueError(f"column {name!r} should be a list, {{'all': value}} or {{'from': number}}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -24,7 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TraceFormatError, UsageError
-from .columns import MAX_RECORDS, TRACE_COLUMNS, RecordList, freeze_step, from_json_columns, to_json_columns
+from .column_json import (
+    ID_FIELDS,
+    LARGEST,
+    MAX_RECORDS,
+    SITE_FIELDS,
+    records_from_json_columns,
+    to_json_columns,
+)
+from .columns import TRACE_COLUMNS, RecordList, averaged_steps, freeze_step
 from .records import (
     BackwardRecord,
     CallSite,
@@ -90,6 +99,9 @@ def _plain(record: Any) -> dict:
 def trace_to_dict(trace: Trace) -> dict:
     """The JSON-ready form of a trace (a dict of lists of dicts)."""
     out: dict[str, Any] = {"format": FORMAT, "version": VERSION}
+    if not trace.averaged_before:  # a session still open: its columns know which steps they averaged
+        trace = dataclasses.replace(trace)
+        trace.averaged_from, trace.averaged_before = averaged_steps(trace)
     for f in dataclasses.fields(trace):
         value = getattr(trace, f.name)
         if f.name in TRACE_COLUMNS:
@@ -174,7 +186,8 @@ def _is_a(value: Any, hint: Any) -> bool:
     if hint in (list, tuple) or origin in (list, tuple, collections.abc.Sequence):
         if not isinstance(value, (list, tuple, RecordList)):
             return False
-        return not args or all(_is_a(v, args[0]) for v in value)  # list[X], tuple[X, ...], tuple[X, X]
+        items = (v for _, v in value.loose()) if isinstance(value, RecordList) else value  # columns: checked
+        return not args or all(_is_a(v, args[0]) for v in items)  # list[X], tuple[X, ...], tuple[X, X]
     if hint is dict or origin in (dict, collections.abc.Mapping):
         if not isinstance(value, collections.abc.Mapping):
             return False
@@ -213,13 +226,19 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
             continue
         value = data[f.name]
         if f.name in TRACE_COLUMNS and version >= 2:
+            build = functools.partial(_build, _LIST_FIELDS[f.name], where=f"{source}: {f.name}")
+            limit = len(trace.backwards) if f.name == "steps" else MAX_RECORDS
             try:
-                rows = from_json_columns(value, TRACE_COLUMNS[f.name], len(trace.backwards) if f.name == "steps" else MAX_RECORDS)
-            except ValueError as exc:
+                value = records_from_json_columns(
+                    value, TRACE_COLUMNS[f.name], build, range_limit=limit, sites=len(trace.sites),
+                    objects_where="detail" if f.name == "steps" else None,
+                )
+            except TraceFormatError:
+                raise
+            except (TypeError, ValueError) as exc:
                 raise TraceFormatError(
                     f"{source}: field {f.name!r}: {exc}; the trace file is damaged - record the run again"
                 ) from None
-            value = RecordList(TRACE_COLUMNS[f.name], [_build(_LIST_FIELDS[f.name], row, f"{source}: {f.name}") for row in rows])
         elif f.name in _LIST_FIELDS:
             value = [_build(_LIST_FIELDS[f.name], row, f"{source}: {f.name}") for row in _rows(value, f.name, source)]
             if f.name in TRACE_COLUMNS:  # version 1: a list of objects
@@ -233,8 +252,11 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
         _check_ranges(trace)
     except (TypeError, ValueError) as exc:
         raise TraceFormatError(f"{source}: {exc}; the trace file is damaged - record the run again") from None
-    for index, step in enumerate(trace.steps):  # as compact as the session kept it
-        if not step.detail:
+    for index, step in _objects(trace.steps):  # as compact as the session kept it (columns came frozen)
+        if step.detail and version >= 2:  # the session keeps a step with detail, and its backwards, as objects
+            for backward in step.backwards:
+                trace.backwards.thaw(backward)  # type: ignore[attr-defined]  # a RecordList
+        elif not step.detail:
             try:
                 freeze_step(trace.steps, trace.backwards, index)  # type: ignore[arg-type]  # RecordLists
             except (IndexError, TypeError, OverflowError):  # a step naming a backward that is not there
@@ -245,9 +267,6 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
     return trace
 
 
-_LARGEST = 2**53  # beyond this a number cannot be a count, a size or an id of a real run
-_SITE_FIELDS = ("site", "optimizer_site")
-_ID_FIELDS = ("id", "step", "index", "seq", "backward", "node", "freed_by", "died_step", *_SITE_FIELDS)
 
 
 def _check_ranges(trace: Trace) -> None:
@@ -256,22 +275,24 @@ def _check_ranges(trace: Trace) -> None:
     Numbers are finite and of a size a run can have; ids are not negative;
     records sit at their own index; sites, backwards and steps a record
     names exist; a finding's evidence ``steps`` and ``sites`` are lists of
-    step numbers and of ``file:line`` strings.
+    step numbers and of ``file:line`` strings.  Steps and backwards stored in
+    columns were checked column by column as they loaded: only those kept as
+    objects are checked here.
     """
-    for name, records in (("steps", trace.steps), ("backwards", trace.backwards)):
-        key = "index" if name == "steps" else "id"
-        for position, record in enumerate(records):
+    steps, backwards = _objects(trace.steps), _objects(trace.backwards)
+    for name, key, records in (("steps", "index", steps), ("backwards", "id", backwards)):
+        for position, record in records:
             if getattr(record, key) != position:
                 raise ValueError(f"{name}[{position}] field {key!r} is {getattr(record, key)!r}, expected {position}")
-    tables = [*trace.sites, *trace.nodes.values(), *trace.saved.values(), *trace.steps, *trace.backwards]
+    tables = [*trace.sites, *trace.nodes.values(), *trace.saved.values(), *(r for _, r in steps + backwards)]
     every: list[Any] = [*tables, *trace.findings, *trace.snapshots]
     for record in every:
         for f in dataclasses.fields(record):
             _check_number(f.name, getattr(record, f.name), type(record).__name__)
-            if f.name in _SITE_FIELDS and getattr(record, f.name) is not None and getattr(record, f.name) >= len(trace.sites):
+            if f.name in SITE_FIELDS and getattr(record, f.name) is not None and getattr(record, f.name) >= len(trace.sites):
                 site = getattr(record, f.name)
                 raise ValueError(f"{type(record).__name__} field {f.name!r} names site {site} of {len(trace.sites)}")
-    for step in trace.steps:
+    for _, step in steps:
         if any(b >= len(trace.backwards) for b in step.backwards):
             raise ValueError(f"StepRecord field 'backwards' names backwards {step.backwards} of {len(trace.backwards)}")
     for finding in trace.findings:
@@ -282,12 +303,17 @@ def _check_ranges(trace: Trace) -> None:
         raise ValueError(f"the trace's averaged steps {first} to {stop - 1} are not steps of the run")
 
 
+def _objects(records: list[Any]) -> list[tuple[int, Any]]:
+    """(index, record) of the records kept as objects (every one of a plain list)."""
+    return records.loose() if isinstance(records, RecordList) else list(enumerate(records))
+
+
 def _check_number(name: str, value: Any, what: str) -> None:
     """Every number in ``value`` (searched through lists and dicts) finite and of a plausible size."""
     if isinstance(value, bool) or value is None:
         return
     if isinstance(value, (int, float)):
-        bad = not math.isfinite(value) or abs(value) > _LARGEST or (name in _ID_FIELDS and value < 0)
+        bad = not math.isfinite(value) or abs(value) > LARGEST or (name in ID_FIELDS and value < 0)
         if bad:
             raise ValueError(f"{what} field {name!r} is {value!r}, out of range")
     elif isinstance(value, (list, tuple)):
