@@ -12,24 +12,17 @@ Example::
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
 import functools
 import json
-import math
 import os
 import tempfile
-import types
-import typing
 from pathlib import Path
 from typing import Any
 
 from ..errors import TraceFormatError, UsageError
 from .column_json import (
-    ID_FIELDS,
-    LARGEST,
     MAX_RECORDS,
-    SITE_FIELDS,
     records_from_json_columns,
     to_json_columns,
 )
@@ -47,6 +40,7 @@ from .records import (
     StepTable,
     Trace,
 )
+from .trace_checks import check_fields, check_ranges, loose_records
 
 FORMAT = "graphwatch-trace"
 # 2: steps and backwards as columns (version 1 traces, a list of objects each, still load)
@@ -143,64 +137,10 @@ def _record(cls: type, row: Any) -> Any:
         if not all(isinstance(h, dict) for h in record.holders):
             raise TypeError("StepRecord field 'holders' should be a list of objects")
         record.holders = [_record(Holder, h) for h in record.holders]
-    _check_fields(record, cls.__name__)
+    check_fields(record, cls.__name__)
     if isinstance(record, Holder):
         record.steps = StepSpans.of(record.steps)
     return record
-
-
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _check_fields(record: Any, what: str) -> None:
-    """A TypeError naming the first field whose value is not of its declared type (JSON loads anything)."""
-    cls = type(record)
-    hints = _HINTS.get(cls)
-    if hints is None:
-        hints = _HINTS[cls] = typing.get_type_hints(cls)
-    for f in dataclasses.fields(record):
-        value = getattr(record, f.name)
-        if not _is_a(value, hints[f.name]):
-            shown = repr(value)
-            shown = shown if len(shown) <= 40 else shown[:37] + "..."
-            raise TypeError(f"{what} field {f.name!r} is {shown}, expected {_type_name(hints[f.name])}")
-
-
-def _is_a(value: Any, hint: Any) -> bool:
-    """Whether ``value`` (as JSON loads it) fits the field type ``hint``; ints pass for floats, bools not for ints."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return True
-    if origin is typing.Union or origin is types.UnionType:
-        return any(_is_a(value, h) for h in args)
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
-    if hint in (list, tuple) or origin in (list, tuple, collections.abc.Sequence):
-        if not isinstance(value, (list, tuple, RecordList)):
-            return False
-        items = (v for _, v in value.loose()) if isinstance(value, RecordList) else value  # columns: checked
-        return not args or all(_is_a(v, args[0]) for v in items)  # list[X], tuple[X, ...], tuple[X, X]
-    if hint is dict or origin in (dict, collections.abc.Mapping):
-        if not isinstance(value, collections.abc.Mapping):
-            return False
-        return not args or all(_is_a(k, args[0]) and _is_a(v, args[1]) for k, v in value.items())
-    if isinstance(hint, type):
-        return isinstance(value, hint)
-    return True
-
-
-def _type_name(hint: Any) -> str:
-    if isinstance(hint, type) and not typing.get_args(hint):
-        return hint.__name__
-    return str(hint).replace("typing.", "").replace("graphwatch.model.records.", "")
 
 
 def trace_from_dict(data: Any, source: str = "trace") -> Trace:
@@ -248,11 +188,11 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
             value = {r.id: r for r in rows}  # type: ignore[attr-defined]  # node and saved records
         setattr(trace, f.name, value)
     try:
-        _check_fields(trace, "the trace's")
-        _check_ranges(trace)
+        check_fields(trace, "the trace's")
+        check_ranges(trace)
     except (TypeError, ValueError) as exc:
         raise TraceFormatError(f"{source}: {exc}; the trace file is damaged - record the run again") from None
-    for index, step in _objects(trace.steps):  # as compact as the session kept it (columns came frozen)
+    for index, step in loose_records(trace.steps):  # as compact as the session kept it (columns came frozen)
         if step.detail and version >= 2:  # the session keeps a step with detail, and its backwards, as objects
             for backward in step.backwards:
                 trace.backwards.thaw(backward)  # type: ignore[attr-defined]  # a RecordList
@@ -267,70 +207,6 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
     return trace
 
 
-
-
-def _check_ranges(trace: Trace) -> None:
-    """A ValueError naming the first field whose value is out of range (types are checked already).
-
-    Numbers are finite and of a size a run can have; ids are not negative;
-    records sit at their own index; sites, backwards and steps a record
-    names exist; a finding's evidence ``steps`` and ``sites`` are lists of
-    step numbers and of ``file:line`` strings.  Steps and backwards stored in
-    columns were checked column by column as they loaded: only those kept as
-    objects are checked here.
-    """
-    steps, backwards = _objects(trace.steps), _objects(trace.backwards)
-    for name, key, records in (("steps", "index", steps), ("backwards", "id", backwards)):
-        for position, record in records:
-            if getattr(record, key) != position:
-                raise ValueError(f"{name}[{position}] field {key!r} is {getattr(record, key)!r}, expected {position}")
-    tables = [*trace.sites, *trace.nodes.values(), *trace.saved.values(), *(r for _, r in steps + backwards)]
-    every: list[Any] = [*tables, *trace.findings, *trace.snapshots]
-    for record in every:
-        for f in dataclasses.fields(record):
-            _check_number(f.name, getattr(record, f.name), type(record).__name__)
-            if f.name in SITE_FIELDS and getattr(record, f.name) is not None and getattr(record, f.name) >= len(trace.sites):
-                site = getattr(record, f.name)
-                raise ValueError(f"{type(record).__name__} field {f.name!r} names site {site} of {len(trace.sites)}")
-    for _, step in steps:
-        if any(b >= len(trace.backwards) for b in step.backwards):
-            raise ValueError(f"StepRecord field 'backwards' names backwards {step.backwards} of {len(trace.backwards)}")
-    for finding in trace.findings:
-        _check_evidence(finding.evidence)
-    _check_number("untracked_saved", trace.untracked_saved, "the trace's")
-    first, stop = trace.averaged_from, trace.averaged_before
-    if not 0 <= first <= stop <= max(len(trace.steps), first):
-        raise ValueError(f"the trace's averaged steps {first} to {stop - 1} are not steps of the run")
-
-
-def _objects(records: list[Any]) -> list[tuple[int, Any]]:
-    """(index, record) of the records kept as objects (every one of a plain list)."""
-    return records.loose() if isinstance(records, RecordList) else list(enumerate(records))
-
-
-def _check_number(name: str, value: Any, what: str) -> None:
-    """Every number in ``value`` (searched through lists and dicts) finite and of a plausible size."""
-    if isinstance(value, bool) or value is None:
-        return
-    if isinstance(value, (int, float)):
-        bad = not math.isfinite(value) or abs(value) > LARGEST or (name in ID_FIELDS and value < 0)
-        if bad:
-            raise ValueError(f"{what} field {name!r} is {value!r}, out of range")
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            _check_number(name, item, what)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_number(name, key, what)
-            _check_number(name, item, what)
-
-
-def _check_evidence(evidence: dict) -> None:
-    steps, sites = evidence.get("steps"), evidence.get("sites")
-    if steps is not None and not (isinstance(steps, list) and all(_is_a(s, int) and s >= 0 for s in steps)):
-        raise ValueError(f"Finding field 'evidence' has 'steps' {steps!r:.40}, expected a list of step numbers")
-    if sites is not None and not (isinstance(sites, list) and all(isinstance(s, str) for s in sites)):
-        raise ValueError(f"Finding field 'evidence' has 'sites' {sites!r:.40}, expected a list of 'file:line' strings")
 
 
 def _rows(value: Any, name: str, source: str) -> list[dict]:
