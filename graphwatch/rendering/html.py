@@ -38,7 +38,7 @@ from .charts import NODES_COLOR, bar_chart, byte_unit, line_chart
 from .findings_html import finding_articles
 from .gallery import Picture, gallery_html, legend_html, render_pictures
 from .ranks import RANKS_CSS, is_rank_set, rank_notes, ranks_html, report_verdict
-from .wording import averaged_text, early_end, marked_steps, sample_steps, seconds_text
+from .wording import averaged_text, early_end, marked_steps, sample_steps, seconds_text, step_values
 
 Section = tuple[str, Trace]
 
@@ -146,16 +146,15 @@ class _Run:
 # --------------------------------------------------------------------- steps: charts, table
 def _charts_html(trace: Trace) -> str:
     steps = trace.steps
-    xs = [s.index for s in steps]
+    xs = step_values(steps, "index")
     marks = marked_steps(trace)
-    saved = [s.live_saved_bytes for s in steps]
+    saved = step_values(steps, "live_saved_bytes")
     divisor, unit = byte_unit(max(saved))
+    nodes, backward = step_values(steps, "live_nodes"), step_values(steps, "backward_seconds")
     charts = [
         line_chart(xs, [v / divisor for v in saved], title="live saved tensors", y_label=unit, marks=marks),
-        line_chart(
-            xs, [s.live_nodes for s in steps], title="autograd nodes alive", y_label="nodes", color=NODES_COLOR, marks=marks
-        ),
-        bar_chart(xs, [s.backward_seconds * 1e3 for s in steps], title="backward time", y_label="ms", marks=marks),
+        line_chart(xs, nodes, title="autograd nodes alive", y_label="nodes", color=NODES_COLOR, marks=marks),
+        bar_chart(xs, [s * 1e3 for s in backward], title="backward time", y_label="ms", marks=marks),
     ]
     return '<div class="charts">' + "".join(charts) + "</div>"
 
@@ -178,7 +177,7 @@ _CUDA_COLUMN: _Column = (
 
 def _table_html(trace: Trace) -> str:
     marks = marked_steps(trace)
-    columns = _COLUMNS + ((_CUDA_COLUMN,) if any(s.cuda_allocated is not None for s in trace.steps) else ())
+    columns = _COLUMNS + ((_CUDA_COLUMN,) if any(v is not None for v in step_values(trace.steps, "cuda_allocated")) else ())
     body = []
     for row in sample_steps(trace.steps, marks, head=10, tail=10, most=60):
         if isinstance(row, int):

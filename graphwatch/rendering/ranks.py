@@ -42,7 +42,7 @@ from ..analysis.evidence import human_bytes
 from ..model import Finding, StepRecord, Trace
 from .charts import sparkline
 from .terminal import ascii_safe, finding_lines
-from .wording import cited_sites, marked_steps, problems, sample_steps, seconds_text, verdict
+from .wording import cited_sites, marked_steps, problems, sample_steps, seconds_text, step_values, verdict
 
 RANK_FOLDER = "rank{}"
 
@@ -154,9 +154,9 @@ class RankRow:
             trace.rank or 0,
             len(steps),
             len(problems(trace)),
-            max((s.live_saved_bytes for s in steps), default=0),
-            max((s.live_nodes for s in steps), default=0),
-            sum(s.backward_seconds for s in steps),
+            max(step_values(steps, "live_saved_bytes"), default=0),
+            max(step_values(steps, "live_nodes"), default=0),
+            sum(step_values(steps, "backward_seconds")),
             trace.ended_early,
         )
 
@@ -200,7 +200,7 @@ def _first_seen(traces: Sequence[Trace]) -> dict[int, str]:
 def _step_table_html(traces: Sequence[Trace]) -> str:
     marks = _first_seen(traces)
     skeleton = max(traces, key=lambda t: len(t.steps)).steps
-    lookup = [{s.index: s for s in t.steps} for t in traces]
+    lookup = [t.steps for t in traces]  # a step sits at its own index (checked when a trace loads)
     metrics: tuple[tuple[str, Callable[[StepRecord], str]], ...] = (
         ("live saved", lambda s: human_bytes(s.live_saved_bytes)),
         ("nodes alive", lambda s: f"{s.live_nodes:,}"),
@@ -220,7 +220,7 @@ def _step_table_html(traces: Sequence[Trace]) -> str:
             continue
         cells = [str(row.index)]
         for _, value in metrics:
-            cells += [value(steps[row.index]) if row.index in steps else "–" for steps in lookup]
+            cells += [value(steps[row.index]) if row.index < len(steps) else "–" for steps in lookup]
         cells.append(marks.get(row.index, ""))
         body.append(
             ('<tr class="marked">' if row.index in marks else "<tr>")
@@ -307,7 +307,7 @@ class RankSummary:
         spark = max(8, min(40, max_width - (90 if early else 70)))
         for row, trace in zip(rows, self.traces):
             cells = row.cells()[: None if early else -1]
-            table.add_row(*cells, sparkline([s.live_nodes for s in trace.steps], spark))
+            table.add_row(*cells, sparkline(step_values(trace.steps, "live_nodes"), spark))
         shared = shared_findings(self.traces)
         if shared:
             parts: list[RenderableType] = []

@@ -49,6 +49,7 @@ from .wording import (
     marked_steps,
     sample_steps,
     seconds_text,
+    step_values,
     steps_text,
     verdict,
 )
@@ -227,14 +228,15 @@ class Summary:
     def _sparklines(self, max_width: int) -> Table:
         steps = self.trace.steps
         # the session's own last step (what ran after the loop) is drawn, but the range ends at the loop's last
-        trained = [i for i, s in enumerate(steps) if s.source != "session-end"] or [len(steps) - 1]
+        sources = step_values(steps, "source")
+        trained = [i for i, source in enumerate(sources) if source != "session-end"] or [len(steps) - 1]
         rows = []
         for label, values, fmt in (
-            ("live saved tensors", [s.live_saved_bytes for s in steps], human_bytes),
-            ("nodes alive", [s.live_nodes for s in steps], lambda n: f"{n:,}"),
+            ("live saved tensors", step_values(steps, "live_saved_bytes"), human_bytes),
+            ("nodes alive", step_values(steps, "live_nodes"), lambda n: f"{n:,}"),
         ):
             top = max(range(len(values)), key=values.__getitem__)
-            span = f"{fmt(values[trained[0]])} → {fmt(values[trained[-1]])} (max {fmt(values[top])}, step {steps[top].index})"
+            span = f"{fmt(values[trained[0]])} → {fmt(values[trained[-1]])} (max {fmt(values[top])}, step {top})"
             rows.append((label, values, span))
         # the widest label and range text, two gaps of two columns: the sparkline gets the rest
         width = max(8, min(60, max_width - 18 - max(len(r[2]) for r in rows) - 4))  # (60 when unwrapped)

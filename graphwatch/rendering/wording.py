@@ -11,10 +11,11 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import Any
 
 from ..analysis.evidence import counted
 from ..model import Finding, StepRecord, Trace
-from ..model.columns import AVERAGE_AFTER
+from ..model.columns import AVERAGE_AFTER, field_values
 
 # memory-growth cites the first and last step of its fit, not every step it saw
 _RANGE_KINDS = frozenset({"memory-growth"})
@@ -88,6 +89,19 @@ def marked_steps(trace: Trace) -> dict[int, str]:
     return {step: ", ".join(kinds) for step, kinds in marks.items()}
 
 
+def step_values(steps: Sequence[StepRecord], name: str) -> list[Any]:
+    """Every step's ``name`` (a field, or ``live_saved_bytes``), read column by column: a long run's settled
+    steps are not built again.
+
+    >>> step_values([StepRecord(index=0, source="optimizer", live_activation_bytes=3, live_leaf_bytes=4)], "live_saved_bytes")
+    [7]
+    """
+    if name == "live_saved_bytes":
+        activations, leaves = field_values(steps, "live_activation_bytes"), field_values(steps, "live_leaf_bytes")
+        return [a + b for a, b in zip(activations, leaves)]
+    return field_values(steps, name)
+
+
 def sample_steps(
     steps: Sequence[StepRecord], keep: Collection[int], head: int = 5, tail: int = 5, most: int = 20
 ) -> list[StepRecord | int]:
@@ -101,7 +115,7 @@ def sample_steps(
     [0, 1, 2, 3, 4, 45, 50, 51, 52, 53, 41, 95, 96, 97, 98, 99]
     """
     n = len(steps)
-    kept = sorted(i for i, s in enumerate(steps) if s.index in keep)[:most]
+    kept = sorted(i for i, index in enumerate(step_values(steps, "index")) if index in keep)[:most]
     wanted = sorted(set(range(min(head, n))) | set(range(max(n - tail, 0), n)) | set(kept))
     rows: list[StepRecord | int] = []
     previous = -1
