@@ -23,7 +23,9 @@ Reads of a packed chunk unpack it once and keep the last chunk unpacked, so a
 scan in order costs one unpack per chunk.  Writes to a packed chunk (a step
 settled long after it ended, or a loaded trace's steps put into columns)
 change the unpacked copy, which is packed again when another chunk is
-unpacked: writes in order cost one unpack and one pack per chunk.
+unpacked: writes in order cost one unpack and one pack per chunk.  Reads
+change that cache, so one thread at a time reads and writes an array (the
+session's recording thread; finalizers never touch these arrays).
 
 Example::
 
