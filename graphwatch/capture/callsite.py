@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import sys
@@ -39,6 +40,14 @@ def is_user_file(filename: str) -> bool:
     """True for a file that is neither torch's, graphwatch's nor Python's standard library."""
     if filename.startswith("<"):  # <stdin>, <string> and notebooks are user code; <frozen ...> is not
         return not filename.startswith("<frozen")
+    if not os.path.isabs(filename):  # relative to the working directory, as os.path.abspath makes it
+        filename = os.path.join(os.getcwd(), filename)
+    return _is_user_path(filename)
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_user_path(filename: str) -> bool:
+    """:func:`is_user_file` of an absolute path (once per path: a step end's holder search asks per value)."""
     path = os.path.abspath(filename)
     if path.startswith(_INTERNAL_PREFIXES):
         return False
@@ -95,21 +104,23 @@ class SiteTable:
     def here(self, skip: int = 1) -> int | None:
         """Id of the innermost user frame's site (with its user callers), or None if there is none.
 
-        A hook that torch calls on a thread of its own (a TorchScript fork, the
-        autograd engine's device threads) may have fewer than ``skip`` frames
-        above it: that is no user frame either."""
-        return self.from_frame(outer_frame(skip))
+        ``skip``: how many frames above this call the walk starts (1: the caller's frame).  A hook that
+        torch calls on a thread of its own (a TorchScript fork, the autograd engine's device threads)
+        may have fewer than ``skip`` frames above it: that is no user frame either.  (The pack hook's
+        lookup, once per op: one walk up the stack and one dict lookup when the position is known.)"""
+        try:
+            frame = sys._getframe(skip)
+        except ValueError:  # "call stack is not deep enough"
+            return None
+        return self._walk(frame, None, None)
 
     def from_frame(self, frame: FrameType | None, line: int | None = None) -> int | None:
         """Like :meth:`here`, starting the walk at ``frame`` (at ``line`` instead of its current line)."""
-        inner = frame if line is not None else self._user_frame(frame)
-        if inner is None:
+        if frame is None:
             return None
-        caller = self._user_frame(inner.f_back)
-        position = -line if line is not None else inner.f_lasti
-        if caller is None:
-            return self._site([inner], (id(inner.f_code), position), line)
-        return self._site([inner, caller], (id(inner.f_code), position, id(caller.f_code), caller.f_lasti), line)
+        if line is None:
+            return self._walk(frame, None, None)
+        return self._walk(frame.f_back, frame, line)
 
     def from_code(self, code: CodeType, line: int) -> int:
         """The site id of ``line`` in ``code``'s function, with no caller (a line not running now)."""
@@ -119,24 +130,39 @@ class SiteTable:
         """The site id of ``line`` of a module's own code (a script that has finished running)."""
         return self.from_code(compile("", filename, "exec"), line)
 
-    def _user_frame(self, frame: FrameType | None) -> FrameType | None:
-        """The first user frame from ``frame`` outwards (the hot loop: a few attribute reads per frame)."""
+    def _walk(self, frame: FrameType | None, inner: FrameType | None, line: int | None) -> int | None:
+        """The site id of ``inner`` (else of the first user frame from ``frame`` outwards) and of its
+        nearest user caller, found from ``frame`` outwards; ``line``: ``inner``'s line, instead of the one
+        it runs now.  The hot loop: per frame, an ``id``, a dict lookup and ``f_back``."""
+        user_code = self._user_code
         while frame is not None:
-            is_user = self._user_code.get(id(frame.f_code))
-            if is_user or (is_user is None and self._classify(frame.f_code)):
-                return frame
+            code = frame.f_code
+            is_user = user_code.get(id(code))
+            if is_user or (is_user is None and self._classify(code)):
+                if inner is not None:
+                    break  # ``frame`` is inner's user caller
+                inner = frame
             frame = frame.f_back
-        return None
-
-    def _site(self, frames: list[FrameType], position: tuple[int, ...], line: int | None = None) -> int:
-        """The site id of a chain of user frames (innermost first), from its position or, once, its lines."""
+        if inner is None:
+            return None
+        at = inner.f_lasti if line is None else -line
+        if frame is None:
+            position: tuple[int, ...] = (id(inner.f_code), at)
+        else:
+            position = (id(inner.f_code), at, id(frame.f_code), frame.f_lasti)
         site_id = self._positions.get(position)
         if site_id is None:
-            lines = [frame.f_lineno for frame in frames]
-            if line is not None:
-                lines[0] = line
-            chain = tuple((frame.f_code, n) for frame, n in zip(frames, lines))
-            site_id = self._positions[position] = self._intern(chain)
+            site_id = self._site([inner] if frame is None else [inner, frame], position, line)
+        return site_id
+
+    def _site(self, frames: list[FrameType], position: tuple[int, ...], line: int | None) -> int:
+        """The site id of a chain of user frames (innermost first) at a position not seen before: from
+        their lines, read once per position."""
+        lines = [frame.f_lineno for frame in frames]
+        if line is not None:
+            lines[0] = line
+        chain = tuple((frame.f_code, n) for frame, n in zip(frames, lines))
+        site_id = self._positions[position] = self._intern(chain)
         return site_id
 
     def _classify(self, code: CodeType) -> bool:

@@ -44,6 +44,7 @@ Example::
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 from dataclasses import dataclass, field
@@ -141,6 +142,13 @@ class _PlanReader(ast.NodeVisitor):
         self.generic_visit(node)
 
 
+@functools.lru_cache(maxsize=256)
+def _read_plan(node: ast.AST) -> LoopPlan:
+    """The plan of one function's syntax tree, read once per tree (not once per session: every session
+    of a script that runs several meets the same loops; an edited file is parsed into a new tree)."""
+    return _PlanReader().read(node)
+
+
 def _keeps_graph(call: ast.Call) -> bool:
     """A call passing ``retain_graph=`` or ``create_graph=`` (other than a literal False)."""
     return any(
@@ -167,7 +175,7 @@ class LoopSteps:
         """The loops and candidate events of ``code``'s function (None when its source cannot be read)."""
         if code not in self._plans:
             node = function_node(code)
-            self._plans[code] = _PlanReader().read(node) if node is not None else None
+            self._plans[code] = _read_plan(node) if node is not None else None
         return self._plans[code]
 
     # ------------------------------------------------------------ decisions

@@ -37,9 +37,8 @@ from torch.optim.optimizer import (
 Hook = Callable[[torch.optim.Optimizer, tuple, dict], None]
 
 
-def _params(optimizer: torch.optim.Optimizer) -> Iterable[torch.Tensor]:
-    for group in optimizer.param_groups:
-        yield from group["params"]
+def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [param for group in optimizer.param_groups for param in group["params"]]
 
 
 class GradResetTracker:
@@ -59,26 +58,36 @@ class GradResetTracker:
 
     def before_step(self, optimizer: torch.optim.Optimizer) -> int:
         """How many of the optimizer's gradients were not reset since its previous step."""
+        if not self._after or not self._accumulations:  # a first step, or no backward since the last one
+            return 0
         stale = 0
+        after, accumulations = self._after, self._accumulations
         for param in _params(optimizer):
             grad = param.grad
-            seen = self._after.get(id(param))
-            if grad is None or seen is None or seen[0]() is not grad:
+            seen = after.get(id(param))
+            if seen is None or seen[0]() is not grad or grad is None:  # (None last: mypy narrows on `is`)
                 continue
-            accumulated = self._accumulations.get(id(param), 0)
-            if accumulated and grad is not None and grad._version - seen[1] <= accumulated:
+            accumulated = accumulations.get(id(param), 0)
+            if accumulated and grad._version - seen[1] <= accumulated:
                 stale += 1
         return stale
 
     def after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Note each gradient and its version now (a weak reference is made again only for a new tensor)."""
+        after, accumulations = self._after, self._accumulations
         for param in _params(optimizer):
             key = id(param)
-            self._accumulations.pop(key, None)
+            accumulations.pop(key, None)
             grad = param.grad
             if grad is None:
-                self._after.pop(key, None)
-            else:
-                self._after[key] = (weakref.ref(grad), grad._version)
+                after.pop(key, None)
+                continue
+            version = grad._version
+            seen = after.get(key)
+            if seen is None or seen[0]() is not grad:
+                after[key] = (weakref.ref(grad), version)
+            elif seen[1] != version:
+                after[key] = (seen[0], version)
 
 
 class OptimizerHooks:
