@@ -54,7 +54,7 @@ import torch
 
 from .callsite import is_user_file
 from .holders import local_value
-from .source import dotted_name, function_node
+from .source import dotted_name, function_node, module_node
 
 _MAX_CALLERS = 8  # user frames walked up from an event to find the loop
 _SCHEDULER = re.compile(r"sched|lr_?", re.IGNORECASE)
@@ -143,10 +143,11 @@ class _PlanReader(ast.NodeVisitor):
 
 
 @functools.lru_cache(maxsize=256)
-def _read_plan(node: ast.AST) -> LoopPlan:
-    """The plan of one function's syntax tree, read once per tree (not once per session: every session
-    of a script that runs several meets the same loops; an edited file is parsed into a new tree)."""
-    return _PlanReader().read(node)
+def _read_plan(code: CodeType, tree: ast.Module | None) -> LoopPlan | None:
+    """The plan of ``code``'s function, read once per syntax tree of its file (``tree``, a new one when the
+    file changed), not once per session: each session of a script that runs several meets the same loops."""
+    node = function_node(code)
+    return _PlanReader().read(node) if node is not None else None
 
 
 def _keeps_graph(call: ast.Call) -> bool:
@@ -174,8 +175,7 @@ class LoopSteps:
     def plan_of(self, code: CodeType) -> LoopPlan | None:
         """The loops and candidate events of ``code``'s function (None when its source cannot be read)."""
         if code not in self._plans:
-            node = function_node(code)
-            self._plans[code] = _read_plan(node) if node is not None else None
+            self._plans[code] = _read_plan(code, module_node(code.co_filename))
         return self._plans[code]
 
     # ------------------------------------------------------------ decisions
