@@ -72,3 +72,40 @@ def test_holder_steps_round_trip_through_the_trace_as_a_list(tmp_path) -> None:
     saved = [h.steps for s in gw.trace.steps for h in s.holders]
     assert saved and [h.steps for s in loaded.steps for h in s.holders] == saved
     assert all(isinstance(h.steps, StepSpans) for s in loaded.steps for h in s.holders)
+
+
+class _Cache:
+    """A class of the user's own: its attributes (or its instances') may hold a step's graph."""
+
+    last: torch.Tensor | None = None
+
+
+def test_library_modules_classes_and_functions_are_not_searched_but_the_users_are() -> None:
+    """A module, class or function is judged by its own module's file (its type is a builtin, whose module
+    has no file); before, every one a user frame named (torch, nn, F) had its attributes scanned."""
+    import types
+
+    from graphwatch.capture.holders import _of_a_user_class
+
+    user_module = types.ModuleType("user_settings")
+    user_module.__file__ = __file__
+
+    def user_function() -> None:
+        pass
+
+    for library in (torch, torch.nn, torch.nn.Linear, torch.nn.functional.relu, types):
+        assert not _of_a_user_class(library), library
+    for own in (user_module, _Cache, _Cache(), user_function):
+        assert _of_a_user_class(own), own
+
+
+def test_a_graph_kept_on_a_user_class_attribute_is_still_found() -> None:
+    model = torch.nn.Linear(4, 1)
+    with graphwatch.watch(summary=False, snapshots="off") as gw:
+        for _ in range(4):
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss.backward()
+            _Cache.last = loss if _Cache.last is None else _Cache.last + loss  # every step's graph, kept
+            gw.end_step()
+    _Cache.last = None
+    assert any(f.kind == "graph-kept-alive" and "_Cache.last" in f.message for f in gw.findings), gw.findings

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import types
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from types import CodeType, FrameType
@@ -71,9 +72,16 @@ def _tensors_in(name: str, value: Any, depth: int = 0, objects: bool = True) -> 
 
 
 def _of_a_user_class(value: Any) -> bool:
-    """Whether ``value`` is an instance (with attributes) of a class the user's own code defines."""
-    module = sys.modules.get(type(value).__module__)
-    filename = getattr(module, "__file__", None) or ""
+    """Whether ``value`` is an instance (with attributes) of a class the user's own code defines; a module,
+    class or function (whose type is a builtin) counts when its own module's file is the user's."""
+    kind = type(value)
+    if kind is types.ModuleType:
+        module = value
+    elif kind is type or kind is types.FunctionType:
+        module = sys.modules.get(getattr(value, "__module__", None) or "")
+    else:
+        module = sys.modules.get(kind.__module__)
+    filename = getattr(module, "__file__", None) or ""  # none: __main__ in a notebook or with python -c
     return hasattr(value, "__dict__") and is_user_file(filename) and "-packages" not in filename
 
 
