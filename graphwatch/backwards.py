@@ -101,6 +101,7 @@ class BackwardWatch:
             quick = quick_walk(recorder, roots, record.id, collect_params=accumulate)
             if quick is not None:
                 record.nodes_reached = quick.nodes_reached
+                record.nodes_counted_only = quick.nodes_counted_only
                 record.roots = root_records(recorder, roots)  # a backward-twice error compares them
                 if accumulate:
                     self._grads.accumulated(quick.params_reached)

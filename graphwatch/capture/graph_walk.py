@@ -35,6 +35,7 @@ from ..model import NodeRecord, StepSpans
 from .saved import SavedHandle
 from .saved_views import SavedTensor, raw_data
 from .stack_limit import TouchedNodes
+from .step_clock import next_sequence_nr
 
 if TYPE_CHECKING:
     from .recorder import Recorder
@@ -124,6 +125,7 @@ class WalkResult:
     """What one walk saw; the caller copies what it needs into a BackwardRecord."""
 
     nodes_reached: int = 0
+    nodes_counted_only: int = 0  # reached past the tracked budget: counted, not tagged
     earlier_nodes_reached: int = 0
     earlier_steps: set[int] = field(default_factory=set)
     crossings: list[tuple[int, int]] = field(default_factory=list)
@@ -185,12 +187,17 @@ def quick_walk(
 
     Returns None as soon as it meets a node that an earlier walk tagged or
     that an earlier step made: that graph needs :func:`walk` (steps crossed,
-    freed nodes, records).  Tags it left stay valid for that walk.
+    freed nodes, records).  Tags it left stay valid for that walk.  Past
+    the recorder's ``tracked_per_step`` tags (the default level), nodes are
+    counted and told apart by sequence number only: no tag, no metadata.
     """
     result = WalkResult()
     mark = next(_marks)
     step, first_seq = recorder.step, recorder.step_seq
     params = result.params_reached
+    made = next_sequence_nr() - first_seq  # nodes this step made: the walk reaches no others
+    budget = made if recorder.detail_always else min(made, recorder.tracked_per_step)
+    seen = bytearray(made if budget < made else 0)  # a byte per node of this step, when the budget can be reached
     stack = [root for root in roots if root is not None]
     while stack:
         node = stack.pop()
@@ -198,6 +205,17 @@ def quick_walk(
         if info.is_accumulate_grad:
             if collect_params:
                 params.append(node.variable)
+            continue
+        if seen and result.nodes_reached >= budget:
+            offset = node._sequence_nr() - first_seq
+            if not 0 <= offset < len(seen):  # an earlier step's node (or another thread's): needs walk()
+                return None
+            if seen[offset]:
+                continue
+            seen[offset] = 1
+            result.nodes_reached += 1
+            result.nodes_counted_only += 1
+            stack.extend(child for child, _ in node.next_functions if child is not None)
             continue
         metadata = node.metadata
         tag = metadata.get(METADATA_KEY)
@@ -208,6 +226,8 @@ def quick_walk(
         seq = node._sequence_nr()
         if seq < first_seq:
             return None
+        if seen and seq - first_seq < made:
+            seen[seq - first_seq] = 1
         tag = _new_tag(recorder, metadata, step, seq)
         tag.mark = mark
         tag.backward = backward_id

@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 DEFAULT_KEEP_STEPS = 20
 # Settled steps go into columns this many at a time: one pass over hot code, not a cold one per step.
 FREEZE_BATCH = 256
+# Saved tensors of one step tracked one by one at the default level; later ones are only counted, so that one
+# backward through a graph of millions of nodes holds graphwatch to a fraction of torch's own memory.
+TRACKED_PER_STEP = 100_000
 
 
 class _ResidentMemory:
@@ -80,6 +83,7 @@ class Recorder:
         self.keep_steps = keep_steps
         self.precise = False  # lines come from a CallSiteMode (the precise level)
         self.detail_always = False  # build every record at once (the precise level), not when needed
+        self.tracked_per_step = TRACKED_PER_STEP  # saved tensors of one step tracked one by one (default level)
         self.thread = threading.get_ident()
         self.clock = StepClock()
         self.step = 0
@@ -180,6 +184,15 @@ class Recorder:
                 self.cuda_seen = True
         current.saved_bytes_packed += handle.nbytes
         self._count_live(handle.nbytes, step, activation)
+
+    def saved_counted(self) -> None:
+        """Count a saved tensor past the step's :attr:`tracked_per_step`: no lifetime, bytes or record."""
+        self.current.saved_packed += 1
+        self.current.saved_counted_only += 1
+
+    def counts_only(self) -> bool:
+        """Whether the current step saved its budget of tracked tensors (the precise level has none)."""
+        return self.current.saved_packed >= self.tracked_per_step and not self.detail_always
 
     def saved_record(self, handle: SavedHandle, tensor: torch.Tensor | None = None) -> SavedRecord:
         """The SavedRecord of a handle, built on first use from the handle and its alias (or ``tensor``)."""

@@ -100,6 +100,7 @@ class SavedHandle:
     __slots__ = (
         "__weakref__",
         "alias",
+        "counted_only",
         "inner",
         "is_input",
         "kind",
@@ -117,6 +118,7 @@ class SavedHandle:
         "version",
     )  # fmt: skip
     alias: Any  # a Tensor; None once a user's hooks own it, or outer hooks decide where it lives
+    counted_only: bool  # past the step's budget: no storage key, weak reference or record
     inner: Any  # what an outer pack hook (or a user's per-tensor pack hook) returned
     is_input: bool
     kind: str
@@ -148,10 +150,14 @@ class SavedHandle:
 
 
 def _new_handle(recorder: Recorder, tensor: torch.Tensor, leaf: bool) -> SavedHandle:
-    """Note one saved tensor (the hot path: runs inside every op that saves)."""
+    """Note one saved tensor (the hot path: runs inside every op that saves).
+
+    Past the step's budget (:meth:`Recorder.counts_only`) the handle keeps what torch needs and nothing the
+    recorder finds it by: no storage key (its bytes are not counted), no weak reference, no record."""
     if recorder.boundary_pending:
         recorder.commit_boundary()
-    if tensor.is_nested:  # no sizes, no single storage: NestedTensorImpl raises on both
+    counted_only = recorder.counts_only()
+    if counted_only or tensor.is_nested:  # nested: no sizes, no single storage: NestedTensorImpl raises on both
         storage, size = None, 0
     else:
         try:
@@ -170,6 +176,7 @@ def _new_handle(recorder: Recorder, tensor: torch.Tensor, leaf: bool) -> SavedHa
     else:
         handle.kind = "parameter" if tensor.requires_grad else "input"
     handle.leaf = leaf
+    handle.counted_only = counted_only
     handle.site = recorder.pack_site()
     handle.recorder = recorder
     handle.step = recorder.step
@@ -180,7 +187,10 @@ def _new_handle(recorder: Recorder, tensor: torch.Tensor, leaf: bool) -> SavedHa
     handle.node = None  # set when a graph walk finds the owning node
     handle.inner = None  # what an outer pack hook (or a user's per-tensor pack hook) returned
     handle.user_unpack = None  # a user's per-tensor unpack hook (register_user_hooks)
-    recorder.saved_packed(handle)
+    if counted_only:
+        recorder.saved_counted()
+    else:
+        recorder.saved_packed(handle)
     return handle
 
 
@@ -194,6 +204,9 @@ def _build_record(recorder: Recorder, handle: SavedHandle, tensor: torch.Tensor)
         recorder.saved_record(handle, tensor)
 
 
+_OUTPUTS: dict[tuple[str, int], tuple[str, int]] = {}  # one shared (name, number) pair per op name and output
+
+
 def _output_of(tensor: torch.Tensor) -> tuple[str, int] | None:
     """(node name, output number) when a non-leaf tensor is an output of the op saving it (its node is
     the one numbered last), else None.
@@ -204,7 +217,8 @@ def _output_of(tensor: torch.Tensor) -> tuple[str, int] | None:
     node: Any = tensor.grad_fn  # a non-leaf's: never None
     if node._sequence_nr() != _next_sequence_nr() - 1:
         return None
-    return node.name(), tensor.output_nr
+    key = (node.name(), tensor.output_nr)
+    return _OUTPUTS.setdefault(key, key)  # the pair a handle keeps is shared, not one per saved tensor
 
 
 def make_hooks(recorder: Recorder) -> tuple[PackHook, UnpackHook]:

@@ -72,7 +72,7 @@ class Columns:
 STEP_COLUMNS = Columns(
     StepRecord,
     numbers={
-        "index": "q", "nodes_created": "q", "saved_packed": "q", "saved_bytes_packed": "q",
+        "index": "q", "nodes_created": "q", "saved_packed": "q", "saved_bytes_packed": "q", "saved_counted_only": "q",
         "live_activation_bytes": "q", "live_leaf_bytes": "q", "live_nodes": "q", "backward_seconds": "d",
         "seconds": "d", "rss_bytes": "q", "cuda_allocated": "n", "cuda_reserved": "n", "optimizer_steps": "q",
         "optimizer_site": "n", "stale_grads": "q", "detail": "b",
@@ -88,7 +88,7 @@ STEP_COLUMNS = Columns(
 BACKWARD_COLUMNS = Columns(
     BackwardRecord,
     numbers={
-        "id": "q", "step": "q", "site": "n", "retain_graph": "b", "create_graph": "b", "nodes_reached": "q",
+        "id": "q", "step": "q", "site": "n", "retain_graph": "b", "create_graph": "b", "nodes_reached": "q", "nodes_counted_only": "q",
         "earlier_nodes_reached": "q", "saved_freed": "q", "bytes_freed": "q", "seconds": "d",
         "graph_reused": "b", "held_bytes": "q",
     },

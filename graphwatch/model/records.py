@@ -105,6 +105,7 @@ class BackwardRecord:
     retain_graph: bool
     create_graph: bool
     nodes_reached: int = 0
+    nodes_counted_only: int = 0  # of those, reached past the step's tracked budget: counted, not tagged
     # non-leaf nodes of earlier steps that a backward of an earlier step already ran through
     earlier_nodes_reached: int = 0
     earlier_steps: list[int] = field(default_factory=list)  # every earlier step whose nodes it reached
@@ -274,6 +275,7 @@ class StepRecord:
     nodes_created: int = 0
     saved_packed: int = 0
     saved_bytes_packed: int = 0
+    saved_counted_only: int = 0  # saved past the step's tracked budget: counted, no lifetime, bytes or record
     live_activation_bytes: int = 0
     live_leaf_bytes: int = 0
     live_nodes: int = 0

@@ -43,6 +43,7 @@ from .charts import SPARK_ASCII, SPARK_BLOCKS, sparkline
 from .wording import (
     averaged_text,
     cited_sites,
+    counted_only_text,
     early_end,
     explained_in_error,
     finding_steps,
@@ -172,8 +173,9 @@ class Summary:
                 "(saved_tensors_hooks entered inside the session); they are not counted",
                 style="dim",
             )
-        if averaged_text(trace):
-            yield Text(averaged_text(trace), style="dim")
+        for notice in (averaged_text(trace), counted_only_text(trace)):
+            if notice:
+                yield Text(notice, style="dim")
         if trace.findings and boxed:
             yield Panel(
                 Group(*self._findings()),

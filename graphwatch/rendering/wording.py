@@ -153,6 +153,26 @@ def averaged_text(trace: Trace) -> str:
     )
 
 
+def counted_only_text(trace: Trace) -> str:
+    """The notice for steps so large that part of them was counted, not tracked ("" when none was).
+
+    >>> steps = [StepRecord(index=0, source="optimizer"), StepRecord(index=1, source="optimizer", saved_counted_only=5)]
+    >>> counted_only_text(Trace(steps=steps))
+    'step 1 saved 5 tensors past the budget of tracked tensors a step: counted, without their lifetimes, bytes or records'
+    """
+    saved = [(i, n) for i, n in enumerate(field_values(trace.steps, "saved_counted_only")) if n > 0]
+    nodes = sum(n for n in field_values(trace.backwards, "nodes_counted_only") if n > 0)
+    parts = []
+    if saved:
+        where = f"step {saved[0][0]}" if len(saved) == 1 else f"{counted(len(saved), 'step')} ({saved[0][0]}, ...)"
+        parts.append(f"{where} saved {counted(sum(n for _, n in saved), 'tensor')}")
+    if nodes:
+        parts.append(f"backwards reached {counted(nodes, 'node')}")
+    if not parts:
+        return ""
+    return f"{' and '.join(parts)} past the budget of tracked tensors a step: counted, without their lifetimes, bytes or records"
+
+
 def ended_early_text(reason: str, limit: int = 100) -> str:
     """Why a run ended early, in one short line: its first sentence, cut at a word (the findings and the
     error itself say the rest).
