@@ -100,7 +100,6 @@ class SavedHandle:
     __slots__ = (
         "__weakref__",
         "alias",
-        "counted_only",
         "inner",
         "is_input",
         "kind",
@@ -118,7 +117,6 @@ class SavedHandle:
         "version",
     )  # fmt: skip
     alias: Any  # a Tensor; None once a user's hooks own it, or outer hooks decide where it lives
-    counted_only: bool  # past the step's budget: no storage key, weak reference or record
     inner: Any  # what an outer pack hook (or a user's per-tensor pack hook) returned
     is_input: bool
     kind: str
@@ -176,7 +174,6 @@ def _new_handle(recorder: Recorder, tensor: torch.Tensor, leaf: bool) -> SavedHa
     else:
         handle.kind = "parameter" if tensor.requires_grad else "input"
     handle.leaf = leaf
-    handle.counted_only = counted_only
     handle.site = recorder.pack_site()
     handle.recorder = recorder
     handle.step = recorder.step
