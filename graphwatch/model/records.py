@@ -357,8 +357,8 @@ class Trace:
     snapshots: list[Snapshot] = field(default_factory=list)
     untracked_saved: int = 0  # tensors saved under user hooks we could not see
     ended_early: str | None = None  # why the run stopped before the session ended
-    averaged_from: int = 0  # steps averaged_from to averaged_before - 1 read their times and sizes as
-    averaged_before: int = 0  # the means of spans of steps (a long run; see graphwatch.model.packed)
+    averaged_from: int = 0  # first step whose times and sizes read as span means (long runs: model.packed)
+    averaged_before: int = 0  # the step after the last such one (0: no step was averaged)
     rank: int | None = None
     world_size: int | None = None
 
