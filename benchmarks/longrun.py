@@ -166,4 +166,11 @@ def _traced(out: LongRun, step: Callable[[], None]) -> None:
     out.traced_after_exit = tracemalloc.get_traced_memory()[0] - base
     snapshot = tracemalloc.take_snapshot()
     tracemalloc.stop()
-    out.top_files = [(os.path.relpath(st.traceback[0].filename), st.size) for st in snapshot.statistics("filename")[:8]]
+    out.top_files = [(_shown_path(st.traceback[0].filename), st.size) for st in snapshot.statistics("filename")[:8]]
+
+
+def _shown_path(filename: str) -> str:
+    """A file as RESULTS.md names it: installed packages from their ``site-packages`` folder, the rest relative
+    to the working directory (the repository), never this machine's absolute paths."""
+    _, found, tail = filename.partition(os.sep + "site-packages" + os.sep)
+    return "site-packages/" + tail if found else os.path.relpath(filename)

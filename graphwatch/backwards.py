@@ -40,6 +40,7 @@ from .capture import Recorder, frontier, path_to, quick_walk, root_records, walk
 from .capture.carriers import find_carrier, name_carrier, reaches
 from .capture.holders import local_value, parameter_names, user_frames
 from .capture.optimizer import GradResetTracker
+from .capture.recorder import TRACKED_PER_STEP
 from .capture.step_clock import next_sequence_nr
 from .errors import BackwardTwiceError
 from .model import BackwardRecord, NodeRecord, Snapshot, StepRecord
@@ -48,8 +49,9 @@ from .rendering.dot import FOCUS_NODES, snapshot_dot
 
 CROSSING = "graph crosses steps"  # the reason of the snapshot of the first graph that crosses steps
 # a first backward whose step saved more tensors than this is not drawn: drawing it needs the full walk's
-# records of every node (about 4x bare torch's memory on a 1M-node chain); it gets the quick walk instead
-DRAW_SAVED_BOUND = 100_000
+# records of every node (about 4x bare torch's memory on a 1M-node chain); it gets the quick walk instead.
+# The same bound as the tensors a step tracks one by one: past it a step is counted, not recorded.
+DRAW_SAVED_BOUND = TRACKED_PER_STEP
 
 
 class BackwardWatch:

@@ -35,7 +35,6 @@ from .packed import NONE_CODE, PackedArray
 from .records import STEP_SOURCES, BackwardRecord, StepRecord, Trace
 
 R = TypeVar("R")
-_NONE = NONE_CODE  # an int column's code for None
 AVERAGE_AFTER = 2**18  # rows of a long run whose measurements stay exact; older ones are averaged over spans
 
 
@@ -174,7 +173,7 @@ class RecordList(Sequence, Generic[R]):
             choices[name] = allowed.index(getattr(record, name))
         arrays = self._arrays
         for column, value in zip(self._number_arrays, self._numbers(record)):
-            column.append(_NONE if value is None else value)
+            column.append(NONE_CODE if value is None else value)
         for name, value in choices.items():
             arrays[name].append(value)
         for name, (first, count) in ranges.items():
@@ -189,7 +188,7 @@ class RecordList(Sequence, Generic[R]):
         values: dict[str, Any] = {}
         for name, code in columns.numbers.items():
             value = arrays[name][row]
-            values[name] = None if code == "n" and value == _NONE else bool(value) if code == "b" else value
+            values[name] = None if code == "n" and value == NONE_CODE else bool(value) if code == "b" else value
         for name, allowed in columns.choices.items():
             values[name] = allowed[arrays[name][row]]
         for name in columns.ranges:
@@ -251,7 +250,7 @@ class RecordList(Sequence, Generic[R]):
             column, code = self._arrays[name], columns.numbers[name]
             values: list[Any] = column.tolist()
             if code == "n":
-                values = [None if v == _NONE else v for v in values]
+                values = [None if v == NONE_CODE else v for v in values]
             elif code == "b":
                 values = [bool(v) for v in values]
         elif name in columns.choices:

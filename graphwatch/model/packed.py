@@ -186,7 +186,7 @@ class PackedArray:
             chunks.append(chunk)
             self._starts.append(start)
         if self.keep is not None:
-            self._average_before(self._sealed() + len(self._tail) - self.keep)
+            self._average_before(len(self) - self.keep)
 
     def _average_before(self, cutoff: int) -> None:
         """Average every chunk after the first that ends at or before ``cutoff``; merge spans of equal or
@@ -195,7 +195,7 @@ class PackedArray:
         while self._averaged < len(chunks) and starts[self._averaged] + chunks[self._averaged].count <= cutoff:
             i = self._averaged
             chunk = chunks[i]
-            if chunk.data:  # two numbers already: kept exact
+            if chunk.data:  # (a chunk of two numbers is small already: kept exact)
                 if self.typecode == "q" and NONE_CODE in chunk.unpack("q"):
                     return  # None beside numbers: kept exact (and every later chunk with it)
                 chunks[i] = _span(chunk.count, chunk.total(self.typecode), self.typecode)
