@@ -113,7 +113,7 @@ def _found_in_loops(
         for name, value, tensor in _named_tensors(frame):
             node: Any = tensor.grad_fn  # _named_tensors yields only tensors with a grad_fn
             tag = node.metadata.get(METADATA_KEY)
-            same = tag is not None and tag.record is not None and tag.record.id == carrier.id
+            same = tag is not None and tag.recorder is recorder and tag.record is not None and tag.record.id == carrier.id
             renewed = (
                 name.split(".")[0] in carried
                 and node.name() == carrier.op

@@ -1,9 +1,10 @@
 """Walk an autograd graph without recursion, tagging each node and, where asked, recording it.
 
-A node is tagged once, the first time a walk reaches it: a :class:`NodeTag`
-stored in ``node.metadata`` (which lives exactly as long as the node) holds
-its step, and its finalizer reports when the node dies.  :func:`quick_walk`
-stops there, for a graph made entirely in the current step; :func:`walk`
+A node is tagged once, the first time a walk reaches it (see
+:mod:`~graphwatch.capture.node_tags`): :func:`quick_walk`, for a graph made
+entirely in the current step, gives all its nodes one shared
+:class:`~graphwatch.capture.node_tags.NodeGroup`; :func:`walk` gives each node
+it reaches a :class:`~graphwatch.capture.node_tags.NodeTag` of its own and
 also builds each node's :class:`~graphwatch.model.NodeRecord`, linked to the
 saved tensors its pack hooks recorded (``node._raw_saved_<name>.data`` is the
 handle the pack hook returned), so a node gets the step and line that created
@@ -27,48 +28,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from ..model import NodeRecord, StepSpans
+from .node_tags import METADATA_KEY, NodeGroup, NodeTag
 from .saved import SavedHandle
 from .saved_views import SavedTensor, raw_data
-from .stack_limit import TouchedNodes
 from .step_clock import next_sequence_nr
 
 if TYPE_CHECKING:
     from .recorder import Recorder
 
-METADATA_KEY = "graphwatch"
 ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
-
-
-class NodeTag:
-    """Lives in ``node.metadata``; its finalizer runs when the node is destroyed.
-
-    A quick walk leaves only the tag (step, sequence number, last backward);
-    the node's :class:`~graphwatch.model.NodeRecord` is built when a full walk
-    reaches it (:func:`walk`).
-    """
-
-    __slots__ = ("backward", "mark", "record", "recorder", "seq", "step")
-
-    def __init__(self, recorder: Recorder, step: int, seq: int) -> None:
-        self.recorder = recorder
-        self.step = step
-        self.seq = seq
-        self.backward: int | None = None  # id of the last backward whose walk visited the node
-        self.mark = -1  # id of the last walk that visited the node
-        self.record: NodeRecord | None = None
-        TouchedNodes.alive += 1
-
-    def __del__(self) -> None:
-        try:
-            TouchedNodes.died()
-            self.recorder.node_died(self)
-        except Exception:  # never raise from a finalizer
-            pass
 
 
 @dataclass(slots=True)
@@ -143,11 +116,15 @@ def _new_tag(recorder: Recorder, metadata: dict, step: int, seq: int) -> NodeTag
     return tag
 
 
-def _record(recorder: Recorder, node: Any, info: _NodeType, tag: NodeTag | None) -> NodeTag:
-    """Tag ``node`` (if a quick walk has not) and build its record, linked to its saved tensors."""
-    if tag is None:
+def _record(recorder: Recorder, node: Any, info: _NodeType, tag: NodeTag | NodeGroup | None) -> NodeTag:
+    """Tag ``node`` (a tag of its own if a quick walk grouped it) and build its record, linked to its saved
+    tensors."""
+    if tag is None or tag.recorder is not recorder:  # (another session's tag: a graph carried into this one)
         seq = node._sequence_nr()
         tag = _new_tag(recorder, node.metadata, recorder.clock.step_of(seq), seq)
+    elif type(tag) is NodeGroup:
+        tag = tag.split_off(node.metadata, node._sequence_nr())
+    assert type(tag) is NodeTag
     record = tag.record = recorder.node_record(tag, info.op)
     for handle in _saved_data(node, info):
         if type(handle) is not SavedHandle:
@@ -185,15 +162,25 @@ def quick_walk(
 ) -> WalkResult | None:
     """Tag and count a graph made entirely in the current step, building no records.
 
-    Returns None as soon as it meets a node that an earlier walk tagged or
-    that an earlier step made: that graph needs :func:`walk` (steps crossed,
-    freed nodes, records).  Tags it left stay valid for that walk.  Past
-    the recorder's ``tracked_per_step`` tags (the default level), nodes are
+    Every node it reaches gets the walk's one :class:`NodeGroup`.  Returns
+    None as soon as it meets a node that an earlier walk tagged or that an
+    earlier step made: that graph needs :func:`walk` (steps crossed, freed
+    nodes, records).  Tags it left stay valid for that walk.  Past the
+    recorder's ``tracked_per_step`` tags (the default level), nodes are
     counted and told apart by sequence number only: no tag, no metadata.
     """
     result = WalkResult()
-    mark = next(_marks)
-    step, first_seq = recorder.step, recorder.step_seq
+    group = NodeGroup(recorder, recorder.step, backward_id)
+    try:
+        return _quick_walk(recorder, roots, group, result, collect_params)
+    finally:
+        group.born(result.nodes_reached - result.nodes_counted_only)
+
+
+def _quick_walk(
+    recorder: Recorder, roots: Iterable[Any], group: NodeGroup, result: WalkResult, collect_params: bool
+) -> WalkResult | None:
+    first_seq = recorder.step_seq
     params = result.params_reached
     made = next_sequence_nr() - first_seq  # nodes this step made: the walk reaches no others
     budget = made if recorder.detail_always else min(made, recorder.tracked_per_step)
@@ -220,7 +207,7 @@ def quick_walk(
         metadata = node.metadata
         tag = metadata.get(METADATA_KEY)
         if tag is not None:
-            if tag.mark == mark:
+            if tag is group:
                 continue
             return None
         seq = node._sequence_nr()
@@ -228,9 +215,7 @@ def quick_walk(
             return None
         if seen and seq - first_seq < made:
             seen[seq - first_seq] = 1
-        tag = _new_tag(recorder, metadata, step, seq)
-        tag.mark = mark
-        tag.backward = backward_id
+        metadata[METADATA_KEY] = group
         result.nodes_reached += 1
         for child, _ in node.next_functions:
             if child is not None:
@@ -241,11 +226,13 @@ def quick_walk(
 def _first_visit(recorder: Recorder, node: Any, mark: int) -> NodeTag | None:
     """The tag of ``node``, its record built (and the node tagged) if need be, the first time a walk
     marked ``mark`` meets it; None when that walk has met it already."""
-    tag: NodeTag | None = node.metadata.get(METADATA_KEY)
-    if tag is None or tag.record is None:
-        tag = _record(recorder, node, _node_type(node), tag)
-    elif tag.mark == mark:
-        return None
+    found: NodeTag | NodeGroup | None = node.metadata.get(METADATA_KEY)
+    if found is None or found.record is None or found.recorder is not recorder:
+        tag = _record(recorder, node, _node_type(node), found)
+    else:
+        tag = cast(NodeTag, found)  # (a tag with a record is a NodeTag)
+        if tag.mark == mark:
+            return None
     tag.mark = mark
     return tag
 
@@ -394,8 +381,9 @@ def root_records(recorder: Recorder, roots: Iterable[Any]) -> list[int]:
     for root in roots:
         tag = None if root is None else root.metadata.get(METADATA_KEY)
         if tag is not None:
-            if tag.record is None:
-                _record(recorder, root, _node_type(root), tag)
+            if tag.record is None or tag.recorder is not recorder:
+                tag = _record(recorder, root, _node_type(root), tag)
+            assert tag.record is not None  # (_record builds it)
             ids.append(tag.record.id)
     return ids
 

@@ -43,15 +43,15 @@ class LiveSteps:
         self._appeared: list[int] = []  # steps that came alive in a table since the last changes()
         self._vanished: list[int] = []  # steps gone from both tables since then
 
-    def node_born(self, step: int) -> None:
-        """A walk tagged a node of ``step``."""
-        self._add(step, 1, self.nodes, self.old_nodes)
-        self.nodes_total += 1
+    def node_born(self, step: int, count: int = 1) -> None:
+        """A walk tagged ``count`` nodes of ``step``."""
+        self._add(step, count, self.nodes, self.old_nodes)
+        self.nodes_total += count
 
-    def node_died(self, step: int) -> None:
-        """A tagged node of ``step`` was destroyed."""
-        self._add(step, -1, self.nodes, self.old_nodes)
-        self.nodes_total -= 1
+    def node_died(self, step: int, count: int = 1) -> None:
+        """``count`` tagged nodes of ``step`` were destroyed."""
+        self._add(step, -count, self.nodes, self.old_nodes)
+        self.nodes_total -= count
 
     def count_bytes(self, nbytes: int, step: int) -> None:
         """Saved activation bytes of ``step`` became live (``nbytes`` > 0) or were released (< 0)."""

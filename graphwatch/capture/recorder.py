@@ -31,10 +31,11 @@ from ..model import BackwardRecord, NodeRecord, SavedRecord, StepRecord, Trace
 from ..model.columns import averaged_steps, freeze_step
 from .callsite import SiteTable
 from .live_steps import LiveSteps
+from .node_tags import NodeGroups
 from .step_clock import StepClock, next_sequence_nr
 
 if TYPE_CHECKING:
-    from .graph_walk import NodeTag
+    from .node_tags import NodeTag
     from .saved import SavedHandle
 
 # Per-node records are kept for this many most recent steps (plus steps with findings).
@@ -103,6 +104,7 @@ class Recorder:
         # storage key -> [handles alive, bytes, step, is_activation]
         self._storages: dict[tuple, list] = {}
         self.live = LiveSteps()  # nodes and activation bytes alive, by step
+        self.groups = NodeGroups()  # the quick walks' node groups alive, recounted at step ends
         self._live_leaf = 0
         self._node_ids_by_step: dict[int, list[int]] = {}
         self._saved_ids_by_step: dict[int, list[int]] = {}
@@ -117,9 +119,14 @@ class Recorder:
         self._optimizer_steps: dict[int, tuple[weakref.ref, int | None, int]] = {}
 
     # --------------------------------------------------------------- nodes
-    def node_born(self, step: int) -> None:
-        """A walk tagged a node of ``step``: it counts as alive until its tag dies."""
-        self.live.node_born(step)
+    def node_born(self, step: int, count: int = 1) -> None:
+        """A walk tagged ``count`` nodes of ``step``: they count as alive until their tags die."""
+        self.live.node_born(step, count)
+
+    def nodes_died(self, step: int, count: int) -> None:
+        """``count`` nodes of a quick walk's group died (:class:`~graphwatch.capture.node_tags.NodeGroup`)."""
+        if not self.closed:
+            self.live.node_died(step, count)
 
     def node_record(self, tag: NodeTag, op: str) -> NodeRecord:
         """The NodeRecord of a tagged node, kept in the trace while its step is in the detail window."""
@@ -302,6 +309,7 @@ class Recorder:
                 self.saved_record(handle)
 
     def _snapshot_live(self, record: StepRecord) -> None:
+        self.groups.recount(self.step)
         record.nodes_alive_by_step, record.saved_alive_by_step = self.live.snapshot()
         record.live_activation_bytes = self.live.activation_total
         record.live_leaf_bytes = self._live_leaf

@@ -50,17 +50,18 @@ BYTES_PER_NODE = 512  # stack one touched node costs when its chain is freed (me
 class TouchedNodes:
     """How many autograd nodes graphwatch tagged (so wrapped) are alive, across sessions.
 
-    :class:`~graphwatch.capture.graph_walk.NodeTag` counts itself here; a
-    pending :func:`claim_stack` give-back waits for the count to fall.
+    Node tags and groups (:mod:`~graphwatch.capture.node_tags`) count their
+    nodes here; a pending :func:`claim_stack` give-back waits for the count to
+    fall.
     """
 
     alive = 0
     _waiting: ClassVar[list[tuple[int, Callable[[], None]]]] = []
 
     @classmethod
-    def died(cls) -> None:
-        """A tagged node was destroyed; run the give-backs that were waiting for this few."""
-        cls.alive -= 1
+    def died(cls, count: int = 1) -> None:
+        """``count`` tagged nodes were destroyed; run the give-backs that were waiting for this few."""
+        cls.alive -= count
         if cls._waiting and cls.alive <= cls._waiting[0][0]:
             ready = [done for most, done in cls._waiting if cls.alive <= most]
             cls._waiting[:] = [(most, done) for most, done in cls._waiting if cls.alive > most]
