@@ -97,3 +97,24 @@ def test_a_graph_carried_from_one_session_into_the_next_keeps_training_as_bare()
     watched = _carried_gru_run(3, watched=True)
     assert len(bare) == len(watched) == 27
     assert all(torch.equal(a, b) for a, b in zip(bare, watched))
+
+
+def test_at_the_session_end_the_touched_nodes_still_alive_are_counted_exactly() -> None:
+    # what the stack limit's give-back waits for (capture/stack_limit.py): no node of a dead loss left counted
+    gc.collect()
+    touched = TouchedNodes.alive
+    x = torch.ones(4, requires_grad=True)
+    with graphwatch.watch(summary=False):
+        losses = []
+        for step in range(5):  # the first backward gets the full walk; the later ones are grouped
+            made = (x * 3).tanh()
+            loss = (made.exp() * 2).sum()
+            loss.backward()
+            if step == 1:
+                kept, losses = made, [loss]
+            if step == 4:
+                losses.clear()  # step 1's loss dies three steps later: its group is an old one by now
+        del made, loss
+    assert TouchedNodes.alive - touched == _nodes_below(kept.grad_fn) == 2
+    del kept
+    assert TouchedNodes.alive == touched

@@ -138,10 +138,11 @@ class NodeGroups:
     def add(self, group: NodeGroup) -> None:
         self._recent.append(weakref.ref(group))
 
-    def recount(self, step: int) -> None:
-        """At the end of ``step``: count off the nodes of groups that died before the rest of their group."""
+    def recount(self, step: int, everything: bool = False) -> None:
+        """At the end of ``step``: count off the nodes of groups that died before the rest of their group
+        (``everything``: of the old groups too, as at the session's end)."""
         self._ends += 1
-        old = self._ends % self._old_every == 0
+        old = everything or self._ends % self._old_every == 0
         recent: list[weakref.ref[NodeGroup]] = []
         kept_old: list[weakref.ref[NodeGroup]] = []
         for ref in self._recent + self._old if old else self._recent:

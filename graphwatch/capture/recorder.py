@@ -414,6 +414,7 @@ class Recorder:
 
     def close(self) -> None:
         """The session ended: put the settled steps into columns, release the file the recorder kept open."""
+        self.groups.recount(self.step, everything=True)  # touched nodes counted exactly, for the stack give-back
         self.closed = True
         self._freeze_settled()
         self.trace.averaged_from, self.trace.averaged_before = averaged_steps(self.trace)
