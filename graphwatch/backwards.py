@@ -45,7 +45,7 @@ from .capture.step_clock import next_sequence_nr
 from .errors import BackwardTwiceError
 from .model import BackwardRecord, NodeRecord, Snapshot, StepRecord
 from .model.packed import PackedArray
-from .rendering.dot import FOCUS_NODES, snapshot_dot
+from .rendering.dot import snapshot_dots
 
 CROSSING = "graph crosses steps"  # the reason of the snapshot of the first graph that crosses steps
 # a first backward whose step saved more tensors than this is not drawn: drawing it needs the full walk's
@@ -225,11 +225,8 @@ class BackwardWatch:
         try:
             params = _parameter_names(sys._getframe())
             roots = list(roots)
-            dot, focus = (
-                snapshot_dot(roots, trace, step, retained=retained, params=params, outputs=outputs,
-                             max_nodes=300 if whole else FOCUS_NODES, legend=whole, focus_on=None if whole else focus_on)
-                for whole in (True, False)
-            )  # fmt: skip
+            dot, focus = snapshot_dots(roots, trace, step, retained=retained, params=params, outputs=outputs,
+                                       focus_on=focus_on)
         except Exception as exc:  # a drawing must never break the user's backward
             warnings.warn(f"graphwatch: could not draw the step {step} graph ({exc!r}); the trace is unaffected", stacklevel=2)
             return

@@ -258,16 +258,32 @@ def _finish(graph: GraphBuilder, trace: Trace | None, current_step: int | None, 
             legend: bool | None, max_nodes: int, focus_on: Collection[int] | None = None) -> graphviz.Digraph:
     """Overlay, summarise (or focus on the NodeRecord ids ``focus_on`` and where steps cross) and emit a walked
     graph."""
+    overlaid, carried = _lifecycle(graph, trace, current_step, retained)
+    return _draw(graph, overlaid, carried, legend, max_nodes, focus_on, trace)
+
+
+def _lifecycle(graph: GraphBuilder, trace: Trace | None, current_step: int | None,
+               retained: Collection[int] | None) -> tuple[bool, dict[int, dict]]:
+    """(whether the overlay is drawn, the carried edges' attributes); marks the nodes' lifecycle, once per graph."""
     overlaid = trace is not None or current_step is not None or bool(retained)
     overlaid = overlaid or any(item.record is not None or item.freed for item in graph.items)
-    carried = _overlay(graph, trace, current_step, retained or ()) if overlaid else {}
-    rep = list(range(len(graph.items)))
+    return overlaid, _overlay(graph, trace, current_step, retained or ()) if overlaid else {}
+
+
+def _draw(graph: GraphBuilder, overlaid: bool, carried: dict[int, dict], legend: bool | None, max_nodes: int,
+          focus_on: Collection[int] | None, trace: Trace | None) -> graphviz.Digraph:
+    """Summarise (or focus; that adds to the labels of the nodes it folds into: draw it last) and emit; the boxes
+    either adds to the graph's items for this picture are taken out again."""
+    drawn = len(graph.items)
+    rep = list(range(drawn))
     if focus_on is not None:
         targets = [i for i, item in enumerate(graph.items) if item.record is not None and item.record.id in focus_on]
         rep = focus(graph, [graph.flow[k] for k in carried], targets, max_nodes)
     elif len(graph.items) > max_nodes:
         rep = _summarise(graph, [graph.flow[k] for k in carried], max_nodes)
-    return _emit(graph, rep, carried, overlaid, overlaid if legend is None else legend, trace)
+    dot = _emit(graph, rep, carried, overlaid, overlaid if legend is None else legend, trace)
+    del graph.items[drawn:]
+    return dot
 
 
 def make_dot(var: torch.Tensor | Sequence[torch.Tensor], params: Mapping[str, torch.Tensor] | None = None,
@@ -354,13 +370,42 @@ def snapshot_dot(roots: Iterable[Any], trace: Trace, step: int, *, retained: Col
         True
     """
     with _gc_paused():
-        graph = GraphBuilder({**(params or {}), **(outputs or {})} or None, False, True, 50)
-        for tensor in (outputs or {}).values():
-            graph.add_output(tensor)
-        add_holders(graph, outputs or {})
-        for root in roots:
-            if root is not None:
-                graph.add_root(root)
-        if outputs:
-            note_what_each_keeps(graph)
+        graph = _snapshot_graph(roots, params, outputs)
         return _finish(graph, trace, step, retained, legend, max_nodes, focus_on).source
+
+
+def snapshot_dots(roots: Iterable[Any], trace: Trace, step: int, *, retained: Collection[int] | None = None,
+                  params: Mapping[str, Any] | None = None, outputs: Mapping[str, torch.Tensor] | None = None,
+                  focus_on: Collection[int] = (), max_nodes: int = 300) -> tuple[str, str]:
+    """The (whole, focused) pictures of one snapshot, as :func:`snapshot_dot` draws them (the whole one with
+    its legend and at most ``max_nodes`` boxes, the focused one in :data:`FOCUS_NODES`), from one walk of the
+    graph instead of two.
+
+        >>> import torch
+        >>> from graphwatch.model import Trace
+        >>> y = torch.ones(2, requires_grad=True).exp().sum()
+        >>> whole, focused = snapshot_dots([y.grad_fn], Trace(), step=0)
+        >>> whole == snapshot_dot([y.grad_fn], Trace(), 0), focused == snapshot_dot([y.grad_fn], Trace(), 0,
+        ...     max_nodes=FOCUS_NODES, legend=False, focus_on=())
+        (True, True)
+    """
+    with _gc_paused():
+        graph = _snapshot_graph(roots, params, outputs)
+        overlaid, carried = _lifecycle(graph, trace, step, retained)
+        whole = _draw(graph, overlaid, carried, True, max_nodes, None, trace).source
+        return whole, _draw(graph, overlaid, carried, False, FOCUS_NODES, focus_on, trace).source
+
+
+def _snapshot_graph(roots: Iterable[Any], params: Mapping[str, Any] | None,
+                    outputs: Mapping[str, torch.Tensor] | None) -> GraphBuilder:
+    """The walked graph of a snapshot: ``outputs`` and their holders, then the graph below ``roots``."""
+    graph = GraphBuilder({**(params or {}), **(outputs or {})} or None, False, True, 50)
+    for tensor in (outputs or {}).values():
+        graph.add_output(tensor)
+    add_holders(graph, outputs or {})
+    for root in roots:
+        if root is not None:
+            graph.add_root(root)
+    if outputs:
+        note_what_each_keeps(graph)
+    return graph
