@@ -16,13 +16,15 @@ import torch
 import graphwatch
 from graphwatch.capture.stack_limit import claim_stack
 
+_next_sequence_nr = torch._C._autograd._get_sequence_nr
+
 
 class _FloorHandle:
     """The least a saved-tensor hook must keep to know when autograd lets go of a tensor: the tensor torch would
     keep, and a finalizer."""
 
     __slots__ = ("tensor",)
-    alive = 0
+    alive = 0  # the finalizer's bookkeeping: its cost is what is measured, nothing reads it
 
     def __del__(self) -> None:
         _FloorHandle.alive -= 1
@@ -39,9 +41,6 @@ def _floor_pack(tensor: torch.Tensor) -> _FloorHandle:
 
 def _floor_unpack(handle: _FloorHandle) -> torch.Tensor:
     return handle.tensor
-
-
-_next_sequence_nr = torch._C._autograd._get_sequence_nr
 
 
 @contextlib.contextmanager
