@@ -15,9 +15,7 @@ Example::
 
 from __future__ import annotations
 
-import os
 import platform
-import resource
 import threading
 import time
 import weakref
@@ -32,6 +30,7 @@ from ..model.columns import averaged_steps, freeze_step
 from .callsite import SiteTable
 from .live_steps import LiveSteps
 from .node_tags import NodeGroups
+from .resident import ResidentMemory
 from .step_clock import StepClock, next_sequence_nr
 
 if TYPE_CHECKING:
@@ -45,30 +44,6 @@ FREEZE_BATCH = 256
 # Saved tensors of one step tracked one by one at the default level; later ones are only counted, so that one
 # backward through a graph of millions of nodes holds graphwatch to a fraction of torch's own memory.
 TRACKED_PER_STEP = 100_000
-
-
-class _ResidentMemory:
-    """Reads the process's resident set size; keeps /proc/self/statm open (a step end reads it)."""
-
-    def __init__(self) -> None:
-        try:
-            self._fd: int | None = os.open("/proc/self/statm", os.O_RDONLY)
-        except OSError:
-            self._fd = None
-        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-    def bytes(self) -> int:
-        if self._fd is not None:
-            try:
-                return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
-            except (OSError, ValueError, IndexError):
-                pass
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # peak, where /proc is missing
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
 
 class Recorder:
@@ -113,7 +88,7 @@ class Recorder:
         self._site_seq = -1  # node sequence number at the last pack-site lookup, and its result
         self._op_site: int | None = None
         self.closed = False
-        self._rss = _ResidentMemory()
+        self._rss = ResidentMemory()
         # id(optimizer) -> (weak ref to it, site of its last step() call, step index then): what changed
         # parameters in place, for the "modified by an inplace operation" hint
         self._optimizer_steps: dict[int, tuple[weakref.ref, int | None, int]] = {}
