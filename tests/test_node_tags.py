@@ -17,7 +17,7 @@ from graphwatch.capture.stack_limit import TouchedNodes
 def _nodes_below(root: object) -> int:
     """Distinct autograd nodes reachable from ``root``, AccumulateGrad excluded."""
     seen: set[int] = set()
-    keep = []
+    keep = []  # the nodes visited, held so that their id()s are not reused during the walk
     stack = [root]
     while stack:
         node = stack.pop()
