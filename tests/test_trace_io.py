@@ -79,7 +79,7 @@ def test_save_then_load_round_trips_every_record(rich_session, tmp_path):
 def test_saved_file_is_versioned_json(rich_session, tmp_path):
     path = rich_session.save(tmp_path / "trace.json")
     data = json.loads(path.read_text(encoding="utf-8"))
-    assert (data["format"], data["version"]) == (FORMAT, VERSION) == ("graphwatch-trace", 3)
+    assert (data["format"], data["version"]) == (FORMAT, VERSION) == ("graphwatch-trace", 4)
     assert set(data["steps"]) == set(data["backwards"]) == {"count", "columns", "extra"}  # version 2: columns
     assert data["steps"]["count"] == len(rich_session.trace.steps)
 
@@ -119,6 +119,28 @@ def test_patches_and_focused_pictures_round_trip_and_a_version_2_trace_loads_wit
     assert [f.patch for f in old.findings] == [None] * len(trace.findings)
     assert [s.focus for s in old.snapshots] == [None] * len(trace.snapshots)
     assert [s.dot for s in old.snapshots] == [s.dot for s in trace.snapshots]
+
+
+def test_remedies_round_trip_and_a_version_3_trace_loads_without_them(rich_session, tmp_path):
+    """Version 4 adds a finding's remedies (edits as data); a version 3 trace has none."""
+    from graphwatch.model import Edit, Remedy, save_trace
+    from graphwatch.model.trace_io import trace_to_dict
+
+    trace = graphwatch.load(rich_session.save(tmp_path / "copy.json"))
+    remedy = Remedy("detach `h`", [Edit("detach-state", "train.py", 7, target="h", until=9)], why="w", mechanical=True)
+    trace.findings[0].remedies = [remedy, Remedy("advice only")]
+    save_trace(trace, tmp_path / "v4.json")
+    assert graphwatch.load(tmp_path / "v4.json").findings[0].remedies == [remedy, Remedy("advice only")]
+    data = trace_to_dict(trace)
+    data["version"] = 3
+    for row in data["findings"]:
+        row.pop("remedies", None)
+    (tmp_path / "v3.json").write_text(json.dumps(data))
+    assert [f.remedies for f in graphwatch.load(tmp_path / "v3.json").findings] == [[]] * len(trace.findings)
+    data["findings"][0]["remedies"] = [{"text": "t", "edits": ["not an object"]}]
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(graphwatch.TraceFormatError, match="edits"):
+        graphwatch.load(tmp_path / "bad.json")
 
 
 @pytest.mark.parametrize("field, value", [("patch", 5), ("patch", ["-a"]), ("focus", {"dot": 1})])

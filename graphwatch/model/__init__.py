@@ -15,6 +15,7 @@ from .records import (
     StepTable,
     Trace,
 )
+from .remedies import EDIT_KINDS, Edit, Remedy
 from .trace_io import (
     FORMAT,
     VERSION,
@@ -26,15 +27,18 @@ from .trace_io import (
 )
 
 __all__ = [
+    "EDIT_KINDS",
     "FORMAT",
     "SAVED_KINDS",
     "STEP_SOURCES",
     "VERSION",
     "BackwardRecord",
     "CallSite",
+    "Edit",
     "Finding",
     "Holder",
     "NodeRecord",
+    "Remedy",
     "SavedRecord",
     "Snapshot",
     "StepRecord",

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from .remedies import Remedy
+
 # Where a step boundary came from.
 STEP_SOURCES = ("explicit", "optimizer", "backward", "session-end")
 # What a saved tensor is: a leaf that requires grad, a leaf that does not, or
@@ -304,7 +306,10 @@ class Finding:
 
     ``kind`` is one of the strings in :data:`graphwatch.analysis.FINDING_KINDS`.
     ``evidence`` holds plain values: ``sites`` ("file:line" strings), ``steps``,
-    ``bytes`` and whatever else the kind needs.
+    ``bytes`` and whatever else the kind needs.  ``remedies`` are the ways to fix
+    it, best first, as data (:class:`~graphwatch.model.remedies.Remedy`); ``fix``
+    is the first one's sentence and ``patch`` the diff made from the first
+    mechanical one.
     """
 
     kind: str
@@ -314,6 +319,7 @@ class Finding:
     fix: str
     evidence: dict[str, Any] = field(default_factory=dict)
     patch: str | None = None  # a unified diff of the user's file that applies ``fix`` (analysis.patches)
+    remedies: list[Remedy] = field(default_factory=list)
 
     def _repr_html_(self) -> str:
         """The finding as the report shows it (Jupyter's view of it)."""

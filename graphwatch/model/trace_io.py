@@ -40,12 +40,14 @@ from .records import (
     StepTable,
     Trace,
 )
+from .remedies import Edit, Remedy
 from .trace_checks import check_fields, check_ranges, loose_records
 
 FORMAT = "graphwatch-trace"
 # 2: steps and backwards as columns (version 1 traces, a list of objects each, still load)
 # 3: a finding's patch and a snapshot's focused picture (version 1 and 2 traces still load, without them)
-VERSION = 3
+# 4: a finding's remedies, as data (earlier traces load with none)
+VERSION = 4
 
 _LIST_FIELDS: dict[str, type] = {
     "sites": CallSite,
@@ -55,6 +57,12 @@ _LIST_FIELDS: dict[str, type] = {
     "snapshots": Snapshot,
 }
 _DICT_FIELDS: dict[str, type] = {"nodes": NodeRecord, "saved": SavedRecord}
+# Records held inside records: (field, record type) per type.
+_NESTED: dict[type, tuple[tuple[str, type], ...]] = {
+    StepRecord: (("holders", Holder),),
+    Finding: (("remedies", Remedy),),
+    Remedy: (("edits", Edit),),
+}
 
 
 _DEFAULTS: dict[type, dict[str, Any]] = {}
@@ -80,7 +88,7 @@ def _plain(record: Any) -> dict:
         value = getattr(record, f.name)
         if f.name in defaults and value == defaults[f.name]:
             continue
-        if f.name == "holders":
+        if f.name in ("holders", "remedies", "edits"):
             value = [_plain(h) for h in value]
         elif isinstance(value, StepSpans):
             value = list(value)
@@ -133,10 +141,12 @@ def _record(cls: type, row: Any) -> Any:
         record.shape = tuple(record.shape)
     if isinstance(record, BackwardRecord) and isinstance(record.crossings, list):
         record.crossings = [tuple(c) if isinstance(c, list) else c for c in record.crossings]
-    if isinstance(record, StepRecord) and isinstance(record.holders, list):
-        if not all(isinstance(h, dict) for h in record.holders):
-            raise TypeError("StepRecord field 'holders' should be a list of objects")
-        record.holders = [_record(Holder, h) for h in record.holders]
+    for name, part in _NESTED.get(cls, ()):
+        value = getattr(record, name)
+        if isinstance(value, list):
+            if not all(isinstance(row, dict) for row in value):
+                raise TypeError(f"{cls.__name__} field {name!r} should be a list of objects")
+            setattr(record, name, [_record(part, row) for row in value])
     check_fields(record, cls.__name__)
     if isinstance(record, Holder):
         record.steps = StepSpans.of(record.steps)

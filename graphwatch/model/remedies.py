@@ -1,0 +1,73 @@
+"""What a finding tells the user to do, as data: the edits, the lines that ran, and why it is safe.
+
+A :class:`Remedy` is made by the analysis from what the session saw (which
+line made a tensor, which backward consumed it, which optimizer owns the
+parameters each backward reached).  Everything the user reads or applies is
+made *from* it: the fix sentence (``Remedy.text``), the patch (a syntax-tree
+edit of each :class:`Edit`, ``analysis.patches``) and the re-run check
+(``graphwatch run --check-fixes``).  Nothing parses the sentence back.
+
+A remedy with ``edits`` and ``mechanical=True`` is the whole fix: a patch is
+made from it.  A remedy without edits, or not mechanical, is advice that needs
+the user's judgement (which of two backwards to drop, whether both losses are
+meant to reach a shared part); it gets no patch.
+
+Example::
+
+    >>> from graphwatch.model.remedies import Edit, Remedy
+    >>> edit = Edit("detach-use", "main.py", 243, target="fake")
+    >>> remedy = Remedy("detach `fake` where D's loss uses it", [edit], why="optimizerD owns none of netG's parameters",
+    ...                 mechanical=True)
+    >>> remedy.edits[0].where, remedy.patchable
+    ('main.py:243', True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Each kind of edit, and what it does to the line it names (``target`` is the expression, in the user's words).
+EDIT_KINDS: dict[str, str] = {
+    "detach-state": "insert `target = target.detach()` first in the training loop's body, before the statement "
+    "holding `line` (a tuple or nested state is detached element by element; a state that may be None is kept)",
+    "detach-use": "`target` -> `target.detach()` where the expression on `line` uses it (the loss that must not "
+    "reach what made it)",
+    "detach-made": "the value `line` assigns to `target` is detached where it is made",
+    "item": "`target` -> `target.item()` on `line` (only for a tensor of one element)",
+    "no-grad": "the statement on `line` (or the evaluation loop holding it) runs under `with torch.no_grad():`",
+    "create-graph": "`create_graph=True` added to the `torch.autograd.grad` call on `line`",
+    "drop-retain": "`retain_graph=True` dropped from the backward on `line`",
+    "remove-statement": "the statement on `line` removed (a second backward of the same tensor)",
+    "insert-before": "the statement `target` inserted before `line` (e.g. `optimizer.zero_grad()`)",
+    "out-of-place": "the in-place operation on `line` made out of place (`x.relu_()` -> `x = x.relu()`, "
+    "`inplace=True` -> `inplace=False`)",
+}
+
+
+@dataclass(slots=True)
+class Edit:
+    """One change of one line of the user's code, named by the line that ran."""
+
+    kind: str  # one of EDIT_KINDS
+    file: str  # as the trace cites it (a CallSite's file)
+    line: int  # the line that ran: the one the edit changes, or the one it is placed against
+    target: str = ""  # the expression it applies to, as the user's code spells it: "fake", "hidden", "self.target"
+    until: int | None = None  # "detach-state": the backward's line (the detach goes first in the loop holding both)
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(slots=True)
+class Remedy:
+    """One way to fix a finding: the sentence, the edits that make it, and the evidence that it is safe."""
+
+    text: str  # the fix as the user reads it, in their own names (made from the edits, never parsed back)
+    edits: list[Edit] = field(default_factory=list)  # [] for advice that needs the user's judgement
+    why: str = ""  # what graphwatch saw that makes this safe (or the condition under which it is)
+    mechanical: bool = False  # True: the edits are the whole fix, so a patch is made from them
+
+    @property
+    def patchable(self) -> bool:
+        return self.mechanical and bool(self.edits)
