@@ -1,0 +1,109 @@
+"""Edits of the user's file as syntax-tree changes that keep its formatting and comments (LibCST).
+
+Each kind of :class:`~graphwatch.model.Edit` has one *codemod*: a function
+from the file's tree and the edit to the edited source, or None when the edit
+cannot be made safely there (the line is not the statement the edit expects,
+the name is not used there, ...).  No codemod guesses: no patch is better than
+a wrong one.  :func:`apply_edits` applies a remedy's edits together, from the
+last line up, so each edit's line is the line that ran.
+
+Example::
+
+    >>> from graphwatch.model import Edit
+    >>> source = "for x in data:\\n    loss = f(x)\\n    loss.backward(retain_graph=True)  # why not\\n"
+    >>> print(apply_edits(source, [Edit("drop-retain", "train.py", 3)]), end="")
+    for x in data:
+        loss = f(x)
+        loss.backward()  # why not
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar, cast
+
+import libcst as cst
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+
+from ...model import EDIT_KINDS, Edit
+
+NodeT = TypeVar("NodeT", bound=cst.CSTNode)
+
+
+class SourceTree:
+    """One file's syntax tree, with where each node stands (1-based lines, as tracebacks count them)."""
+
+    def __init__(self, source: str) -> None:
+        self.wrapper = MetadataWrapper(cst.parse_module(source))
+        self.module = self.wrapper.module
+        self._positions = self.wrapper.resolve(PositionProvider)
+
+    def span(self, node: cst.CSTNode) -> CodeRange:
+        """The node's first and last position."""
+        return self._positions[node]
+
+    def nodes(self, kind: type[NodeT]) -> Iterator[NodeT]:
+        """Every node of ``kind``, in source order."""
+        return (node for node in self._positions if isinstance(node, kind))
+
+    def holding(self, line: int, kind: type[NodeT]) -> list[NodeT]:
+        """The nodes of ``kind`` whose lines hold ``line``, outermost first."""
+        found = [n for n in self.nodes(kind) if self.span(n).start.line <= line <= self.span(n).end.line]
+        return sorted(found, key=lambda n: (self.span(n).start.line, -self.span(n).end.line))
+
+    def statement_at(self, line: int) -> cst.SimpleStatementLine | None:
+        """The simple statement line that starts and ends on ``line`` (None for anything else: a compound
+        statement, a statement running over several lines, a line holding no statement)."""
+        for node in self.nodes(cst.SimpleStatementLine):
+            where = self.span(node)
+            if where.start.line == line == where.end.line:
+                return node
+        return None
+
+    def code(self, node: cst.CSTNode) -> str:
+        """The source text of ``node``, as written."""
+        return self.module.code_for_node(node)
+
+    def replaced(self, old: cst.CSTNode, new: cst.CSTNode | cst.RemovalSentinel | cst.FlattenSentinel) -> str:
+        """The file's source with ``old`` (a node of this tree) replaced by ``new``."""
+        return cast(cst.Module, self.module.deep_replace(old, new)).code  # type: ignore[type-var]
+
+
+Codemod = Callable[[SourceTree, Edit], "str | None"]
+CODEMODS: dict[str, Codemod] = {}
+
+
+def codemod(kind: str) -> Callable[[Codemod], Codemod]:
+    """Register the codemod of one kind of edit (a key of :data:`~graphwatch.model.EDIT_KINDS`)."""
+    if kind not in EDIT_KINDS:
+        raise ValueError(f"unknown edit kind {kind!r}; add it to graphwatch.model.EDIT_KINDS first")
+
+    def register(function: Codemod) -> Codemod:
+        CODEMODS[kind] = function
+        return function
+
+    return register
+
+
+def apply_edits(source: str, edits: Iterable[Edit]) -> str | None:
+    """``source`` with every edit made, or None when one of them cannot be made safely.
+
+    Edits are made from the last line up, each on the tree of the file as the
+    edits below it left it, so the lines they name stay the lines that ran.
+    """
+    for edit in sorted(edits, key=lambda e: e.line, reverse=True):
+        make = CODEMODS.get(edit.kind)
+        if make is None:
+            return None
+        try:
+            tree = SourceTree(source)
+        except cst.ParserSyntaxError:
+            return None
+        edited = make(tree, edit)
+        if edited is None:
+            return None
+        source = edited
+    return source
+
+
+from . import calls as calls  # noqa: E402  (registers its codemods)
