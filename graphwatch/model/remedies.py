@@ -35,6 +35,8 @@ EDIT_KINDS: dict[str, str] = {
     "detach-made": "the value `line` assigns to `target` is detached where it is made",
     "item": "`target` -> `target.item()` on `line` (only for a tensor of one element)",
     "no-grad": "the statement on `line` (or the evaluation loop holding it) runs under `with torch.no_grad():`",
+    "enable-grad": "the statements from `line` to `until` run under `with torch.enable_grad():` (a loss computed "
+    "inside a `no_grad` block that must be backwarded)",
     "create-graph": "`create_graph=True` added to the `torch.autograd.grad` call on `line`",
     "drop-retain": "`retain_graph=True` dropped from the backward on `line`",
     "remove-statement": "the statement on `line` removed (a second backward of the same tensor)",
@@ -52,7 +54,9 @@ class Edit:
     file: str  # as the trace cites it (a CallSite's file)
     line: int  # the line that ran: the one the edit changes, or the one it is placed against
     target: str = ""  # the expression it applies to, as the user's code spells it: "fake", "hidden", "self.target"
-    until: int | None = None  # "detach-state": the backward's line (the detach goes first in the loop holding both)
+    # "detach-state": the backward's line (the detach goes first in the loop holding both); "enable-grad": the
+    # last line of the block
+    until: int | None = None
 
     @property
     def where(self) -> str:
