@@ -41,10 +41,8 @@ from .capture.carriers import find_carrier, name_carrier, reaches
 from .capture.holders import local_value, parameter_names, user_frames
 from .capture.optimizer import GradResetTracker
 from .capture.recorder import TRACKED_PER_STEP
-from .capture.step_clock import next_sequence_nr
 from .errors import BackwardTwiceError
 from .model import BackwardRecord, NodeRecord, Snapshot, StepRecord
-from .model.packed import PackedArray
 from .rendering.dot import snapshot_dots
 
 CROSSING = "graph crosses steps"  # the reason of the snapshot of the first graph that crosses steps
@@ -72,13 +70,12 @@ class BackwardWatch:
         self._max_snapshots = max_snapshots
         self._first_drawn = False  # the "first backward" snapshot was tried (drawn or not)
         self.retained: list[tuple[BackwardRecord, set[int]]] = []  # with the node records each reached
-        self._started_at = PackedArray("q")  # per backward id: the node sequence number when it started
         # the last optimizer steps: (backwards started before it, the optimizer), to tell who trains what
         self._recent_steps: deque[tuple[int, weakref.ref]] = deque(maxlen=32)
 
     def optimizer_stepped(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer.step()`` ran (after the backwards recorded so far)."""
-        self._recent_steps.append((len(self._started_at), weakref.ref(optimizer)))
+        self._recent_steps.append((len(self._recorder.trace.backwards), weakref.ref(optimizer)))
 
     def _optimizers_between(self, first: int, last: int) -> list[torch.optim.Optimizer]:
         """The optimizers that stepped after backward ``first`` started and before backward ``last`` did."""
@@ -89,15 +86,14 @@ class BackwardWatch:
                 found.append(optimizer)
         return found
 
-    def started(self, record: BackwardRecord) -> None:
-        """A backward starts (its record is the next in the trace)."""
-        self._started_at.append(next_sequence_nr())
-
-    def walk_before(self, record: BackwardRecord, roots: list[Any], accumulate: bool) -> list[NodeRecord]:
-        """Tag and count the graph the backward is about to run; return the nodes already freed."""
+    def walk_before(
+        self, record: BackwardRecord, roots: list[Any], accumulate: bool, full: bool = False
+    ) -> list[NodeRecord]:
+        """Tag and count the graph the backward is about to run; return the nodes already freed.  ``full``:
+        the full walk, whatever the graph (a backward that failed on a step seen light)."""
         recorder = self._recorder
         if not (
-            record.retain_graph or record.create_graph or self.retained or recorder.detail_always
+            full or record.retain_graph or record.create_graph or self.retained or recorder.detail_always
             or recorder.boundary_pending or self.wants_snapshot(record, False)
         ):  # fmt: skip
             quick = quick_walk(recorder, roots, record.id, collect_params=accumulate)
@@ -153,7 +149,7 @@ class BackwardWatch:
         between = self._optimizers_between(freeing, record.id) if freeing is not None else []
         handoff, detach_in_failing = None, False
         if between and freeing is not None:
-            carrier, used = handed_off(path, self._started_at[freeing])
+            carrier, used = handed_off(path, self._recorder.backward_starts[freeing])
             if carrier is not None and used is not None:
                 handoff = (carrier, used)
                 found = find_carrier(self._recorder, sys._getframe(2), carrier)

@@ -1,6 +1,8 @@
 """What a session does at the end of each step: search the holders of earlier steps' graphs, close the
 step's record, run the step's detectors, draw what a kept-alive finding keeps, and in strict mode stop
-at the first leak.
+at the first leak.  At the default level a step seen light (:mod:`graphwatch.capture.detail`) only closes
+its record, unless what it made or the memory it leaves asks for a closer look; a step seen in full detail
+tells the plan what asks for the next steps to be seen so too.
 
 Example::
 
@@ -25,21 +27,29 @@ from .analysis import LEAK_KINDS, FindingLog, graph_kept_alive, step_findings
 from .analysis.evidence import counted, human_bytes, steps_text
 from .backwards import BackwardWatch
 from .capture import Recorder
+from .capture.detail import DetailPlan
 from .capture.holders import HolderSearch, tensors_in_user_frames
+from .capture.light_signals import LightSignals
 from .errors import GraphLeakError
 from .model import Finding, StepRecord
 
 
 class StepEnds:
-    """Ends a session's steps (see the module's docstring); ``light``: the light level, which walks no
-    graph and saves no tensor, so that a step end only closes the record."""
+    """Ends a session's steps (see the module's docstring); ``light``: a step seen light, which walked no
+    graph and saved no tensor, so that its end only closes the record (and watches for signals)."""
 
-    def __init__(self, recorder: Recorder, log: FindingLog, backwards: BackwardWatch, strict: bool) -> None:
+    def __init__(
+        self, recorder: Recorder, log: FindingLog, backwards: BackwardWatch, strict: bool, plan: DetailPlan,
+        signals: LightSignals,
+    ) -> None:  # fmt: skip
         self._recorder = recorder
         self._log = log
         self._backwards = backwards
         self._strict = strict
         self._holders = HolderSearch()
+        self._plan = plan
+        self._signals = signals
+        self._alive_before: set[int] = set()  # earlier steps with graphs alive at the last full step's end
 
     def end(
         self, source: str, frame: FrameType | None, light: bool, final: bool = False, script: dict | None = None
@@ -48,20 +58,33 @@ class StepEnds:
         script's globals, ``script``, at the ``final`` step)."""
         __tracebackhide__ = True  # pytest: a strict-mode GraphLeakError points at the user's line
         recorder = self._recorder
-        current = recorder.current
+        current, step, plan = recorder.current, recorder.step, self._plan
+        adaptive = not (plan.always or plan.never)
         if self._backwards.retained:
             self._backwards.settle_retained(current)
-        if (frame is not None or final) and not light:
-            census = final or recorder.step & (recorder.step - 1) == 0  # steps 0, 1, 2, 4, 8, ...: HolderSearch
+        if light:  # a census only where the step made what no step before, or something holds an old graph
+            census = adaptive and (final or self._made_signal(step, recorder.nodes_made()) or self._held_signal(frame, step))
+        else:  # steps 0, 1, 2, 4, 8, ... (HolderSearch), and the first after steps seen light
+            census = final or step & (step - 1) == 0 or (adaptive and not plan.is_full(step - 1))
+            self._signals.step_made(step, recorder.nodes_made())  # (learnt: no signal on a full step)
+        if (frame is not None or final) and (census or not light):
             current.holders = self._holders.at_step_end(recorder, frame, census, script if final else None)
         record = recorder.end_step(source)
-        if light:  # no walks and no saved tensors: nothing a step detector starts from
-            return record
+        if light:
+            reason = self._signals.resident(record.rss_bytes) if adaptive else None
+            if reason is not None:
+                plan.suspect(record.index, reason)
+            if not census:  # no walks and no saved tensors: nothing a step detector starts from
+                return record
+        else:
+            self._signals.full_step_ended(record.rss_bytes)
         trace = recorder.trace
         refresh = final or record.index & (record.index - 1) == 0  # steps 0, 1, 2, 4, 8, ... and the last
         new = [f for f in step_findings(trace, record, refresh) if self._log.add(f)]
         if new:
             recorder.keep_detail(record.index)
+        if adaptive and not light:
+            self._full_step_signals(record, new)
         for finding in new:
             if finding.kind == "graph-kept-alive" and frame is not None:
                 self._draw_kept(record.index, finding, frame)
@@ -74,17 +97,68 @@ class StepEnds:
                 )
         return record
 
-    def finish(self, frame: FrameType | None, light: bool, script: dict | None) -> None:
-        """End the last step; its holders are searched in ``frame`` (the ``with`` block's) and ``script``."""
+    def _made_signal(self, step: int, nodes: int) -> bool:
+        """A light step made more or fewer nodes than any step before it: look at it, and at the next steps."""
+        reason = self._signals.step_made(step, nodes)
+        if reason is not None:
+            self._plan.suspect(step, reason)
+        return reason is not None
+
+    def _held_signal(self, frame: FrameType | None, step: int) -> bool:
+        """The user's frames hold a graph older than the last step (on a schedule): look at it, and on."""
+        if frame is None or step < 1:
+            return False
+        recorder = self._recorder
+        reported = {h for f in recorder.trace.findings if f.kind == "graph-kept-alive" and (h := f.evidence.get("holder"))}
+        reason = self._signals.held_graph(frame, recorder.clock.bounds[step - 1], recorder.clock.step_of, reported)
+        if reason is not None:
+            self._plan.suspect(step, reason)
+        return reason is not None
+
+    def _full_step_signals(self, record: StepRecord, new: list[Finding]) -> None:
+        """What a step seen in full detail shows that asks for the next steps to be seen so too: a new finding,
+        more graphs of earlier steps alive than at the last full
+        step's end (while no leak is reported), a graph carried in from a step seen light (while no carried
+        graph is reported)."""
+        trace, plan, index = self._recorder.trace, self._plan, record.index
+        backwards = [trace.backwards[i] for i in record.backwards]
+        alive = {
+            s for table in (record.nodes_alive_by_step, record.saved_alive_by_step) for s in table
+            if 0 <= s < index
+        }  # fmt: skip
+        reason = None
+        if new:
+            reason = f"{new[0].kind} found in step {index}"
+        elif len(alive) > len(self._alive_before) and not any(f.kind in LEAK_KINDS for f in trace.findings):
+            reason = f"more graphs of earlier steps alive at the end of step {index}"
+        elif any(not plan.is_full(s) for bw in backwards for s in bw.earlier_steps if s >= 0) and not any(
+            f.kind == "graph-carried-across-steps" for f in trace.findings
+        ):
+            reason = f"a graph carried into step {index} from a step seen light"
+        self._alive_before = alive
+        if reason is not None:
+            plan.suspect(index, reason)
+
+    def finish(self, frame: FrameType | None, light: bool, script: dict | None, cut_short: bool = False) -> None:
+        """End the last step; its holders are searched in ``frame`` (the ``with`` block's) and ``script``
+        (``cut_short``: an exception ends the session, maybe inside a step seen light, which saved nothing
+        graphwatch saw: it is closed if it made nodes)."""
         recorder = self._recorder
         current, trace = recorder.current, recorder.trace
         if recorder.boundary_pending:
             self.end(recorder.pending_source, frame, light, final=True, script=script)
-        elif current.saved_packed or current.backwards or not trace.steps:
+        elif current.saved_packed or current.backwards or not trace.steps or (cut_short and light and recorder.nodes_made()):
             self.end("session-end", frame, light, final=True, script=script)
-        elif not light and trace.steps[-1].detail:  # the last step: every holder's full count
-            for finding in graph_kept_alive(trace, trace.steps[-1]):
-                self._log.add(finding)
+        elif self._plan.is_full(len(trace.steps) - 1):
+            if trace.steps[-1].detail:  # the last step: every holder's full count
+                for finding in graph_kept_alive(trace, trace.steps[-1]):
+                    self._log.add(finding)
+        elif not self._plan.never and (frame is not None or script is not None):  # seen light: a census now
+            last = trace.steps[-1]
+            last.holders = self._holders.at_step_end(recorder, frame, True, script)
+            for finding in graph_kept_alive(trace, last) if last.holders else ():  # (the loop's frames may be gone)
+                if self._log.add(finding):
+                    recorder.keep_detail(last.index)
 
     def _draw_kept(self, step: int, finding: Finding, frame: Any) -> None:
         """A picture of what a kept-alive finding's holder keeps: the holder by name, the graphs below it."""

@@ -26,10 +26,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..model import BackwardRecord, NodeRecord, SavedRecord, StepRecord, Trace
-from ..model.columns import averaged_steps, freeze_step
+from ..model.columns import averaged_steps, freeze_steps
+from ..model.packed import PackedArray
 from .callsite import SiteTable
+from .line_templates import LineTemplates, Template
 from .live_steps import LiveSteps
 from .node_tags import NodeGroups
+from .post_hoc import LightBackwards
 from .resident import ResidentMemory
 from .step_clock import StepClock, next_sequence_nr
 
@@ -44,6 +47,7 @@ FREEZE_BATCH = 256
 # Saved tensors of one step tracked one by one at the default level; later ones are only counted, so that one
 # backward through a graph of millions of nodes holds graphwatch to a fraction of torch's own memory.
 TRACKED_PER_STEP = 100_000
+MAX_TEMPLATE_NODES = TRACKED_PER_STEP  # a bigger step seen in full detail leaves no lines for light steps
 
 
 class Recorder:
@@ -67,6 +71,12 @@ class Recorder:
         self.step_started = time.perf_counter()
         self.step_seq = self.clock.mark()
         self.backward: BackwardRecord | None = None  # the backward running now, if any
+        self.backward_starts = PackedArray("q")  # per backward id: the next node sequence number when it started
+        self.is_full_step: Callable[[int], bool] = lambda step: True  # was a step seen in full detail (the plan)
+        self.light_backwards = LightBackwards()  # backwards that ran with no walk (light steps)
+        self.run_through: list[NodeTag] = []  # tags with saved tensors read after the fact, in this backward's graph
+        self.templates: LineTemplates | None = None  # full steps' lines by node offset, for light steps' nodes
+        self.step_ops: list[tuple[int, str]] = []  # (sequence number, op) of this step's nodes its walks met
         self.boundary_pending = False  # a freeing backward ended the step; commit at the next pack
         self.pending_source = "backward"
         self._pending_seq = 0
@@ -84,6 +94,7 @@ class Recorder:
         self._node_ids_by_step: dict[int, list[int]] = {}
         self._saved_ids_by_step: dict[int, list[int]] = {}
         self._fresh: list[weakref.ref] = []  # this step's handles: those alive at its end get records
+        self._post_hoc: dict[int, tuple | None] = {}  # saved records read from a light step's nodes -> storage key
         self._settled: list[int] = []  # pruned steps waiting to go into columns
         self._site_seq = -1  # node sequence number at the last pack-site lookup, and its result
         self._op_site: int | None = None
@@ -107,6 +118,8 @@ class Recorder:
         """The NodeRecord of a tagged node, kept in the trace while its step is in the detail window."""
         record = NodeRecord(self._next_node, op, tag.step, tag.seq, backward=tag.backward)
         self._next_node += 1
+        if self.templates is not None and tag.step == self.step:
+            self.step_ops.append((tag.seq, op))
         self._keep_in_window(tag.step, record, self.trace.nodes, self._node_ids_by_step)
         return record
 
@@ -123,6 +136,8 @@ class Recorder:
         self.live.node_died(tag.step)
         if tag.record is not None:
             tag.record.died_step = self.step
+        if tag.post_hoc:
+            self.post_hoc_released(tag.post_hoc, None)
 
     def dtype_name(self, dtype: torch.dtype) -> str:
         name = self.dtype_names.get(dtype)
@@ -197,6 +212,54 @@ class Recorder:
         self._keep_in_window(handle.step, record, self.trace.saved, self._saved_ids_by_step)
         return record
 
+    def post_hoc_saved(self, tensor: torch.Tensor, step: int, output: bool = False) -> SavedRecord:
+        """The record of a tensor a node of a light step saved with no hook (read from the node now; ``output``:
+        the op's own output), counted alive until :meth:`post_hoc_released` (:mod:`~graphwatch.capture.post_hoc`)."""
+        if output:
+            kind = "activation"
+        elif tensor.is_leaf:
+            kind = "parameter" if tensor.requires_grad else "input"
+        else:
+            base = tensor._base
+            kind = "activation" if base is None or not base.is_leaf else "parameter"
+        try:
+            untyped = tensor.untyped_storage()
+            key: tuple | None = (untyped.data_ptr(), tensor.is_cuda)
+            nbytes = untyped.nbytes()
+        except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested or storage-less
+            key, nbytes = None, 0
+        shape = () if tensor.is_nested else tuple(tensor.shape)
+        device = "cpu" if tensor.is_cpu else tensor.device.type
+        record = SavedRecord(self._next_saved, step, None, nbytes, kind, shape, self.dtype_name(tensor.dtype), device)
+        self._next_saved += 1
+        self._keep_in_window(step, record, self.trace.saved, self._saved_ids_by_step)
+        self._post_hoc[record.id] = key
+        if key is not None:
+            entry = self._storages.get(key)
+            if entry is not None:
+                entry[0] += 1
+                record.nbytes = 0  # the storage is counted already
+                return record
+            self._storages[key] = [1, nbytes, step, kind != "parameter"]
+        self._count_live(nbytes, step, kind != "parameter")
+        return record
+
+    def post_hoc_released(self, records: list[SavedRecord], backward: int | None) -> None:
+        """Saved tensors recorded after the fact were freed (by ``backward``) or their node died."""
+        for record in records:
+            if record.id not in self._post_hoc:
+                continue
+            key = self._post_hoc.pop(record.id)
+            record.freed_step, record.freed_by = self.step, backward
+            if key is None:
+                self._count_live(-record.nbytes, record.step, record.kind != "parameter")
+                continue
+            entry = self._storages[key]
+            entry[0] -= 1
+            if not entry[0]:
+                del self._storages[key]
+                self._count_live(-entry[1], entry[2], entry[3])
+
     def _count_live(self, nbytes: int, step: int, activation: bool) -> None:
         if not nbytes:  # also keeps finalizers from adding keys while a step end iterates the table
             return
@@ -249,6 +312,10 @@ class Recorder:
         """Whether any of these nodes was made after the pending step boundary."""
         return any(root._sequence_nr() >= self._pending_seq for root in roots)
 
+    def nodes_made(self) -> int:
+        """Autograd nodes (of this thread) made since the current step started, up to its end if one is pending."""
+        return (self._pending_seq if self.boundary_pending else next_sequence_nr()) - self.step_seq
+
     def commit_boundary(self) -> None:
         """End the pending step (called from the pack hook of the next forward op)."""
         self.boundary_hook(self.pending_source)
@@ -264,7 +331,12 @@ class Recorder:
         else:
             seq = self.clock.mark()
         record.nodes_created = max(0, seq - self.step_seq)
-        self._keep_outliving()
+        if self.step_ops:  # (collected for the templates of full steps only)
+            if self.is_full_step(record.index):
+                self._keep_template(self.step_seq, seq)
+            self.step_ops = []
+        if self._fresh:
+            self._keep_outliving()
         self._snapshot_live(record)
         self.trace.steps.append(record)
         self.step += 1
@@ -274,6 +346,32 @@ class Recorder:
         self.step_started = time.perf_counter()
         self._prune()
         return record
+
+    def _keep_template(self, first: int, end: int) -> None:
+        """The lines of the step seen in full detail that ends here, by node offset (:mod:`.line_templates`)."""
+        count = end - first
+        ops: list[str | None] = [None] * count if count <= MAX_TEMPLATE_NODES else []
+        for seq, op in self.step_ops if ops else ():
+            if first <= seq < end:
+                ops[seq - first] = op
+        if ops:
+            assert self.templates is not None
+            self.templates.keep(Template(count, ops, self.clock.lines_between(first, end)))
+
+    def template_site(self, node: Any, seq: int, op: str, step: int) -> int | None:
+        """The line of a node of a step seen light, from a full step that ran the same code (or None)."""
+        if self.templates is None:
+            return None
+        bounds = self.clock.bounds
+        first = bounds[step]
+        finished = step + 1 < len(bounds)
+        count = (bounds[step + 1] if finished else next_sequence_nr()) - first
+        nodes = [(seq - first, op)]
+        for child, _ in node.next_functions:
+            child_seq = -1 if child is None else child._sequence_nr()
+            if first <= child_seq < first + count:
+                nodes.append((child_seq - first, child.name()))
+        return self.templates.site(count, finished, nodes)
 
     def _keep_outliving(self) -> None:
         """Build the records of this step's saved tensors that outlive it (the others were counted only)."""
@@ -285,10 +383,11 @@ class Recorder:
 
     def _snapshot_live(self, record: StepRecord) -> None:
         self.groups.recount(self.step)
-        record.nodes_alive_by_step, record.saved_alive_by_step = self.live.snapshot()
-        record.live_activation_bytes = self.live.activation_total
+        live = self.live
+        record.nodes_alive_by_step, record.saved_alive_by_step = live.snapshot()
+        record.live_activation_bytes = live.activation_total
         record.live_leaf_bytes = self._live_leaf
-        record.live_nodes = self.live.nodes_total
+        record.live_nodes = live.nodes_total
         record.rss_bytes = self._rss.bytes()
         if self.cuda_seen and torch.cuda.is_available():
             record.cuda_allocated = torch.cuda.memory_allocated()
@@ -303,8 +402,8 @@ class Recorder:
         if cutoff < 1 or (cutoff - 1) in self.kept_steps:
             return
         old = cutoff - 1
-        if old < len(self.trace.steps):
-            record = self.trace.steps[old]
+        record = self.trace.steps.object_at(old)  # type: ignore[attr-defined]  # a RecordList
+        if record is not None:
             record.detail = False
             # What grows with the number of graphs alive (a leak keeps more each step) goes with the
             # step's detail, so that every step past the window costs the same few bytes: the totals stay.
@@ -313,11 +412,13 @@ class Recorder:
             record.holders = []
             backwards = self.trace.backwards
             for backward_id in record.backwards:
-                backwards[backward_id].roots = []  # node records that go with the detail
+                backward = backwards.object_at(backward_id)  # type: ignore[attr-defined]  # a RecordList
+                if backward is not None and backward.roots:
+                    backward.roots = []  # node records that go with the detail
             self._settled.append(old)  # numbers only now: into columns with the next batch
             if len(self._settled) >= FREEZE_BATCH:
                 self._freeze_settled()
-        self.clock.forget_before(self.clock.bounds[old + 1])
+        self.clock.forget_before(old + 1)
         for node_id in self._node_ids_by_step.pop(old, ()):
             self.trace.nodes.pop(node_id, None)
         for saved_id in self._saved_ids_by_step.pop(old, ()):
@@ -326,7 +427,9 @@ class Recorder:
     # ----------------------------------------------------------- optimizers
     def optimizer_stepped(self, optimizer: torch.optim.Optimizer, site: int | None) -> None:
         """``optimizer.step()`` at ``site`` just updated its parameters in place."""
-        self._optimizer_steps[id(optimizer)] = (weakref.ref(optimizer), site, self.step)
+        known = self._optimizer_steps.get(id(optimizer))
+        ref = known[0] if known is not None and known[0]() is optimizer else weakref.ref(optimizer)
+        self._optimizer_steps[id(optimizer)] = (ref, site, self.step)
 
     def optimized_parameters(self, optimizers: list[torch.optim.Optimizer] | None = None) -> set[int]:
         """``id()`` of every parameter of ``optimizers`` (default: of those that stepped so far)."""
@@ -336,22 +439,26 @@ class Recorder:
 
     def inplace_hint(self, handle: SavedHandle) -> str | None:
         """Why a saved parameter's version moved, when an ``optimizer.step()`` did it; else None."""
-        if handle.storage is None or handle.kind != "parameter":
+        return self.parameter_hint(handle.storage, handle.kind, handle.step)
+
+    def parameter_hint(self, storage: tuple | None, kind: str, saved_step: int) -> str | None:
+        """:meth:`inplace_hint` for a tensor of ``kind`` on ``storage`` saved in ``saved_step``."""
+        if storage is None or kind != "parameter":
             return None
         for ref, site, step in self._optimizer_steps.values():
             optimizer = ref()
-            if optimizer is None or step < handle.step:
+            if optimizer is None or step < saved_step:
                 continue
-            if any(p.data_ptr() == handle.storage[0] for g in optimizer.param_groups for p in g["params"]):
-                return self._optimizer_hint(site, handle)
+            if any(p.data_ptr() == storage[0] for g in optimizer.param_groups for p in g["params"]):
+                return self._optimizer_hint(site, saved_step)
         return None
 
-    def _optimizer_hint(self, site: int | None, handle: SavedHandle) -> str:
+    def _optimizer_hint(self, site: int | None, saved_step: int) -> str:
         where = self.trace.where(site)
-        if handle.step < self.step:
+        if saved_step < self.step:
             carried = self._carried_name()
             return (
-                f"optimizer.step() at {where} updated this parameter in place after step {handle.step}'s "
+                f"optimizer.step() at {where} updated this parameter in place after step {saved_step}'s "
                 f"graph saved it, and step {self.step}'s backward runs into that graph again: a graph of an "
                 f"earlier step is reused{carried}. Detach what carries it at the start of each step (and drop "
                 "retain_graph=True), so that each backward uses only its own step's graph."
@@ -373,6 +480,7 @@ class Recorder:
 
     # ------------------------------------------------------------ backward
     def begin_backward(self, record: BackwardRecord) -> None:
+        self.backward_starts.append(next_sequence_nr())
         self.trace.backwards.append(record)
         self.current.backwards.append(record.id)
         self.backward = record
@@ -381,10 +489,15 @@ class Recorder:
         record.seconds = seconds
         self.current.backward_seconds += seconds
         self.backward = None
+        run_through, self.run_through = self.run_through, []
+        if not record.retain_graph and record.error is None:  # it freed what it ran through
+            for tag in run_through:
+                if tag.post_hoc:
+                    self.post_hoc_released(tag.post_hoc, record.id)
+                    tag.post_hoc = None
 
     def _freeze_settled(self) -> None:
-        for index in self._settled:
-            freeze_step(self.trace.steps, self.trace.backwards, index)  # type: ignore[arg-type]  # RecordLists
+        freeze_steps(self.trace.steps, self.trace.backwards, self._settled)  # type: ignore[arg-type]  # RecordLists
         self._settled.clear()
 
     def close(self) -> None:

@@ -346,6 +346,17 @@ class Snapshot:
 
 
 @dataclass(slots=True)
+class DetailSpan:
+    """Steps ``first`` to ``end - 1`` were seen in full detail (saved tensors, graph walks, holders, the step
+    detectors), and why: ``"first steps"``, ``"sampled"``, ``"every step"`` (``level="full"``) or the signal
+    that asked for a closer look.  Steps in no span were seen at the light level's cost."""
+
+    first: int
+    end: int
+    reason: str
+
+
+@dataclass(slots=True)
 class Trace:
     """Everything a session recorded.  ``graphwatch.load`` returns one of these."""
 
@@ -361,6 +372,7 @@ class Trace:
     steps: list[StepRecord] = field(default_factory=lambda: _record_list("steps"))
     findings: list[Finding] = field(default_factory=list)
     snapshots: list[Snapshot] = field(default_factory=list)
+    full_detail: list[DetailSpan] = field(default_factory=list)  # the steps seen in full detail, and why
     untracked_saved: int = 0  # tensors saved under user hooks we could not see
     ended_early: str | None = None  # why the run stopped before the session ended
     averaged_from: int = 0  # first step whose times and sizes read as span means (long runs: model.packed)

@@ -30,6 +30,7 @@ from .columns import TRACE_COLUMNS, RecordList, averaged_steps, freeze_step
 from .records import (
     BackwardRecord,
     CallSite,
+    DetailSpan,
     Finding,
     Holder,
     NodeRecord,
@@ -55,6 +56,7 @@ _LIST_FIELDS: dict[str, type] = {
     "steps": StepRecord,
     "findings": Finding,
     "snapshots": Snapshot,
+    "full_detail": DetailSpan,
 }
 _DICT_FIELDS: dict[str, type] = {"nodes": NodeRecord, "saved": SavedRecord}
 # Records held inside records: (field, record type) per type.

@@ -38,7 +38,16 @@ from .charts import NODES_COLOR, bar_chart, byte_unit, line_chart
 from .findings_html import finding_articles
 from .gallery import Picture, gallery_html, legend_html, render_pictures
 from .ranks import RANKS_CSS, is_rank_set, rank_notes, ranks_html, report_verdict
-from .wording import averaged_text, counted_only_text, early_end, marked_steps, sample_steps, seconds_text, step_values
+from .wording import (
+    averaged_text,
+    counted_only_text,
+    detail_text,
+    early_end,
+    marked_steps,
+    sample_steps,
+    seconds_text,
+    step_values,
+)
 
 Section = tuple[str, Trace]
 
@@ -226,7 +235,7 @@ def _meta_html(trace: Trace, trace_file: str) -> str:
             f'<p class="notice">{counted(trace.untracked_saved, "saved tensor")} went through saved-tensor hooks '
             "entered inside the session, which graphwatch cannot see; they are not counted.</p>"
         )
-    for notice in (averaged_text(trace), counted_only_text(trace)):
+    for notice in (detail_text(trace), averaged_text(trace), counted_only_text(trace)):
         if notice:
             notes.append(f'<p class="notice">{escape(notice)}</p>')
     return f'<p class="meta">{" · ".join(facts)}</p>' + "".join(notes)

@@ -44,6 +44,7 @@ from .wording import (
     averaged_text,
     cited_sites,
     counted_only_text,
+    detail_text,
     early_end,
     explained_in_error,
     finding_steps,
@@ -173,7 +174,7 @@ class Summary:
                 "(saved_tensors_hooks entered inside the session); they are not counted",
                 style="dim",
             )
-        for notice in (averaged_text(trace), counted_only_text(trace)):
+        for notice in (detail_text(trace), averaged_text(trace), counted_only_text(trace)):
             if notice:
                 yield Text(notice, style="dim")
         if trace.findings and boxed:
