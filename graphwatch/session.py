@@ -198,6 +198,25 @@ class Session:
 
         return summary_html(self.trace)
 
+    def __repr__(self) -> str:
+        """One line: watching or ended, steps, and the problems found (``repr(gw)``, a debugger's view)."""
+        from .rendering.wording import session_line
+
+        return session_line(self.trace, self._state())
+
+    def __str__(self) -> str:
+        """``print(gw)``: the verdict, each finding with its fix and patch, and where to read more."""
+        from .rendering.wording import session_text
+
+        return session_text(self.trace, self._state())
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's text view (a notebook's text/plain, the ``IPython`` prompt): as ``print(gw)``."""
+        printer.text(repr(self) if cycle else str(self))
+
+    def _state(self) -> str:
+        return "watching" if self.active else "ended" if self._finished else "not entered"
+
     @contextmanager
     def step(self) -> Iterator[Session]:
         """Mark one iteration: ``with gw.step(): ...``.  Once used, only these blocks end steps."""

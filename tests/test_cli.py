@@ -309,6 +309,23 @@ def test_help_and_version_subprocess(tmp_path: Path) -> None:
     assert version.returncode == 0 and version.stdout.startswith(f"graphwatch {graphwatch.__version__}")
 
 
+def test_run_help_states_the_readmes_loop_rule_and_every_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    shown = capsys.readouterr().out
+    assert "a step ends at each optimizer.step()" not in shown  # (what it said before: not the rule)
+    rule = " ".join(shown.split("How steps are counted:")[1].split("\n\n")[0].split())
+    readme = " ".join((REPO / "README.md").read_text().replace("`", "").split())
+    for words in ("the training loop is the innermost loop that holds all of them", "a backward() outside "
+                  "optimizer.step()", "Without source", "each optimizer.step() ends a step"):  # fmt: skip
+        assert words in rule and words in readme, words
+    codes = dict(re.findall(r"^  (\d+) +(.+)$", shown.split("exit codes:")[1], re.M))
+    assert sorted(codes, key=int) == ["1", "2", "3", "130", "143"]
+    assert "uncaught exception" in codes["1"] and "--strict" in codes["3"]
+    assert "Ctrl-C" in codes["130"] and "SIGTERM" in codes["143"] and "unwritable" in codes["2"]
+    assert "the script's own" in shown.split("exit codes:")[1]
+
+
 @pytest.mark.parametrize("command", [[], ["run"], ["demo"], ["report"]])
 def test_help_of_each_command(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:

@@ -221,3 +221,40 @@ def cited_sites(finding: Finding) -> list[str]:
     ['a.py:3']
     """
     return [str(s) for s in dict.fromkeys(finding.evidence.get("sites") or []) if s != "<unknown>"]
+
+
+def session_line(trace: Trace, state: str) -> str:
+    """A session in one line (its ``repr``: a debugger's view): its state, steps and what was found.
+
+    >>> session_line(Trace(findings=[Finding("retained-graph", "warning", 3, "m", "f")]), "ended")
+    '<graphwatch.Session ended: 0 steps, 1 problem: retained-graph at step 3>'
+    """
+    found = problems(trace)
+    notes = len(trace.findings) - len(found)
+    said = f"{counted(len(found), 'problem')}: " + ", ".join(f"{f.kind} at step {f.step}" for f in found) if found else (
+        "no graph leaks"
+    )
+    said += f" ({counted(notes, 'note')})" if notes else ""
+    return f"<graphwatch.Session {state}: {counted(len(trace.steps), 'step')}, {said}>"
+
+
+def session_text(trace: Trace, state: str) -> str:
+    """A session as text (``print(gw)``, a notebook's text view): the verdict, each finding with its fix and
+    patch, and where to read more.
+
+    >>> print(session_text(Trace(findings=[Finding("retained-graph", "warning", 3, "held", "drop it")]), "ended"))
+    graphwatch: 1 problem in 0 steps (session ended)
+    [retained-graph] step 3: held
+      fix: drop it
+    gw.summary(): the per-step table; gw.report(DIR): the HTML report; gw.findings: these findings
+    """
+    text, _ = verdict([trace])
+    lines = [f"{text} (session {state})"]
+    if trace.ended_early:
+        lines.append(f"the run ended early: {early_end(trace)}")
+    for finding in trace.findings:
+        lines.append(str(finding))
+        if finding.patch:
+            lines += ["  patch (patch -p0):", finding.patch.rstrip("\n")]
+    lines.append("gw.summary(): the per-step table; gw.report(DIR): the HTML report; gw.findings: these findings")
+    return "\n".join(lines)
