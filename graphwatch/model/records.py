@@ -27,6 +27,8 @@ from .remedies import Remedy
 # Where a step boundary came from.
 STEP_SOURCES = ("explicit", "optimizer", "backward", "session-end")
 _REPR_CHARS = 100  # characters of a finding's message its repr shows
+# The part of Trace.own_seconds that is counted x a measured cost, not timed (graphwatch.capture.own_time)
+OWN_ESTIMATED = "saved-tensor hooks (estimated)"
 # What a saved tensor is: a leaf that requires grad, a leaf that does not, or
 # the output of an op inside the graph.
 SAVED_KINDS = ("parameter", "input", "activation")
@@ -116,7 +118,8 @@ class BackwardRecord:
     crossings: list[tuple[int, int]] = field(default_factory=list)
     saved_freed: int = 0
     bytes_freed: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall-clock time of the engine call
+    cpu_seconds: float = 0.0  # CPU time of the process (all its threads) meanwhile: what load elsewhere cannot inflate
     error: str | None = None
     roots: list[int] = field(default_factory=list)  # NodeRecord ids of the graph's roots
     # For retain_graph=True: did a later backward of the same step run through this graph,
@@ -285,8 +288,10 @@ class StepRecord:
     nodes_alive_by_step: Mapping[int, int] = field(default_factory=dict)
     saved_alive_by_step: Mapping[int, int] = field(default_factory=dict)  # live activation bytes
     backwards: list[int] = field(default_factory=list)
-    backward_seconds: float = 0.0
-    seconds: float = 0.0
+    backward_seconds: float = 0.0  # wall clock
+    backward_cpu_seconds: float = 0.0  # CPU time of the process during them
+    seconds: float = 0.0  # wall clock, from the previous step's end
+    cpu_seconds: float = 0.0  # CPU time of the process (all its threads) in the same span
     rss_bytes: int = 0
     cuda_allocated: int | None = None
     cuda_reserved: int | None = None
@@ -380,6 +385,11 @@ class Trace:
     averaged_before: int = 0  # the step after the last such one (0: no step was averaged)
     rank: int | None = None
     world_size: int | None = None
+    # The session's own span (0.0: not recorded, e.g. a trace of an older graphwatch): wall clock, CPU time of
+    # the process, and graphwatch's own CPU time by part (see graphwatch.capture.own_time)
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    own_seconds: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("backwards", "steps"):

@@ -52,6 +52,7 @@ from .wording import (
     seconds_text,
     step_values,
     steps_text,
+    time_text,
     verdict,
 )
 
@@ -281,6 +282,8 @@ class Summary:
         if trace.steps:
             yield self._table()
             yield self._sparklines(max_width)
+        if time_text(trace):
+            yield Text(time_text(trace), style="dim")
         if self.report is not None:
             index = Path(self.report)
             yield Text.assemble(("report: ", "bold"), str(index if index.suffix == ".html" else index / "index.html"))
@@ -301,18 +304,22 @@ class Summary:
             "and each step where a finding was first seen",
             caption_justify="left",
         )
-        for name in ("step", "nodes\nmade", "backward", "live\nsaved", "nodes\nalive"):
+        cpu = bool(self.trace.seconds)  # recorded (a trace of an older graphwatch has no CPU times)
+        names = ("step", "nodes\nmade", "backward\nwall clock", *(("backward\nCPU",) * cpu), "live\nsaved", "nodes\nalive")
+        for name in names:
             table.add_column(name, justify="right", no_wrap=True)
         table.add_column("first seen", style="red", overflow="fold")
         for row in rows:
             if isinstance(row, int):
-                table.add_row("⋯", "", "", "", "", f"{counted(row, 'step')} omitted", style="dim")
+                table.add_row("⋯", *[""] * (len(names) - 1), f"{counted(row, 'step')} omitted", style="dim")
                 continue
             backward = f"{len(row.backwards)} · {seconds_text(row.backward_seconds)}" if row.backwards else "–"
+            backward_cpu = seconds_text(row.backward_cpu_seconds) if row.backwards else "–"
             table.add_row(
                 str(row.index),
                 f"{row.nodes_created:,}",
                 backward,
+                *((backward_cpu,) * cpu),
                 human_bytes(row.live_saved_bytes),
                 f"{row.live_nodes:,}",
                 marks.get(row.index, ""),
