@@ -97,3 +97,26 @@ def test_times_survive_the_trace_file_and_an_older_trace_shows_none(tmp_path) ->
     out = io.StringIO()
     print_summary(Trace(steps=loaded.steps[:]), console=make_console(out))
     assert "backward\nCPU" not in out.getvalue() and "CPU" not in out.getvalue()
+
+
+def test_measuring_the_hooks_cost_never_calls_the_users_own_saved_tensor_hooks() -> None:
+    """The once-per-process measurement runs in a thread of its own: a user's hooks around the session see
+    exactly the tensors they see without graphwatch."""
+    packed: list[tuple[int, ...]] = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        packed.append(tuple(tensor.shape))
+        return tensor
+
+    def train() -> None:
+        x = torch.ones(3, requires_grad=True)
+        x.exp().sum().backward()
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        train()
+        bare = list(packed)
+        packed.clear()
+        saved_hook_cost.cache_clear()  # measured again, at this session's end
+        with graphwatch.watch(summary=False) as gw:
+            train()
+    assert packed == bare == [(3,)] and gw.trace.own_seconds[OWN_ESTIMATED] > 0

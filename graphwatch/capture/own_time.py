@@ -30,6 +30,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import threading
 import time
 
 import torch
@@ -73,7 +74,17 @@ class OwnTime:
 def saved_hook_cost(samples: int = 256) -> float:
     """Seconds graphwatch's saved-tensor hooks add to one saved tensor (its pack, its record, its free),
     measured once per process: ``samples`` small ops that save a tensor each, with the hooks of a scratch
-    recorder and without, the fastest of three rounds each."""
+    recorder and without, the fastest of three rounds each.  It runs in a thread of its own, where none of
+    the caller's saved-tensor hooks, modes or grad mode apply (they are per thread): a user's own hooks
+    never see these tensors."""
+    found: list[float] = []
+    thread = threading.Thread(target=lambda: found.append(_measure_saved_hooks(samples)), name="graphwatch-cost")
+    thread.start()
+    thread.join()
+    return found[0] if found else 0.0
+
+
+def _measure_saved_hooks(samples: int) -> float:
     from .recorder import Recorder
     from .saved import make_hooks
 
@@ -89,10 +100,9 @@ def saved_hook_cost(samples: int = 256) -> float:
         return time.perf_counter() - started
 
     try:
-        with torch.inference_mode(False), torch.enable_grad():
-            bare = min(saving() for _ in range(3))
-            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-                hooked = min(saving() for _ in range(3))
+        bare = min(saving() for _ in range(3))
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            hooked = min(saving() for _ in range(3))
     finally:
         recorder.close()
     return max(0.0, hooked - bare) / samples
