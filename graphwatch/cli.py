@@ -2,7 +2,8 @@
 
 Subcommands::
 
-    graphwatch run [--out DIR] [--strict] [--quiet] SCRIPT [ARGS...]   watch an unchanged training script
+    graphwatch run [--out DIR] [--strict] [--patch-out FILE] [--quiet] SCRIPT [ARGS...]
+                                                                        watch an unchanged training script
     graphwatch demo [--out DIR]                                         the bundled bug examples, one report
     graphwatch report TRACE.json [TRACE2.json ...] [--out DIR]          re-render saved traces
 
