@@ -237,10 +237,11 @@ def _meta_html(trace: Trace, trace_file: str) -> str:
             f'<p class="notice">{counted(trace.untracked_saved, "saved tensor")} went through saved-tensor hooks '
             "entered inside the session, which graphwatch cannot see; they are not counted.</p>"
         )
-    for notice in (averaged_text(trace), counted_only_text(trace), time_text(trace)):
+    for notice in (averaged_text(trace), counted_only_text(trace)):
         if notice:
             notes.append(f'<p class="notice">{escape(notice)}</p>')
-    return f'<p class="meta">{" · ".join(facts)}</p>' + "".join(notes)
+    times = f'<p class="meta">{escape(time_text(trace))}</p>' if time_text(trace) else ""  # (below the facts: small)
+    return f'<p class="meta">{" · ".join(facts)}</p>' + times + "".join(notes)
 
 
 def _section_html(run: _Run, multi: bool, notes: dict[int, str], legend: str = "") -> str:
