@@ -20,8 +20,8 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
-import torch
-from test_html_report import CHROMIUM, chromium, console_messages, with_test_script
+import test_html_report
+from test_html_report import CHROMIUM, chromium, console_messages, kept_alive, with_test_script
 
 import graphwatch
 from graphwatch.model import trace_to_dict
@@ -51,21 +51,13 @@ def graphwatch_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedPro
 
 
 @pytest.fixture(scope="module")
-def recorded() -> dict:
-    """The trace of a real run that keeps every step's graph (findings, cited lines, snapshots), as JSON data."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    total_loss = 0
-    with graphwatch.watch(summary=False) as gw:
-        for _ in range(6):
-            opt.zero_grad()
-            loss = model(torch.randn(8, 4)).pow(2).mean()
-            loss.backward()
-            total_loss += loss  # keeps every graph
-            opt.step()
-    data = trace_to_dict(gw.trace)
+def recorded(request: pytest.FixtureRequest) -> dict:
+    """The trace of a real run that keeps every step's graph (findings, cited lines, snapshots), as JSON data:
+    test_html_report's ``kept_alive``."""
+    assert kept_alive  # the fixture, imported for this
+    data = trace_to_dict(request.getfixturevalue("kept_alive"))
     assert data["findings"] and data["snapshots"] and data["sources"]
+    assert any(f.get("patch") for f in data["findings"])
     return data
 
 
@@ -277,9 +269,9 @@ def test_a_report_made_from_a_trace_reads_nothing_from_the_renderers_disk(record
 
 
 def test_the_cited_lines_are_stored_when_the_run_is_recorded(recorded):
-    here = os.path.relpath(__file__)
-    blocks = [b for b in recorded["sources"] if b["file"] == here]
-    line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "# keeps every graph" in text)
+    recorded_in = test_html_report.__file__  # where the kept_alive run ran
+    blocks = [b for b in recorded["sources"] if b["file"] == os.path.relpath(recorded_in)]
+    line = next(i for i, text in enumerate(Path(recorded_in).read_text().splitlines(), 1) if "# keeps every graph" in text)
     assert any(b["first"] == line - 3 and "total_loss += loss  # keeps every graph" in b["lines"][3] for b in blocks)
 
 

@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
@@ -35,10 +36,31 @@ from .columns import Columns, RecordList, field_values
 from .packed import NONE_CODE
 
 MAX_RECORDS = 10**8  # more steps or backwards than any trace holds: a damaged count
-BASE_RECORDS = 2**16  # records any trace file may claim, however small (see record_budget)
+BASE_RECORDS = 2**16  # records any trace file may claim, however small (see Budget.of)
 BYTES_PER_RECORD = 16  # the least a step or backward of a real run costs its trace file
-BASE_OBJECTS = 2**12  # records with detail (built as objects, ~1 KB each) any trace may hold ...
-OBJECT_COST = 2  # ... and beyond that, one per this many records the file can hold (one per 32 bytes)
+BASE_OBJECTS = 2**12  # records kept whole (with detail: ~1 KB each in memory) any trace file may hold ...
+BYTES_PER_OBJECT = 32  # ... and beyond that, one per this many bytes of the file
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How many step or backward records a trace file can hold, and how many of them kept whole (as objects).
+
+    Each record a session writes costs the file at least :data:`BYTES_PER_RECORD` bytes (its times and sizes
+    differ from step to step, so they are written out), and one kept whole (a step with detail: holders,
+    tables) far more; a file claiming more, beyond :data:`BASE_RECORDS` (:data:`BASE_OBJECTS`), is damaged or
+    forged, and would make a reader allocate for what is not there.
+
+    >>> Budget.of(3_000) == Budget(BASE_RECORDS, BASE_OBJECTS), Budget.of(200 * 2**20)
+    (True, Budget(records=13107200, objects=6553600))
+    """
+
+    records: int = MAX_RECORDS
+    objects: int = MAX_RECORDS
+
+    @classmethod
+    def of(cls, file_bytes: int) -> Budget:
+        return cls(max(BASE_RECORDS, file_bytes // BYTES_PER_RECORD), max(BASE_OBJECTS, file_bytes // BYTES_PER_OBJECT))
 LARGEST = 2**53  # beyond this a number cannot be a count, a size or an id of a real run
 SITE_FIELDS = ("site", "optimizer_site")
 ID_FIELDS = ("id", "step", "index", "seq", "backward", "node", "freed_by", "died_step", *SITE_FIELDS)
@@ -83,7 +105,7 @@ def records_from_json_columns(
     range_limit: int = MAX_RECORDS,
     sites: int = MAX_RECORDS,
     objects_where: str | None = None,
-    most: int = MAX_RECORDS,
+    budget: Budget = Budget(),
 ) -> RecordList[Any]:
     """The RecordList of :func:`to_json_columns` output; ValueError or TypeError naming what is damaged.
 
@@ -94,17 +116,17 @@ def records_from_json_columns(
     a ``ranges`` field (a step's backwards) names ids below it, each id once;
     ``sites``: how many call sites the trace has; ``objects_where``: a bool
     field whose records stay objects where it is true (a step's ``detail``, as
-    a session keeps them); ``most``: how many records the file can hold (see
-    :func:`record_budget`), checked before anything is allocated.  A column
+    a session keeps them); ``budget``: how many records (and records kept whole)
+    the file can hold, checked before anything is allocated for them.  A column
     written as ``{"all": v}`` or ``{"from": a}`` is never spelled out as a
     list: memory stays proportional to the file, not to what it claims.
     """
-    count, values, extra = _decoded(data, columns, range_limit, most)
+    count, values, extra = _decoded(data, columns, range_limit, budget.records)
     fields = {f.name: f for f in dataclasses.fields(columns.cls)}
     layout = {*columns.numbers, *columns.choices, *(f"{n}.{part}" for n in columns.ranges for part in ("first", "count"))}
     missing = [n for n in layout if n not in values and _default(fields[n.split(".")[0]]) is dataclasses.MISSING]
     if missing or any(name in fields and name not in layout for name in values):  # not our layout: record by record
-        return _record_by_record(count, values, extra, columns, build, objects_where)
+        return _record_by_record(count, values, extra, columns, build, objects_where, budget.objects)
     for name in layout - values.keys():  # a column an older trace did not write: its default
         values[name] = Repeated(_default(fields[name.split(".")[0]]), count)
     objects = dict.fromkeys(extra)
@@ -115,8 +137,7 @@ def records_from_json_columns(
             if not isinstance(value, str):
                 raise TypeError(f"{columns.cls.__name__} field {name!r} is {_shown(value)}, expected str")
         objects.update((i, None) for i in _positions(values[name], functools.partial(_outside, allowed)))
-    if len(objects) > max(BASE_OBJECTS, most // OBJECT_COST):
-        raise ValueError(f"{len(objects):,} of the {count:,} records carry detail, more than a file of this size holds")
+    _check_objects(len(objects), count, budget.objects)
     for i in objects:
         row = {name: values[name][i] for name in values if name in fields}
         for name in columns.ranges:
@@ -139,13 +160,20 @@ def records_from_json_columns(
     return RecordList.from_columns(columns, count, stored, objects)
 
 
+def _check_objects(objects: int, count: int, most: int) -> None:
+    """A ValueError when more records would be built as objects (about 1 KB each) than the file can hold."""
+    if objects > most:
+        raise ValueError(f"{objects:,} of the {count:,} records carry detail, more than a file of this size holds")
+
+
 def _record_by_record(
     count: int, values: dict[str, Sequence[Any]], extra: dict[int, dict], columns: Columns,
-    build: Callable[[dict], Any], objects_where: str | None,
+    build: Callable[[dict], Any], objects_where: str | None, most: int,
 ) -> RecordList[Any]:
     """Every record built (and checked) from its row, then stored in columns unless ``objects_where`` is true."""
     fields = {f.name for f in dataclasses.fields(columns.cls)}
     records: RecordList[Any] = RecordList(columns)
+    kept = 0
     for i in range(count):
         row = {name: values[name][i] for name in values if name in fields}
         for name in columns.ranges:
@@ -154,8 +182,9 @@ def _record_by_record(
             row[name] = list(range(first, first + n))
         row.update(extra.get(i, {}))
         records.append(build(row))
-        if objects_where is None or row.get(objects_where) is not True:
-            records.freeze(i)
+        if (objects_where is not None and row.get(objects_where) is True) or not records.freeze(i):
+            kept += 1
+            _check_objects(kept, count, most)
     return records
 
 
@@ -337,16 +366,3 @@ def _decode(column: Any, count: int, name: str) -> Sequence[Any]:
     if isinstance(column, dict) and type(column.get("from")) is int and abs(column["from"]) <= LARGEST:
         return range(column["from"], column["from"] + count)
     raise ValueError(f"column {name!r} should be a list, {{'all': value}} or {{'from': number}}")
-
-
-def record_budget(file_bytes: int) -> int:
-    """How many step or backward records a trace file of ``file_bytes`` bytes can hold.
-
-    Each record a session writes costs the file at least :data:`BYTES_PER_RECORD` bytes (its times and sizes
-    differ from step to step, so they are written out); a file claiming more, beyond :data:`BASE_RECORDS`, is
-    damaged or forged, and would make a reader allocate for what is not there.
-
-    >>> record_budget(3_000) == BASE_RECORDS, record_budget(200 * 2**20)
-    (True, 13107200)
-    """
-    return max(BASE_RECORDS, file_bytes // BYTES_PER_RECORD)

@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import TraceFormatError, UsageError
 from .column_json import (
     MAX_RECORDS,
-    record_budget,
+    Budget,
     records_from_json_columns,
     to_json_columns,
 )
@@ -164,8 +164,8 @@ def trace_from_dict(data: Any, source: str = "trace", file_bytes: int | None = N
     """Rebuild a :class:`Trace` from :func:`trace_to_dict` output, checking format, version and every field.
 
     ``file_bytes``: the size of the file ``data`` was read from; the numbers of steps and backwards it
-    claims are checked against it (:func:`~graphwatch.model.column_json.record_budget`) before anything
-    is allocated for them.
+    claims are checked against it (:class:`~graphwatch.model.column_json.Budget`) before anything is
+    allocated for them.
     """
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise TraceFormatError(
@@ -187,7 +187,7 @@ def trace_from_dict(data: Any, source: str = "trace", file_bytes: int | None = N
         raise TraceFormatError(
             f"{source} has no {' or '.join(map(repr, missing))} field; the trace file is damaged - record the run again"
         )
-    most = MAX_RECORDS if file_bytes is None else record_budget(file_bytes)
+    budget = Budget() if file_bytes is None else Budget.of(file_bytes)
     trace = Trace()
     for f in dataclasses.fields(trace):
         if f.name not in data:
@@ -199,7 +199,7 @@ def trace_from_dict(data: Any, source: str = "trace", file_bytes: int | None = N
             try:
                 value = records_from_json_columns(
                     value, TRACE_COLUMNS[f.name], build, range_limit=limit, sites=len(trace.sites),
-                    objects_where="detail" if f.name == "steps" else None, most=most,
+                    objects_where="detail" if f.name == "steps" else None, budget=budget,
                 )
             except TraceFormatError:
                 raise
