@@ -116,11 +116,13 @@ ATTRIBUTES: dict[str, Callable[[str], str | None]] = {
 
 
 class _Tokens:
-    """The DOT tokens of a source, with the line each is on."""
+    """The DOT tokens of a source, with the line each is on, read one ahead (never all held at once)."""
+
+    _END = ("end", "", -1)
 
     def __init__(self, source: str) -> None:
-        self._items = list(self._scan(source))
-        self._at = 0
+        self._items = self._scan(source)
+        self._next = next(self._items, self._END)
 
     @staticmethod
     def _scan(source: str) -> Iterator[tuple[str, str, int]]:
@@ -136,16 +138,15 @@ class _Tokens:
             line += text.count("\n")
 
     def peek(self) -> tuple[str, str]:
-        kind, text, _ = self._items[self._at] if self._at < len(self._items) else ("end", "", 0)
-        return kind, text
+        return self._next[0], self._next[1]
 
     def take(self, *expected: str) -> str:
         """The next token's text; UnsafeDot unless it is one of ``expected`` (token kinds or exact texts)."""
-        kind, text, line = self._items[self._at] if self._at < len(self._items) else ("end", "", -1)
+        kind, text, line = self._next
         if expected and kind not in expected and text not in expected:
             where = "at the end" if line < 0 else f"at line {line}"
             raise UnsafeDot(f"the snapshot's DOT is not the kind graphwatch writes: {visible(text)!r} {where}")
-        self._at += 1
+        self._next = next(self._items, self._END)
         return text
 
 
