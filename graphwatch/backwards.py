@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-import warnings
 import weakref
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping
@@ -42,7 +41,7 @@ from .capture.holders import local_value, parameter_names, user_frames
 from .capture.optimizer import GradResetTracker
 from .capture.recorder import TRACKED_PER_STEP
 from .capture.step_clock import next_sequence_nr
-from .errors import BackwardTwiceError
+from .errors import BackwardTwiceError, notify
 from .model import BackwardRecord, NodeRecord, Snapshot, StepRecord
 from .model.packed import PackedArray
 from .rendering.dot import snapshot_dots
@@ -229,7 +228,7 @@ class BackwardWatch:
             dot, focus = snapshot_dots(roots, trace, step, retained=retained, params=params, outputs=outputs,
                                        focus_on=focus_on, notes=notes)
         except Exception as exc:  # a drawing must never break the user's backward
-            warnings.warn(f"graphwatch: could not draw the step {step} graph ({exc!r}); the trace is unaffected", stacklevel=2)
+            notify(f"graphwatch: could not draw the step {step} graph ({exc!r}); the trace is unaffected", stacklevel=2)
             return
         trace.snapshots.append(Snapshot(step, reason, dot, focus))
 
