@@ -30,7 +30,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,12 +55,15 @@ from .capture.light_signals import LightSignals
 from .capture.line_templates import LineTemplates
 from .capture.loop_steps import LoopSteps
 from .capture.optimizer import GradResetTracker, OptimizerHooks
+from .capture.own_time import OwnTime
 from .capture.ranks import rank_and_world_size
 from .capture.saved import make_chained_hooks, make_hooks
+from .capture.source import cited_lines
 from .capture.stack_limit import claim_stack
 from .capture.transforms import hide_from_compiler, step_aside_for_disable, transforming
-from .errors import BackwardTwiceError, GraphLeakError, GraphwatchError, UsageError, without_own_frames
+from .errors import BackwardTwiceError, GraphLeakError, GraphwatchError, UsageError, notify, without_own_frames
 from .model import BackwardRecord, Finding, NodeRecord, StepRecord, Trace, save_trace
+from .model.trace_io import save_trace_elsewhere
 from .options import SessionOptions
 from .rendering.ranks import rank_folder
 from .signals import SignalGuard
@@ -137,8 +139,10 @@ class Session:
         self._optimizer_at: tuple[int, ...] | None = None  # where the running optimizer.step() was called
         self._step_ends = StepEnds(self._recorder, self._log, self._backwards, self.strict, self._plan, self._signals)
         self._entered_at = ""
+        self._own = OwnTime()  # the session's clocks, and graphwatch's own CPU time by part
         self._finished = False
         self._pid = os.getpid()  # a forked child that leaves the session writes and prints nothing
+        self._sigterm: SignalGuard | None = None  # stops the user's code at SIGTERM (see _start_sigterm_guard)
         self.script_globals: dict[str, Any] | None = None  # a finished script's globals (graphwatch run), searched last
 
     # ---------------------------------------------------------------- public
@@ -166,6 +170,7 @@ class Session:
         """Write ``out_dir/index.html`` (with trace.json and SVG snapshots); return the HTML path."""
         from .rendering.html import write_report
 
+        self.trace.sources = cited_lines(self.trace)  # the report shows them from the trace alone
         return write_report(self.trace, Path(out_dir))
 
     def summary(self, console: Any = None) -> None:
@@ -208,7 +213,27 @@ class Session:
         """The summary as HTML (Jupyter shows a session this way), in the report's look."""
         from .rendering.notebook import summary_html
 
+        self.trace.sources = cited_lines(self.trace)
         return summary_html(self.trace)
+
+    def __repr__(self) -> str:
+        """One line: watching or ended, steps, and the problems found (``repr(gw)``, a debugger's view)."""
+        from .rendering.wording import session_line
+
+        return session_line(self.trace, self._state())
+
+    def __str__(self) -> str:
+        """``print(gw)``: the verdict, each finding with its fix and patch, and where to read more."""
+        from .rendering.wording import session_text
+
+        return session_text(self.trace, self._state())
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's text view (a notebook's text/plain, the ``IPython`` prompt): as ``print(gw)``."""
+        printer.text(repr(self) if cycle else str(self))
+
+    def _state(self) -> str:
+        return "watching" if self.active else "ended" if self._finished else "not entered"
 
     @contextmanager
     def step(self) -> Iterator[Session]:
@@ -240,14 +265,18 @@ class Session:
             self._install()
         except BaseException:
             self._uninstall()
+            self._end_sigterm_guard()
             raise
         self.trace.rank, self.trace.world_size = rank_and_world_size()
         site = self._recorder.sites.here(2)
         self._entered_at = self.trace.where(site) if site is not None else "graphwatch run (or @graphwatch.step)"
+        self._own.start()
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         leak: GraphLeakError | None = None
+        if self._sigterm is not None:
+            self._sigterm.disarm()  # the user's block is over: a SIGTERM from now on waits for the report
         try:
             if exc_type is not None:
                 self.trace.ended_early = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
@@ -262,9 +291,31 @@ class Session:
                 self.findings[found:] = [f for f in self.findings[found:] if f.kind not in _HOLDING_KINDS]
         finally:
             self._uninstall()
-            self._finalize(raise_leaks=exc_type is None and leak is None, failing=exc_type is not None)
+            try:
+                self._finalize(raise_leaks=exc_type is None and leak is None, failing=exc_type is not None)
+            finally:
+                self._end_sigterm_guard()
         if leak is not None and exc_type is None:
             raise leak
+
+    def _start_sigterm_guard(self) -> None:
+        """Where SIGTERM would kill the process outright (its default handler, in the main thread), stop the
+        user's code with :class:`~graphwatch.signals.Terminated` instead, so that the session still writes its
+        report and summary; :meth:`_end_sigterm_guard` then ends the process by SIGTERM, as it would have ended."""
+        wants = self.print_summary or self.out is not None
+        if wants and threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                self._sigterm = SignalGuard(signals=(signal.SIGTERM,)).__enter__()
+                self._sigterm.arm()
+
+    def _end_sigterm_guard(self) -> None:
+        guard, self._sigterm = self._sigterm, None
+        if guard is None:
+            return
+        guard.disarm()
+        guard.__exit__(None, None, None)  # SIGTERM's default handler again
+        if guard.terminated and os.getpid() == self._pid:
+            os.kill(os.getpid(), signal.SIGTERM)  # the report is written: end as SIGTERM would have ended it
 
     def _install(self) -> None:
         recorder = self._recorder
@@ -297,6 +348,7 @@ class Session:
         interrupts = SignalGuard(signals=(signal.SIGINT,)).__enter__()  # a Ctrl-C in a finalizer is not lost
         interrupts.arm()
         self._installed.append(lambda: interrupts.__exit__(None, None, None))
+        self._start_sigterm_guard()
 
     def _uninstall(self) -> None:
         global _active
@@ -310,7 +362,11 @@ class Session:
         """End the last step; its holders are searched in ``frame`` (the ``with`` block's) and the script
         (``cut_short``: an exception ends the session)."""
         script, self.script_globals = self.script_globals, None
-        self._step_ends.finish(frame, not self._plan.is_full(self._recorder.step), script, cut_short)
+        own = time.perf_counter()
+        try:
+            self._step_ends.finish(frame, not self._plan.is_full(self._recorder.step), script, cut_short)
+        finally:
+            self._own.add("step ends", own)
 
     def _finalize(self, raise_leaks: bool = False, failing: bool = False) -> None:
         """Close the trace, add session findings, write ``out`` and print the summary.
@@ -324,18 +380,22 @@ class Session:
         if os.getpid() != self._pid:
             return
         self._recorder.close()
+        self._own.record(self.trace, saved_hooks=self.level != "light")  # (light: no saved-tensor hooks)
         new = [f for f in session_findings(self.trace) if self._log.add(f)]
         trace = self.trace
         add_patches(trace)
+        trace.sources = cited_lines(trace)
         trace.rank, trace.world_size = rank_and_world_size(trace.rank, trace.world_size)
         out = None if self.out is None else rank_folder(self.out, trace)  # no two ranks write one file
         if out is not None:
             try:
                 self.report(out)
             except UsageError as error:
+                kept = save_trace_elsewhere(trace)  # a run's trace is never lost with its report folder
+                where = f"the trace was saved to {kept} instead" if kept else "the trace is still in gw.trace"
                 if not failing:
-                    raise
-                warnings.warn(f"graphwatch: {error}; the trace is still in gw.trace (gw.save(path))", stacklevel=3)
+                    raise UsageError(f"{error}; {where} (graphwatch report TRACE --out DIR makes the report)") from None
+                notify(f"graphwatch: {error}; {where} (graphwatch report TRACE --out DIR makes the report)", stacklevel=3)
                 out = None
         if self.print_summary and not trace.rank:  # rank 0 (or no distributed job) prints
             from .rendering.terminal import print_summary
@@ -357,11 +417,13 @@ class Session:
     def _end_step(self, source: str, frame: Any) -> StepRecord:
         __tracebackhide__ = True  # pytest: a strict-mode GraphLeakError points at the user's line
         recorder = self._recorder
+        own = time.perf_counter()
         try:
             return self._step_ends.end(source, frame, not self._plan.is_full(recorder.step))
         finally:
             if not recorder.boundary_pending:  # (a pending boundary decided the next step's detail already)
                 self._begin_step(recorder.step)
+            self._own.add("step ends", own)
 
     def _begin_step(self, index: int) -> None:
         """Step ``index`` starts (its first node is the next one numbered): full detail or light, as the plan
@@ -379,25 +441,27 @@ class Session:
     def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._owns_thread():
             return
+        own = time.perf_counter()
         loop = self._loop
         loop.in_optimizer_step += 1  # backwards from here to the post hook are its closure's
         recorder = self._recorder
         frame = outer_frame(1)
         self._optimizer_at = positions = loop.positions(frame)  # (the post hook's are the same)
-        if self._hooks is None:  # the light level: nothing to compare gradients with, no line to watch
-            return
-        current = recorder.current
-        current.optimizer_site = site = recorder.sites.at(positions, frame)
-        reason = self._signals.optimizer(site)
-        if self._plan.is_full(recorder.step):  # a light step walks no graph, so it cannot tell accumulations
-            current.stale_grads += self._grads.before_step(optimizer)
-        elif reason is not None:
-            self._plan.suspect(recorder.step, reason)
+        if self._hooks is not None:  # (the light level has nothing to compare gradients with, no line to watch)
+            current = recorder.current
+            current.optimizer_site = site = recorder.sites.at(positions, frame)
+            reason = self._signals.optimizer(site)
+            if self._plan.is_full(recorder.step):  # a light step walks no graph, so it cannot tell accumulations
+                current.stale_grads += self._grads.before_step(optimizer)
+            elif reason is not None:
+                self._plan.suspect(recorder.step, reason)
+        self._own.add("optimizer hooks", own)
 
     def _after_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         __tracebackhide__ = True
         if not self._owns_thread():
             return
+        own = time.perf_counter()
         loop = self._loop
         loop.in_optimizer_step = max(0, loop.in_optimizer_step - 1)
         recorder = self._recorder
@@ -406,8 +470,10 @@ class Session:
         recorder.optimizer_stepped(optimizer, recorder.current.optimizer_site)  # noted by the pre-step hook
         self._backwards.optimizer_stepped(optimizer)
         positions, self._optimizer_at = self._optimizer_at, None
+        ends = not self._explicit and not loop.in_optimizer_step and loop.ends_step(outer_frame(1), "step", positions=positions)
+        self._own.add("optimizer hooks", own)  # (a step it ends is counted with the step ends)
         try:
-            if not self._explicit and not loop.in_optimizer_step and loop.ends_step(outer_frame(1), "step", positions=positions):
+            if ends:
                 self._end_step("optimizer", outer_frame(2))
         finally:  # the gradients as this step leaves them, for a step seen in full detail to compare with
             if full or self._plan.is_full(recorder.step):
@@ -422,6 +488,7 @@ class Session:
         recorder = self._recorder
         if not self._owns_thread() or recorder.backward is not None or transforming():
             return run(t_outputs, *args, **kwargs)
+        own = time.perf_counter()
         roots, retain_graph, create_graph, accumulate = parse_engine_args(t_outputs, args, kwargs)
         if recorder.boundary_pending and recorder.made_since_boundary(roots):
             recorder.commit_boundary()  # a new graph, though its forward saved nothing: a new step
@@ -446,7 +513,8 @@ class Session:
             else:
                 recorder.light_backwards.started(record.id, t_outputs, roots)
         recorder.begin_backward(record)
-        started = time.perf_counter()
+        self._own.add("around backwards", own)
+        started, started_cpu = time.perf_counter(), time.process_time()
         try:
             result = run(t_outputs, *args, **kwargs)
         except RuntimeError as exc:
@@ -463,13 +531,15 @@ class Session:
                 explain_inplace(recorder, exc, roots, sys._getframe(1))
             raise
         finally:
-            recorder.end_backward(record, time.perf_counter() - started)
+            recorder.end_backward(record, time.perf_counter() - started, time.process_time() - started_cpu)
+        own = time.perf_counter()
         loop = self._loop
         consumes = accumulate or not (retain_graph or create_graph)  # a freeing autograd.grad counts too
         if consumes and not self._explicit and not loop.in_optimizer_step:
             if loop.ends_step(frame, "backward", frees_graph=not retain_graph, positions=positions):
                 recorder.request_boundary("backward")
                 self._begin_step(recorder.step + 1)
+        self._own.add("around backwards", own)
         return result
 
 

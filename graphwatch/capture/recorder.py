@@ -69,6 +69,7 @@ class Recorder:
         self.step = 0
         self.current = StepRecord(index=0, source="explicit")
         self.step_started = time.perf_counter()
+        self.step_started_cpu = time.process_time()
         self.step_seq = self.clock.mark()
         self.backward: BackwardRecord | None = None  # the backward running now, if any
         self.backward_starts = PackedArray("q")  # per backward id: the next node sequence number when it started
@@ -325,6 +326,7 @@ class Recorder:
         record = self.current
         record.source = source
         record.seconds = time.perf_counter() - self.step_started
+        record.cpu_seconds = time.process_time() - self.step_started_cpu
         if self.boundary_pending:
             self.boundary_pending = False
             seq = self._pending_seq
@@ -344,6 +346,7 @@ class Recorder:
         self.current = StepRecord(index=self.step, source="explicit")
         self.step_seq = seq
         self.step_started = time.perf_counter()
+        self.step_started_cpu = time.process_time()
         self._prune()
         return record
 
@@ -485,9 +488,11 @@ class Recorder:
         self.current.backwards.append(record.id)
         self.backward = record
 
-    def end_backward(self, record: BackwardRecord, seconds: float) -> None:
-        record.seconds = seconds
+    def end_backward(self, record: BackwardRecord, seconds: float, cpu_seconds: float = 0.0) -> None:
+        """The backward ``record`` returned after ``seconds`` of wall clock and ``cpu_seconds`` of the process's CPU."""
+        record.seconds, record.cpu_seconds = seconds, cpu_seconds
         self.current.backward_seconds += seconds
+        self.current.backward_cpu_seconds += cpu_seconds
         self.backward = None
         run_through, self.run_through = self.run_through, []
         if not record.retain_graph and record.error is None:  # it freed what it ran through
