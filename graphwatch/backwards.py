@@ -74,7 +74,9 @@ class BackwardWatch:
 
     def optimizer_stepped(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer.step()`` ran (after the backwards recorded so far)."""
-        self._recent_steps.append((len(self._recorder.trace.backwards), weakref.ref(optimizer)))
+        last = self._recent_steps[-1][1] if self._recent_steps else None
+        ref = last if last is not None and last() is optimizer else weakref.ref(optimizer)  # (one per optimizer)
+        self._recent_steps.append((len(self._recorder.trace.backwards), ref))
 
     def _optimizers_between(self, first: int, last: int) -> list[torch.optim.Optimizer]:
         """The optimizers that stepped after backward ``first`` started and before backward ``last`` did."""

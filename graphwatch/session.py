@@ -423,7 +423,7 @@ class Session:
         finally:
             if not recorder.boundary_pending:  # (a pending boundary decided the next step's detail already)
                 self._begin_step(recorder.step)
-            self._own.add("step ends", own)
+            self._own.parts["step ends"] += time.perf_counter() - own
 
     def _begin_step(self, index: int) -> None:
         """Step ``index`` starts (its first node is the next one numbered): full detail or light, as the plan
@@ -431,15 +431,16 @@ class Session:
         if index == self._begun:
             return
         self._begun = index
-        full, reason = self._plan.decide(index)
-        if self._hooks is not None and self._hooks.set(full) != full:  # a user's hooks are on top: wait
-            full, reason = self._hooks.on, "saved-tensor hooks the user entered stayed on top of graphwatch's"
-        self._plan.begin(index, full, reason)
+        plan, hooks = self._plan, self._hooks
+        full, reason = plan.decide(index)
+        if hooks is not None and hooks.on != full and hooks.set(full) != full:  # a user's hooks are on top: wait
+            full, reason = hooks.on, "saved-tensor hooks the user entered stayed on top of graphwatch's"
+        plan.begin(index, full, reason)
         if not full:
             self._recorder.clock.note_unknown()  # no pack hook runs: the nodes made from here have no line
 
     def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not self._owns_thread():
+        if _active is not self or threading.get_ident() != self._recorder.thread:  # (_owns_thread, inlined)
             return
         own = time.perf_counter()
         loop = self._loop
@@ -455,11 +456,11 @@ class Session:
                 current.stale_grads += self._grads.before_step(optimizer)
             elif reason is not None:
                 self._plan.suspect(recorder.step, reason)
-        self._own.add("optimizer hooks", own)
+        self._own.parts["optimizer hooks"] += time.perf_counter() - own  # (OwnTime.add, inlined: the hot path)
 
     def _after_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         __tracebackhide__ = True
-        if not self._owns_thread():
+        if _active is not self or threading.get_ident() != self._recorder.thread:  # (_owns_thread, inlined)
             return
         own = time.perf_counter()
         loop = self._loop
@@ -471,7 +472,7 @@ class Session:
         self._backwards.optimizer_stepped(optimizer)
         positions, self._optimizer_at = self._optimizer_at, None
         ends = not self._explicit and not loop.in_optimizer_step and loop.ends_step(outer_frame(1), "step", positions=positions)
-        self._own.add("optimizer hooks", own)  # (a step it ends is counted with the step ends)
+        self._own.parts["optimizer hooks"] += time.perf_counter() - own  # (a step it ends: with the step ends)
         try:
             if ends:
                 self._end_step("optimizer", outer_frame(2))
@@ -479,14 +480,11 @@ class Session:
             if full or self._plan.is_full(recorder.step):
                 self._grads.after_step(optimizer)
 
-    def _owns_thread(self) -> bool:
-        return _active is self and threading.get_ident() == self._recorder.thread
-
     # -------------------------------------------------------------- backward
     def _on_engine(self, run: Callable[..., Any], t_outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         __tracebackhide__ = True  # pytest: the user's frames end at their backward call
         recorder = self._recorder
-        if not self._owns_thread() or recorder.backward is not None or transforming():
+        if _active is not self or threading.get_ident() != recorder.thread or recorder.backward is not None or transforming():
             return run(t_outputs, *args, **kwargs)
         own = time.perf_counter()
         roots, retain_graph, create_graph, accumulate = parse_engine_args(t_outputs, args, kwargs)
@@ -513,7 +511,8 @@ class Session:
             else:
                 recorder.light_backwards.started(record.id, t_outputs, roots)
         recorder.begin_backward(record)
-        self._own.add("around backwards", own)
+        parts = self._own.parts
+        parts["around backwards"] += time.perf_counter() - own
         started, started_cpu = time.perf_counter(), time.process_time()
         try:
             result = run(t_outputs, *args, **kwargs)
@@ -539,7 +538,7 @@ class Session:
             if loop.ends_step(frame, "backward", frees_graph=not retain_graph, positions=positions):
                 recorder.request_boundary("backward")
                 self._begin_step(recorder.step + 1)
-        self._own.add("around backwards", own)
+        parts["around backwards"] += time.perf_counter() - own
         return result
 
 

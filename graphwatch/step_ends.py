@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from types import FrameType
 from typing import Any
 
@@ -52,6 +53,7 @@ class StepEnds:
         self._plan = plan
         self._signals = signals
         self._alive_before: set[int] = set()  # earlier steps with graphs alive at the last full step's end
+        self._last_look: StepRecord | None = None  # the last step end that searched for holders, as it was then
 
     def end(
         self, source: str, frame: FrameType | None, light: bool, final: bool = False, script: dict | None = None
@@ -69,9 +71,13 @@ class StepEnds:
         else:  # steps 0, 1, 2, 4, 8, ... (HolderSearch), and the first after steps seen light
             census = final or step & (step - 1) == 0 or (adaptive and not plan.is_full(step - 1))
             self._signals.step_made(step, recorder.nodes_made())  # (learnt: no signal on a full step)
-        if (frame is not None or final) and (census or not light):
+        looks = (frame is not None or final) and (census or not light)
+        if looks:
             current.holders = self._holders.at_step_end(recorder, frame, census, script if final else None)
+        before = self._last_look  # (what growth is judged against: the step before, unless it was seen light)
         record = recorder.end_step(source)
+        if looks:
+            self._last_look = replace(record)  # (a copy: the record loses its holders when it leaves the window)
         if light:
             reason = self._signals.resident(record.rss_bytes) if adaptive else None
             if reason is not None:
@@ -82,7 +88,7 @@ class StepEnds:
             self._signals.full_step_ended(record.rss_bytes)
         trace = recorder.trace
         refresh = final or record.index & (record.index - 1) == 0  # steps 0, 1, 2, 4, 8, ... and the last
-        found = step_findings(trace, record, refresh)
+        found = step_findings(trace, record, refresh, before=before)
         new = [f for f in found if self._log.add(f)]
         if new:
             recorder.keep_detail(record.index)
@@ -108,8 +114,8 @@ class StepEnds:
         return reason is not None
 
     def _held_signal(self, frame: FrameType | None, step: int) -> bool:
-        """The user's frames hold a graph older than the last step (on a schedule): look at it, and on."""
-        if frame is None or step < 1:
+        """The user's frames hold a graph older than the last step (at the first light steps): look at it, and on."""
+        if frame is None or step < 1 or not self._signals.looks_at_held():
             return False
         recorder = self._recorder
         reported = {h for f in recorder.trace.findings if f.kind == "graph-kept-alive" and (h := f.evidence.get("holder"))}
@@ -163,7 +169,8 @@ class StepEnds:
 
     def _refresh_kept(self, step: StepRecord, frame: FrameType | None) -> None:
         """The kept-alive findings at the end of the session, with the last step's holders."""
-        for finding in graph_kept_alive(self._recorder.trace, step):
+        before = self._last_look if self._last_look is not None and self._last_look.index < step.index else None
+        for finding in graph_kept_alive(self._recorder.trace, step, before=before):
             if self._log.add(finding):
                 self._recorder.keep_detail(step.index)
             if frame is not None:

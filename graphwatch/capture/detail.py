@@ -6,7 +6,8 @@ The default level watches in full detail (saved-tensor hooks, graph walks, the
 holder search, the step detectors) only
 
 - the first :data:`FIRST_STEPS` steps;
-- sampled steps: steps 16 and 64, then every :data:`SAMPLE_EVERY` th;
+- sampled steps: step 64, then every :data:`SAMPLE_EVERY` th (each looks at every graph the user's frames
+  hold, a holder census that costs about a millisecond in a script with many names);
 - the :data:`HOLD_STEPS` steps after a *signal*, something the cheap path saw
   that looks new or wrong (a ``retain_graph`` or ``create_graph`` backward, a
   backward of an earlier step's graph, a backward or ``optimizer.step()`` line
@@ -24,8 +25,8 @@ the steps seen in full detail and why (:class:`~graphwatch.model.DetailSpan`).
 Example::
 
     >>> plan = DetailPlan()
-    >>> [step for step in range(70) if plan.decide(step)[0]]
-    [0, 1, 2, 16, 64]
+    >>> [step for step in range(600) if plan.decide(step)[0]]
+    [0, 1, 2, 64, 256, 512]
     >>> plan.suspect(20, "a retain_graph=True backward at train.py:12")
     >>> full, reason = plan.decide(21)
     >>> plan.begin(21, full, reason)
@@ -40,8 +41,8 @@ from bisect import bisect_right
 from ..model import DetailSpan
 
 FIRST_STEPS = 3  # steps 0, 1, 2: a retained graph is judged one step late, a kept graph two
-SAMPLED_EARLY = (16, 64)  # sampled before the regular schedule
-SAMPLE_EVERY = 64  # then every this many steps
+SAMPLED_EARLY = (64,)  # sampled before the regular schedule
+SAMPLE_EVERY = 256  # then every this many steps
 HOLD_STEPS = 4  # a signal asks for full detail for this many steps: long enough for the held-graph rule
 
 
@@ -89,8 +90,9 @@ class DetailPlan:
 
     def is_full(self, step: int) -> bool:
         """Whether ``step`` (one of the last two begun, or an earlier one) is seen in full detail."""
-        if step == self._last[0]:
-            return self._last[1]
+        last = self._last
+        if step == last[0]:
+            return last[1]
         if step == self._before[0]:
             return self._before[1]
         if self.always or self.never:

@@ -13,10 +13,11 @@ left costs a few attribute reads per backward and per step end:
   ``no_grad``, a branch first taken, an accumulator that starts adding graphs;
 - resident memory grown by :data:`RSS_GROWTH` (and at least :data:`RSS_MINIMUM`)
   since the last step seen in full detail;
-- on a schedule (light step ends 1, 2, 4, 8, then every :data:`CENSUS_EVERY`), a
-  tensor the user's frames name (one level into lists, dicts, modules) whose
-  ``grad_fn`` an older step than the last made: a list of validation losses,
-  a cached result kept with its graph (each such graph once).
+- at the first light step ends (:data:`CENSUS_AT`), a tensor the user's frames
+  name (one level into lists, dicts, modules) whose ``grad_fn`` an older step
+  than the last made: a list of validation losses kept from the start, which
+  the first steps' own node counts do not tell from a clean loop (later, the
+  sampled steps look at every graph the frames hold).
 
 Example::
 
@@ -36,7 +37,6 @@ from typing import Any
 from .holders import tensors_in_user_frames
 
 CENSUS_AT = (1, 2, 4, 8)  # light step ends (counted from the session's start) that look at what the frames hold
-CENSUS_EVERY = 16  # and after those, every this many
 RSS_GROWTH = 0.25  # growth since the last full step that asks for a look: a quarter...
 RSS_MINIMUM = 64 << 20  # ...and at least this many bytes
 
@@ -96,14 +96,18 @@ class LightSignals:
         before = f"{low:,}" if low == high else f"{low:,} to {high:,}"
         return f"a new code path: step {step} made {nodes:,} autograd nodes ({before} before)"
 
+    def looks_at_held(self) -> bool:
+        """Whether this light step's end is one that looks at what the frames hold (:meth:`held_graph`)."""
+        return self._light_ends < CENSUS_AT[-1]
+
     def held_graph(
         self, start: FrameType | None, bound: int, step_of: Callable[[int], int], reported: set[str]
     ) -> str | None:
-        """At a light step's end (on the schedule): a tensor the user's frames name holds a graph made before
+        """At one of the first light step ends: a tensor the user's frames name holds a graph made before
         ``bound`` (the node sequence number at which the step before this one started), not signalled before,
         whose holder no finding names (``reported``)."""
         self._light_ends += 1
-        if self._light_ends not in CENSUS_AT and self._light_ends % CENSUS_EVERY:
+        if self._light_ends not in CENSUS_AT:
             return None
         for name, tensor in tensors_in_user_frames(start):
             seq = tensor.grad_fn._sequence_nr()  # type: ignore[union-attr]  # (tensors with a graph only)

@@ -117,7 +117,8 @@ class LiveSteps:
         return nodes, activation
 
     def advance(self, step: int) -> None:
-        """The run reached ``step``: once the recent tables span two batches, move the older batch out."""
+        """The run reached ``step``: once the recent tables span two batches, move the older batch out (the
+        recorder calls it only then)."""
         if step - self.boundary < 2 * OLD_BATCH:
             return
         self.forget_emptied()  # (emptied steps are looked up on the side of the boundary they were counted)

@@ -86,38 +86,40 @@ def buffers_freed(node: Any, attrs: tuple[str, ...]) -> bool:
 
 class LightBackwards:
     """The recent backwards that ran with no walk of their graph (on light steps), with weak references to
-    the tensors each started from: which of them freed a node's saved tensors can be told later."""
+    the tensors each started from: which of them freed a node's saved tensors can be told later.  A ring of
+    the last :data:`RECENT_BACKWARDS`, each (backward id, weak references, its roots' sequence numbers), and
+    the backwards by root: a light backward's cost is one entry written and one replaced."""
 
     def __init__(self) -> None:
-        self._roots: dict[int, list[weakref.ref]] = {}  # backward id -> its output tensors
-        self._root_seqs: dict[int, list[int]] = {}  # backward id -> its root nodes' sequence numbers
-        self._from: dict[int, list[int]] = {}  # root node sequence number -> the backwards that started there
+        self._ring: list[tuple[int, tuple[weakref.ref, ...], tuple[int, ...]] | None] = [None] * RECENT_BACKWARDS
+        self._by_root: dict[int, list[int]] = {}  # root node sequence number -> the backwards that started there
 
     def started(self, backward_id: int, outputs: Any, roots: list[Any]) -> None:
         """Backward ``backward_id`` starts from ``outputs`` (what the engine was given; ``roots``, their nodes),
         unwalked."""
-        self._roots[backward_id] = [weakref.ref(t) for t in outputs if isinstance(t, torch.Tensor)]
-        seqs = self._root_seqs[backward_id] = [root._sequence_nr() for root in roots]
-        by_root = self._from
-        for seq in seqs:
-            if seq in by_root:
-                by_root[seq].append(backward_id)
-            else:
-                by_root[seq] = [backward_id]
-        if len(self._roots) > RECENT_BACKWARDS:
-            oldest = next(iter(self._roots))
-            for seq in self._root_seqs.pop(oldest):
+        if len(roots) == 1 and len(outputs) == 1:  # (the common case, without the loops)
+            refs: tuple[weakref.ref, ...] = (weakref.ref(outputs[0]),) if isinstance(outputs[0], torch.Tensor) else ()
+            seqs: tuple[int, ...] = (roots[0]._sequence_nr(),)
+        else:
+            refs = tuple(weakref.ref(t) for t in outputs if isinstance(t, torch.Tensor))
+            seqs = tuple(root._sequence_nr() for root in roots)
+        slot = backward_id % RECENT_BACKWARDS
+        by_root, replaced = self._by_root, self._ring[slot]
+        if replaced is not None:
+            for seq in replaced[2]:
                 ids = by_root[seq]
-                ids.remove(oldest)
+                ids.remove(replaced[0])
                 if not ids:
                     del by_root[seq]
-            del self._roots[oldest]
+        self._ring[slot] = (backward_id, refs, seqs)
+        for seq in seqs:
+            by_root.setdefault(seq, []).append(backward_id)
 
     def started_from(self, recorder: Recorder, seq: int) -> int | None:
         """A remembered light backward that started from the node numbered ``seq`` and did not fail: the first
         that freed the graph, else the first (None: none did)."""
         backwards = recorder.trace.backwards
-        ran = [b for b in self._from.get(seq, ()) if backwards[b].error is None]
+        ran = [b for b in self._by_root.get(seq, ()) if backwards[b].error is None]
         return next((b for b in ran if not backwards[b].retain_graph), ran[0] if ran else None)
 
     def freeing(self, recorder: Recorder, node: Any, seq: int) -> tuple[int | None, bool]:
@@ -131,24 +133,27 @@ class LightBackwards:
         """
         backwards = recorder.trace.backwards
         first = recorder.backward_starts.bisect_right(seq)
+        remembered = sorted(entry for entry in self._ring if entry is not None and entry[0] >= first)
         unknown = []
-        for backward_id in [b for b in self._roots if b >= first]:
+        for backward_id, _, seqs in remembered:
             record = backwards[backward_id]
             if record.retain_graph or record.create_graph or record.error is not None:
                 continue
-            if seq in self._root_seqs[backward_id]:
+            if seq in seqs:
                 return backward_id, True
             reached = self._reaches(backward_id, node, seq)
             if reached:
                 return backward_id, True
             if reached is None:
                 unknown.append(backward_id)
-        forgotten = first < next(iter(self._roots), len(backwards))  # light backwards no longer remembered
+        oldest = min((entry[0] for entry in self._ring if entry is not None), default=len(backwards))
+        forgotten = first < oldest  # light backwards since the node that are no longer remembered
         return (unknown[0] if len(unknown) == 1 else None), bool(unknown) or forgotten
 
     def roots_alive(self, backward_id: int) -> list[Any]:
         """The root nodes of a light backward whose starting tensors are all still alive ([] otherwise)."""
-        tensors = [ref() for ref in self._roots.get(backward_id, ())]
+        entry = self._ring[backward_id % RECENT_BACKWARDS]
+        tensors = [ref() for ref in entry[1]] if entry is not None and entry[0] == backward_id else []
         alive = [t for t in tensors if t is not None]
         if not tensors or len(alive) < len(tensors):
             return []

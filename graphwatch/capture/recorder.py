@@ -30,7 +30,7 @@ from ..model.columns import averaged_steps, freeze_steps
 from ..model.packed import PackedArray
 from .callsite import SiteTable
 from .line_templates import LineTemplates, Template
-from .live_steps import LiveSteps
+from .live_steps import OLD_BATCH, LiveSteps
 from .node_tags import NodeGroups
 from .post_hoc import LightBackwards
 from .resident import ResidentMemory
@@ -47,6 +47,8 @@ FREEZE_BATCH = 256
 # Saved tensors of one step tracked one by one at the default level; later ones are only counted, so that one
 # backward through a graph of millions of nodes holds graphwatch to a fraction of torch's own memory.
 TRACKED_PER_STEP = 100_000
+_NO_TABLE: dict[int, int] = {}  # a settled step's tables: empty (shared, never written to)
+RSS_EVERY = 8  # steps seen light read the resident memory on every this many steps
 MAX_TEMPLATE_NODES = TRACKED_PER_STEP  # a bigger step seen in full detail leaves no lines for light steps
 
 
@@ -101,6 +103,7 @@ class Recorder:
         self._op_site: int | None = None
         self.closed = False
         self._rss = ResidentMemory()
+        self._rss_read = 0
         # id(optimizer) -> (weak ref to it, site of its last step() call, step index then): what changed
         # parameters in place, for the "modified by an inplace operation" hint
         self._optimizer_steps: dict[int, tuple[weakref.ref, int | None, int]] = {}
@@ -341,13 +344,16 @@ class Recorder:
             self._keep_outliving()
         self._snapshot_live(record)
         self.trace.steps.append(record)
-        self.step += 1
-        self.live.advance(self.step)
-        self.current = StepRecord(index=self.step, source="explicit")
+        step = self.step = self.step + 1
+        live = self.live
+        if step - live.boundary >= 2 * OLD_BATCH:
+            live.advance(step)
+        self.current = StepRecord(index=step, source="explicit")
         self.step_seq = seq
         self.step_started = time.perf_counter()
         self.step_started_cpu = time.process_time()
-        self._prune()
+        if step > self.keep_steps:
+            self._prune()
         return record
 
     def _keep_template(self, first: int, end: int) -> None:
@@ -385,13 +391,15 @@ class Recorder:
                 self.saved_record(handle)
 
     def _snapshot_live(self, record: StepRecord) -> None:
-        self.groups.recount(self.step)
+        self.groups.recount(self.step)  # (at once when there is no group: a step that walked no graph)
         live = self.live
         record.nodes_alive_by_step, record.saved_alive_by_step = live.snapshot()
         record.live_activation_bytes = live.activation_total
         record.live_leaf_bytes = self._live_leaf
         record.live_nodes = live.nodes_total
-        record.rss_bytes = self._rss.bytes()
+        if self.is_full_step(record.index) or not record.index % RSS_EVERY:
+            self._rss_read = self._rss.bytes()
+        record.rss_bytes = self._rss_read  # (a step seen light repeats the last reading, taken every few steps)
         if self.cuda_seen and torch.cuda.is_available():
             record.cuda_allocated = torch.cuda.memory_allocated()
             record.cuda_reserved = torch.cuda.memory_reserved()
@@ -405,27 +413,30 @@ class Recorder:
         if cutoff < 1 or (cutoff - 1) in self.kept_steps:
             return
         old = cutoff - 1
-        record = self.trace.steps.object_at(old)  # type: ignore[attr-defined]  # a RecordList
+        trace = self.trace
+        record = trace.steps.object_at(old)  # type: ignore[attr-defined]  # a RecordList
         if record is not None:
             record.detail = False
             # What grows with the number of graphs alive (a leak keeps more each step) goes with the
             # step's detail, so that every step past the window costs the same few bytes: the totals stay.
-            record.nodes_alive_by_step = {}
-            record.saved_alive_by_step = {}
-            record.holders = []
-            backwards = self.trace.backwards
+            record.nodes_alive_by_step = record.saved_alive_by_step = _NO_TABLE
+            if record.holders:
+                record.holders = []
             for backward_id in record.backwards:
-                backward = backwards.object_at(backward_id)  # type: ignore[attr-defined]  # a RecordList
+                backward = trace.backwards.object_at(backward_id)  # type: ignore[attr-defined]  # a RecordList
                 if backward is not None and backward.roots:
                     backward.roots = []  # node records that go with the detail
-            self._settled.append(old)  # numbers only now: into columns with the next batch
-            if len(self._settled) >= FREEZE_BATCH:
+            settled = self._settled
+            settled.append(old)  # numbers only now: into columns with the next batch
+            if len(settled) >= FREEZE_BATCH:
                 self._freeze_settled()
         self.clock.forget_before(old + 1)
-        for node_id in self._node_ids_by_step.pop(old, ()):
-            self.trace.nodes.pop(node_id, None)
-        for saved_id in self._saved_ids_by_step.pop(old, ()):
-            self.trace.saved.pop(saved_id, None)
+        if self._node_ids_by_step:
+            for node_id in self._node_ids_by_step.pop(old, ()):
+                trace.nodes.pop(node_id, None)
+        if self._saved_ids_by_step:
+            for saved_id in self._saved_ids_by_step.pop(old, ()):
+                trace.saved.pop(saved_id, None)
 
     # ----------------------------------------------------------- optimizers
     def optimizer_stepped(self, optimizer: torch.optim.Optimizer, site: int | None) -> None:
@@ -494,12 +505,13 @@ class Recorder:
         self.current.backward_seconds += seconds
         self.current.backward_cpu_seconds += cpu_seconds
         self.backward = None
-        run_through, self.run_through = self.run_through, []
-        if not record.retain_graph and record.error is None:  # it freed what it ran through
-            for tag in run_through:
-                if tag.post_hoc:
-                    self.post_hoc_released(tag.post_hoc, record.id)
-                    tag.post_hoc = None
+        if self.run_through:
+            run_through, self.run_through = self.run_through, []
+            if not record.retain_graph and record.error is None:  # it freed what it ran through
+                for tag in run_through:
+                    if tag.post_hoc:
+                        self.post_hoc_released(tag.post_hoc, record.id)
+                        tag.post_hoc = None
 
     def _freeze_settled(self) -> None:
         freeze_steps(self.trace.steps, self.trace.backwards, self._settled)  # type: ignore[arg-type]  # RecordLists
