@@ -385,7 +385,7 @@ class Session:
             create_graph=create_graph,
         )
         freed = self._backwards.walk_before(record, roots, accumulate) if self.level != "light" else None
-        self._backwards.started(record)
+        self._backwards.started(record, t_outputs)
         recorder.begin_backward(record)
         started = time.perf_counter()
         try:
