@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import ast
 
+import libcst as cst
+
 from ..model import BackwardRecord, CallSite, Edit, Remedy, Trace
 from ..model.causes import BackwardCause, Cut
 from .codemods import CODEMODS, apply_edits
@@ -54,7 +56,14 @@ def edited_line(site: CallSite, edit: Edit) -> str | None:
     if edit.kind not in CODEMODS or not site.source:
         return None
     edited = apply_edits(site.source + "\n", [Edit(edit.kind, edit.file, 1, edit.target, edit.until)])
-    return None if edited is None else edited.strip()
+    if edited is None:
+        return None
+    statements = cst.parse_module(edited).body  # its statements, without a trailing comment
+    return "; ".join(
+        "; ".join(cst.Module([]).code_for_node(small).strip() for small in statement.body)
+        if isinstance(statement, cst.SimpleStatementLine) else cst.Module([]).code_for_node(statement).strip()
+        for statement in statements
+    )
 
 
 class RemedyMaker:

@@ -34,6 +34,7 @@ from .evidence import (
     carrier_line,
     describe,
     describe_site,
+    same_line,
     step_name,
 )
 
@@ -224,11 +225,14 @@ def explain_backward_twice(
     }
     if not across:
         _shared_names(trace, cause, names)
-    if pattern == "constant":
-        pattern = "cached"  # (its own fixes, the words of "cached")
-        fixes_pattern = "constant"
-    else:
-        fixes_pattern = pattern
+    if carrier is None and cause.cuts and cause.cuts[0].name:  # the whole failing loss is older: name the cut
+        cut_site = trace.site(cause.cuts[0].made_at)
+        names.update(carrier_text=f"`{cause.cuts[0].name}`", carrier_at=describe(cut_site),
+                     carrier_step=step_name(backward.step))
+    if freeing is not None and same_line(trace, freeing.site, backward.site):
+        names["backward_where"] += " (the same line, run again)"
+    constant = pattern == "cached" and carrier is not None and carrier.carried_kind == "constant"
+    fixes_pattern = "constant" if constant else pattern  # (its own fixes, the words of "cached")
     maker = RemedyMaker(trace, cause, freeing, backward) if freeing is not None else None
     remedies = _remedies(fixes_pattern, maker, names)
     fixes = [remedy.text for remedy in remedies]

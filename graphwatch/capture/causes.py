@@ -213,11 +213,31 @@ class CauseFinder:
         if name is None and (not written_here or _views_a_parameter(child)):  # ``weight.t()`` in a Linear
             return None
         made = _line_in(self.trace, self._node_site(child), where)
+        if made is not None and name is not None and frame is not None and used is not None and not self._exact(child):
+            made = self._assignment_between(frame, name, made, used)
         owner = next((owned_by[p] for p in _leaves(child) if p in owned_by), None)
         return Cut(backward.id, name, self._site_id(used), self._site_id(made), optimizer, owner)
 
     def _site_id(self, site: CallSite | None) -> int | None:
         return None if site is None else self.trace.sites.index(site)
+
+    def _exact(self, node: Any) -> bool:
+        """Whether ``node``'s line is its own (it saved a tensor), not the one of the last op that did."""
+        record = node_record(node)
+        return (record is not None and record.site is not None and not record.site_inferred) or any(
+            True for _ in saved_handles(node)
+        )
+
+    def _assignment_between(self, frame: FrameType, name: str, after: CallSite, used: CallSite) -> CallSite | None:
+        """The one line of ``frame``'s function that assigns ``name`` after the line ``after`` (the last op
+        before the tensor's, which ran) and up to ``used`` (which ran after it): where the tensor was made."""
+        tree = function_node(frame.f_code)
+        lines = sorted({s.lineno for s in ast.walk(tree) if isinstance(s, ast.stmt) and not hasattr(s, "body")
+                        and after.line <= s.lineno <= used.line and name in _stored(s)}) if tree else []  # fmt: skip
+        if len(lines) != 1:
+            return None
+        site_id = self.recorder.sites.from_frame(frame, lines[0])
+        return self.trace.site(site_id)
 
     def _node_site(self, node: Any) -> int | None:
         """The line that made ``node``: its record's, its saved tensors', else the clock's."""
