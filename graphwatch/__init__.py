@@ -18,8 +18,10 @@ from .analysis import FINDING_KINDS
 from .decorator import step
 from .errors import (
     BackwardTwiceError,
+    ExplainedError,
     GraphLeakError,
     GraphwatchError,
+    LossWithoutGraphError,
     TraceFormatError,
     UsageError,
 )
@@ -45,9 +47,11 @@ def load(path: str | Path) -> Trace:
 __all__ = [
     "FINDING_KINDS",
     "BackwardTwiceError",
+    "ExplainedError",
     "Finding",
     "GraphLeakError",
     "GraphwatchError",
+    "LossWithoutGraphError",
     "Session",
     "Trace",
     "TraceFormatError",

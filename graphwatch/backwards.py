@@ -36,14 +36,18 @@ import torch
 
 from .analysis import FindingLog, explain_backward_twice
 from .analysis.explain import handed_off
+from .analysis.torch_errors import inplace_finding, no_graph_finding
 from .capture import Recorder, frontier, path_to, quick_walk, root_records, walk
 from .capture.carriers import name_carrier
 from .capture.causes import CauseFinder
 from .capture.holders import local_value, parameter_names, user_frames
+from .capture.inplace import InplaceFinder
+from .capture.no_grad import find_no_grad
 from .capture.optimizer import GradResetTracker
 from .capture.recorder import TRACKED_PER_STEP
+from .capture.saved import SavedHandle
 from .capture.step_clock import next_sequence_nr
-from .errors import BackwardTwiceError
+from .errors import BackwardTwiceError, LossWithoutGraphError
 from .model import BackwardRecord, NodeRecord, Snapshot, StepRecord
 from .model.packed import PackedArray
 from .rendering.dot import snapshot_dots
@@ -81,6 +85,7 @@ class BackwardWatch:
         # parameters each reached (``id()``s), by backward id: what an error's remedies are made from
         self._losses: dict[int, list[weakref.ref]] = {}
         self._reached: dict[int, frozenset[int]] = {}
+        recorder.inplace_explainer = self.explain_inplace
 
     def optimizer_stepped(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer.step()`` ran (after the backwards recorded so far)."""
@@ -176,6 +181,26 @@ class BackwardWatch:
         self.snapshot(record.step, roots, "backward through a freed graph", force=True,
                       focus_on=[stale.id] if stale is not None else [])
         return BackwardTwiceError(f"{exc}\n\n{finding.message}", finding)
+
+    def explain_inplace(self, handle: SavedHandle, tensor: torch.Tensor) -> str:
+        """graphwatch's paragraph for a saved tensor changed in place (the line that changed it, and the
+        out-of-place form there), and its finding logged."""
+        recorder = self._recorder
+        backward = recorder.backward
+        losses = self._losses.get(backward.id, []) if backward is not None else []
+        roots = [t.grad_fn for ref in losses if (t := ref()) is not None]
+        cause = InplaceFinder(recorder, [r for r in roots if r is not None], sys._getframe(1)).cause(handle, tensor)
+        finding = inplace_finding(recorder.trace, cause, recorder.step)
+        self._log.add(finding)
+        recorder.keep_detail(recorder.step)
+        return finding.message
+
+    def explain_no_graph(self, record: BackwardRecord, exc: RuntimeError) -> LossWithoutGraphError:
+        """The error to raise for torch's "does not require grad and does not have a grad_fn" ``exc``."""
+        cause = find_no_grad(self._recorder, sys._getframe(2), record.site)
+        finding = no_graph_finding(self._recorder.trace, cause, record.step)
+        self._log.add(finding)
+        return LossWithoutGraphError(f"{exc}\n\n{finding.message}", finding)
 
     def settle_retained(self, current: StepRecord) -> None:
         """At a step end: what each retained graph of the step still holds in saved tensors."""

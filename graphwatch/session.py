@@ -45,6 +45,7 @@ from .analysis import (
     is_backward_twice,
     session_findings,
 )
+from .analysis.torch_errors import is_no_graph_error
 from .backwards import BackwardWatch
 from .capture import EnginePatch, Recorder, parse_engine_args
 from .capture.call_mode import CallSiteMode
@@ -55,7 +56,7 @@ from .capture.ranks import rank_and_world_size
 from .capture.saved import make_chained_hooks, make_hooks
 from .capture.stack_limit import claim_stack
 from .capture.transforms import hide_from_compiler, step_aside_for_disable, transforming
-from .errors import BackwardTwiceError, GraphLeakError, GraphwatchError, UsageError, without_own_frames
+from .errors import ExplainedError, GraphLeakError, GraphwatchError, UsageError, without_own_frames
 from .model import BackwardRecord, Finding, StepRecord, Trace, save_trace
 from .options import SessionOptions
 from .rendering.ranks import rank_folder
@@ -239,7 +240,7 @@ class Session:
         try:
             if exc_type is not None:
                 self.trace.ended_early = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
-            if isinstance(exc, (GraphwatchError, BackwardTwiceError)):  # its traceback ends at the user's call
+            if isinstance(exc, (GraphwatchError, ExplainedError)):  # its traceback ends at the user's call
                 exc.__traceback__ = without_own_frames(tb)
             found = len(self.findings)
             try:
@@ -394,6 +395,8 @@ class Session:
             record.error = str(exc)
             if is_backward_twice(exc):
                 raise self._backwards.explain(record, roots, freed, exc) from None
+            if is_no_graph_error(exc):
+                raise self._backwards.explain_no_graph(record, exc) from None
             raise
         finally:
             recorder.end_backward(record, time.perf_counter() - started)

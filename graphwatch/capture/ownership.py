@@ -38,7 +38,8 @@ def parameter_ids(optimizer: Optimizer) -> set[int]:
     return {id(p) for group in optimizer.param_groups for p in group["params"]}
 
 
-def _named_values(frame: FrameType) -> Iterator[tuple[str, Any]]:
+def named_values(frame: FrameType) -> Iterator[tuple[str, Any]]:
+    """A frame's variables (read one by one: no snapshot of its locals is left behind), then its globals."""
     code = frame.f_code
     for name in dict.fromkeys((*code.co_varnames, *code.co_cellvars, *code.co_freevars)):
         value = local_value(frame, name)
@@ -71,7 +72,7 @@ def optimizers_in_frames(start: FrameType | None, limit: int = 8) -> list[tuple[
     under the name the innermost frame gives it."""
     found: dict[int, tuple[str, Optimizer]] = {}
     for frame in list(user_frames(start))[:limit]:
-        for name, value in _named_values(frame):
+        for name, value in named_values(frame):
             for label, optimizer in _optimizers_in(name, value):
                 found.setdefault(id(optimizer), (label, optimizer))
     return list(found.values())

@@ -54,3 +54,37 @@ class BackwardCause:
     one_owner: str | None = None
     owned_reached: int = 0  # parameters both backwards reach, all owned by ``one_owner``
     grad_result: str | None = None  # the name of an autograd.grad's result that the failing loss is made from
+
+
+@dataclass(slots=True)
+class InplaceCause:
+    """What graphwatch found about a saved tensor changed in place (torch's "modified by an inplace
+    operation" error): the line that changed it, and for a module built with ``inplace=True`` the line
+    that built it.  Sites are CallSite ids; None where it could not be told."""
+
+    saved_at: int | None  # the line whose op saved the tensor
+    saved_step: int
+    changed_at: int | None = None  # the line that ran the in-place operation
+    found_by: str = ""  # "node": the in-place op's node; "save": a later save of the changed tensor;
+    # "source": the one in-place statement between the lines that ran before and after it
+    op: str | None = None  # the in-place op's node (``CopySlices``, ``ReluBackward0``)
+    target: str | None = None  # the tensor's name on that line, for the edit (empty for ``inplace=True``)
+    module: str | None = None  # the module that did it, as its owner names it (``self.drop``)
+    module_type: str | None = None  # its class (``Dropout``)
+    built_at: int | None = None  # the line that built that module with ``inplace=True``
+    note: str | None = None  # why the module's line is not named
+    safe: bool = False  # the out-of-place form keeps what the program computes (not a view's base to change)
+
+
+@dataclass(slots=True)
+class NoGraphCause:
+    """A loss backwarded without a graph ("element 0 of tensors does not require grad"): the ``no_grad``
+    block or decorator it was made under, from the frames of the failing backward."""
+
+    backward_at: int | None  # the failing backward's line
+    block_at: int | None = None  # the ``with torch.no_grad():`` line, or the ``@torch.no_grad()`` decorator's
+    kind: str = ""  # "with", "decorator" or "" (not found)
+    function: str | None = None  # the function the block or decorator belongs to
+    first: int | None = None  # for ``enable-grad``: the first and last line of the statements to wrap
+    last: int | None = None
+    grad_enabled_outside: bool = True
