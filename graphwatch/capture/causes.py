@@ -204,7 +204,7 @@ class CauseFinder:
             return None
         where = (site.file, site.function)
         use_site = self._node_site(parent)
-        used = _line_in(self.trace, use_site, where)
+        used = self.trace.site(_line_in(self.trace, use_site, where))
         name = None
         if used is not None and frame is not None:
             name = _name_on_line(frame, used.line, child)
@@ -213,13 +213,12 @@ class CauseFinder:
         if name is None and (not written_here or _views_a_parameter(child)):  # ``weight.t()`` in a Linear
             return None
         made = _line_in(self.trace, self._node_site(child), where)
-        if made is not None and name is not None and frame is not None and used is not None and not self._exact(child):
-            made = self._assignment_between(frame, name, made, used)
+        made_site = self.trace.site(made)
+        if made_site is not None and name is not None and frame is not None and used is not None \
+                and not self._exact(child):  # fmt: skip
+            made = self._assignment_between(frame, name, made_site, used)
         owner = next((owned_by[p] for p in _leaves(child) if p in owned_by), None)
-        return Cut(backward.id, name, self._site_id(used), self._site_id(made), optimizer, owner)
-
-    def _site_id(self, site: CallSite | None) -> int | None:
-        return None if site is None else self.trace.sites.index(site)
+        return Cut(backward.id, name, _line_in(self.trace, use_site, where), made, optimizer, owner)
 
     def _exact(self, node: Any) -> bool:
         """Whether ``node``'s line is its own (it saved a tensor), not the one of the last op that did."""
@@ -228,7 +227,7 @@ class CauseFinder:
             True for _ in saved_handles(node)
         )
 
-    def _assignment_between(self, frame: FrameType, name: str, after: CallSite, used: CallSite) -> CallSite | None:
+    def _assignment_between(self, frame: FrameType, name: str, after: CallSite, used: CallSite) -> int | None:
         """The one line of ``frame``'s function that assigns ``name`` after the line ``after`` (the last op
         before the tensor's, which ran) and up to ``used`` (which ran after it): where the tensor was made."""
         tree = function_node(frame.f_code)
@@ -236,8 +235,7 @@ class CauseFinder:
                         and after.line <= s.lineno <= used.line and name in _stored(s)}) if tree else []  # fmt: skip
         if len(lines) != 1:
             return None
-        site_id = self.recorder.sites.from_frame(frame, lines[0])
-        return self.trace.site(site_id)
+        return self.recorder.sites.from_frame(frame, lines[0])
 
     def _node_site(self, node: Any) -> int | None:
         """The line that made ``node``: its record's, its saved tensors', else the clock's."""
@@ -311,12 +309,13 @@ def _runs_in(site: CallSite, frame: FrameType) -> bool:
     return site.function == frame.f_code.co_name and site.file == display_path(frame.f_code.co_filename)
 
 
-def _line_in(trace: Any, site_id: int | None, where: tuple[str, str]) -> CallSite | None:
-    """The frame of ``site_id``'s chain that runs in the function ``where`` ((file, function)), or None."""
+def _line_in(trace: Any, site_id: int | None, where: tuple[str, str]) -> int | None:
+    """The site id of the frame of ``site_id``'s chain that runs in the function ``where`` ((file,
+    function)), or None."""
     while site_id is not None:
         site = trace.sites[site_id]
         if (site.file, site.function) == where:
-            return site
+            return site_id
         site_id = site.caller
     return None
 
