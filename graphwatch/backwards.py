@@ -100,7 +100,10 @@ class BackwardWatch:
     def started(self, record: BackwardRecord, outputs: Iterable[Any] = ()) -> None:
         """A backward of ``outputs`` (the tensors it starts from) starts (its record is the next in the trace)."""
         self._started_at.append(next_sequence_nr())
-        self._losses[record.id] = [weakref.ref(t) for t in outputs if isinstance(t, torch.Tensor)]
+        try:
+            self._losses[record.id] = [weakref.ref(t) for t in outputs if isinstance(t, torch.Tensor)]
+        except TypeError:  # a tensor type without weak references: its graph is not looked at at an error
+            self._losses[record.id] = []
         self._losses.pop(record.id - _REMEMBERED, None)
         self._reached.pop(record.id - _REMEMBERED, None)
 
