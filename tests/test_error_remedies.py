@@ -47,6 +47,34 @@ for step in range(3):
 """
 GAN_FIXED = GAN.replace("output = D(fake)  # at: d-use", "output = D(fake.detach())  # at: d-use")
 
+GENERATOR_FIRST = HEAD + """\
+class Discriminator(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = nn.Sequential(nn.Linear(6, 8), nn.LeakyReLU(0.2), nn.Linear(8, 1))
+
+    def forward(self, img):
+        return self.model(img.view(img.size(0), -1))
+
+
+G, D = nn.Sequential(nn.Linear(4, 6), nn.Tanh()), Discriminator()
+opt_g, opt_d = torch.optim.Adam(G.parameters(), lr=0.01), torch.optim.Adam(D.parameters(), lr=0.01)
+bce = nn.BCEWithLogitsLoss()
+for step in range(3):
+    opt_g.zero_grad()
+    gen_imgs = G(torch.randn(8, 4)).view(8, 2, 3)
+    g_loss = bce(D(gen_imgs), torch.ones(8, 1))
+    g_loss.backward()
+    opt_g.step()
+    opt_d.zero_grad()
+    fake_loss = bce(D(gen_imgs), torch.zeros(8, 1))  # at: d-use
+    d_loss = (bce(D(torch.randn(8, 2, 3)), torch.ones(8, 1)) + fake_loss) / 2
+    d_loss.backward()
+    opt_d.step()
+    print(f"{g_loss.item():.6f} {d_loss.item():.6f}")
+"""
+GENERATOR_FIRST_FIXED = GENERATOR_FIRST.replace("bce(D(gen_imgs), torch.zeros", "bce(D(gen_imgs.detach()), torch.zeros")
+
 CRITIC = HEAD + """\
 q_net = nn.Linear(4, 1)
 log_alpha = torch.zeros(1, requires_grad=True)
@@ -223,6 +251,15 @@ def test_gan_detaches_fake_where_the_discriminators_loss_uses_it(tmp_path: Path)
     assert printed(patched_twin(tmp_path, GAN, finding)) == printed(write(tmp_path, GAN_FIXED, "fixed.py"))
 
 
+def test_generator_first_gan_detaches_in_the_discriminators_loss_through_its_view(tmp_path: Path) -> None:
+    """The discriminator views its input first: the tensor the loop passed it is still the one named."""
+    finding = run_watched(write(tmp_path, GENERATOR_FIRST))
+    assert edits(finding) == [("detach-use", line(GENERATOR_FIRST, "d-use"), "gen_imgs")]
+    assert not offers_sum_or_retain(finding)
+    patched = printed(patched_twin(tmp_path, GENERATOR_FIRST, finding))
+    assert patched == printed(write(tmp_path, GENERATOR_FIRST_FIXED, "fixed.py"))
+
+
 def test_critic_and_multiplier_get_two_detaches_and_no_sum(tmp_path: Path) -> None:
     finding = run_watched(write(tmp_path, CRITIC))
     assert sorted(edits(finding)) == [
@@ -283,7 +320,7 @@ def test_a_style_target_kept_on_a_module_is_detached_where_its_init_makes_it(tmp
 
 def test_every_patch_keeps_what_trains_on_the_correct_twin(tmp_path: Path) -> None:
     """The correct twins themselves run clean under graphwatch (no finding to patch)."""
-    for source in (GAN_FIXED, CRITIC_FIXED, ACTOR_CRITIC_FIXED, FORCES_FIXED):
+    for source in (GAN_FIXED, GENERATOR_FIRST_FIXED, CRITIC_FIXED, ACTOR_CRITIC_FIXED, FORCES_FIXED):
         with contextlib.redirect_stdout(io.StringIO()), graphwatch.watch(summary=False, snapshots="off") as gw:
             runpy.run_path(str(write(tmp_path, source, "twin.py")), run_name="__main__")
         assert [f.kind for f in gw.findings if f.severity == "error"] == []

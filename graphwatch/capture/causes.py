@@ -113,6 +113,7 @@ class CauseFinder:
         self.closure = stepping
         self.names: dict[int, str] = {id(o): n for n, o in named}
         self.optimizers: list[torch.optim.Optimizer] = [o for _, o in named]
+        self._flags: dict[Any, int] = {}  # the graph looked at now: node -> OWNED | FOREIGN
         self._add(stepping)
 
     def _add(self, optimizer: torch.optim.Optimizer | None) -> str:
@@ -193,6 +194,7 @@ class CauseFinder:
             for child in kids:
                 if flags.get(child) != FOREIGN or getattr(child, "variable", None) is not None:
                     continue
+                self._flags = flags
                 cut = self._cut(backward, parent, child, site, frame, owned_by, optimizer)
                 if cut is not None and (cut.used_at, cut.name) not in {(c.used_at, c.name) for c in cuts.values()}:
                     cuts[len(cuts)] = cut
@@ -206,8 +208,12 @@ class CauseFinder:
         use_site = self._node_site(parent)
         used = self.trace.site(_line_in(self.trace, use_site, where))
         name = None
-        if used is not None and frame is not None:
-            name = _name_on_line(frame, used.line, child)
+        if used is not None and frame is not None:  # the tensor, or what a module's own view of it was made of
+            for below in _single_chain(child, flags_of=self._flags):
+                name = _name_on_line(frame, used.line, below)
+                if name is not None:
+                    child = below
+                    break
         innermost = self.trace.site(use_site)
         written_here = innermost is not None and (innermost.file, innermost.function) == where
         if name is None and (not written_here or _views_a_parameter(child)):  # ``weight.t()`` in a Linear
@@ -318,6 +324,18 @@ def _line_in(trace: Any, site_id: int | None, where: tuple[str, str]) -> int | N
             return site_id
         site_id = site.caller
     return None
+
+
+def _single_chain(node: Any, flags_of: dict[Any, int], limit: int = 8) -> list[Any]:
+    """``node`` and the nodes below it while each has one child that is no parameter and reaches only other
+    optimizers' parameters (``img.view(...)`` inside a module, over the ``gen_imgs`` the loop passed it)."""
+    chain = [node]
+    while len(chain) < limit:
+        kids = [c for c, _ in chain[-1].next_functions if c is not None and getattr(c, "variable", None) is None]
+        if len(kids) != 1 or flags_of.get(kids[0]) != FOREIGN:
+            break
+        chain.append(kids[0])
+    return chain
 
 
 _VIEWS = ("View", "Transpose", "TBackward", "Permute", "Expand", "Squeeze", "Unsqueeze", "Select", "Slice", "Alias",
