@@ -44,6 +44,7 @@ from .analysis import (
     is_backward_twice,
     session_findings,
 )
+from .analysis.torch_errors import is_no_graph_error
 from .backwards import BackwardWatch
 from .capture import EnginePatch, Recorder, parse_engine_args
 from .capture.call_mode import CallSiteMode
@@ -56,7 +57,7 @@ from .capture.saved import make_chained_hooks, make_hooks
 from .capture.source import cited_lines
 from .capture.stack_limit import claim_stack
 from .capture.transforms import hide_from_compiler, step_aside_for_disable, transforming
-from .errors import BackwardTwiceError, GraphLeakError, GraphwatchError, UsageError, notify, without_own_frames
+from .errors import ExplainedError, GraphLeakError, GraphwatchError, UsageError, notify, without_own_frames
 from .model import BackwardRecord, Finding, StepRecord, Trace, save_trace
 from .model.trace_io import save_trace_elsewhere
 from .options import SessionOptions
@@ -268,7 +269,7 @@ class Session:
         try:
             if exc_type is not None:
                 self.trace.ended_early = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
-            if isinstance(exc, (GraphwatchError, BackwardTwiceError)):  # its traceback ends at the user's call
+            if isinstance(exc, (GraphwatchError, ExplainedError)):  # its traceback ends at the user's call
                 exc.__traceback__ = without_own_frames(tb)
             found = len(self.findings)
             try:
@@ -454,7 +455,7 @@ class Session:
             create_graph=create_graph,
         )
         freed = self._backwards.walk_before(record, roots, accumulate) if self.level != "light" else None
-        self._backwards.started(record)
+        self._backwards.started(record, t_outputs)
         recorder.begin_backward(record)
         self._own.add("around backwards", own)
         started, started_cpu = time.perf_counter(), time.process_time()
@@ -464,6 +465,8 @@ class Session:
             record.error = str(exc)
             if is_backward_twice(exc):
                 raise self._backwards.explain(record, roots, freed, exc) from None
+            if is_no_graph_error(exc):
+                raise self._backwards.explain_no_graph(record, exc) from None
             raise
         finally:
             recorder.end_backward(record, time.perf_counter() - started, time.process_time() - started_cpu)
