@@ -50,7 +50,10 @@ def test_pytorchs_autograd_tests_pass_inside_a_session_as_without_it(pytestconfi
         pytest.skip("PyTorch's autograd tests not run: no shared/pytorch-tests beside the repository")
     results = suite.run_and_compare(folder, LEVELS)
     text = suite.report(results)
-    pytestconfig.pluginmanager.register(_Summary(f"{folder}\n{text}"), "graphwatch-pytorch-suite-summary")
+    name = "graphwatch-pytorch-suite-summary"
+    if pytestconfig.pluginmanager.has_plugin(name):  # (a second run in one session: the last table)
+        pytestconfig.pluginmanager.unregister(name=name)
+    pytestconfig.pluginmanager.register(_Summary(f"{folder}\n{text}"), name)
     assert all(r.passed_bare for r in results), f"no test passed bare: is the folder complete?\n{text}"
     assert not any(r.unexpected for r in results), text
 

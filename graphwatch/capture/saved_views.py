@@ -6,14 +6,15 @@ puts right while a session is active (:func:`patch_saved_views`):
 * ``grad_fn._raw_saved_x.register_hooks(pack, unpack)`` raises in torch when
   default hooks already packed that tensor; a tensor graphwatch packed takes
   the user's pair instead (:func:`~graphwatch.capture.saved.register_user_hooks`),
-  and ``register_hooks`` keeps torch's own errors for the rest;
+  and ``register_hooks`` keeps torch's own errors for the rest (wrong calls included);
 * ``_raw_saved_x.data`` and ``.unpack_hook`` would show graphwatch's handle and
   unpack hook; they show the saved tensor (or what the user's pack hook
   returned) and the user's unpack hook, or None, as torch does;
 * torch re-wraps every tensor an unpack hook returns, so ``ctx.saved_tensors``
   of a custom ``autograd.Function`` and ``_raw_saved_x.unpack()`` would give a
   new object for a saved input, without the attributes the user set on it;
-  they give back the input itself.
+  they give back the input itself (also with ``clear_saved_tensors_on_access``;
+  inside ``jvp``, ``save_for_forward``'s tuple is torch's own).
 
 One difference stays: the ``_saved_x`` attributes of built-in nodes
 (``PowBackward0._saved_self``) belong to immutable C types, so there a saved

@@ -114,10 +114,20 @@ def _outcomes(runs: dict[str, tuple[subprocess.Popen[bytes], Path, Path]]) -> di
     for level, (process, outcomes, log) in runs.items():
         process.wait()
         if not outcomes.is_file():
-            tail = "".join(log.read_text().splitlines(keepends=True)[-20:])
-            raise RuntimeError(f"pytest wrote no outcomes for the {level or 'bare'} run:\n{tail}")
+            kept = Path(tempfile.gettempdir()) / f"graphwatch-pytorch-suite-{log.name}"
+            shutil.copyfile(log, kept)
+            raise RuntimeError(f"the {level or 'bare'} run ended before pytest's end (exit code {process.returncode}); "
+                               f"its output is in {kept}:\n{_crash_lines(log.read_text())}")  # fmt: skip
         results[level] = json.loads(outcomes.read_text())
     return results
+
+
+def _crash_lines(output: str) -> str:
+    """What a pytest run that died says of it: Python's fatal error and the frames of the test files."""
+    lines = output.splitlines()
+    fatal = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error")]
+    tests = [line for line in lines[fatal[0] if fatal else 0 :] if any(f"{f}\"" in line for f in FILES)]
+    return "\n".join([lines[i] for i in fatal] + tests or lines[-20:])
 
 
 def run_and_compare(folder: Path, levels: tuple[str, ...], files: tuple[str, ...] = FILES) -> list[LevelResult]:
