@@ -2,7 +2,8 @@
 
 Subcommands::
 
-    graphwatch run [--out DIR] [--strict] [--quiet] SCRIPT [ARGS...]   watch an unchanged training script
+    graphwatch run [--out DIR] [--strict] [--quiet] [--check-fixes] [--stop-after N] SCRIPT [ARGS...]
+                                                                        watch an unchanged training script
     graphwatch demo [--out DIR]                                         the bundled bug examples, one report
     graphwatch report TRACE.json [TRACE2.json ...] [--out DIR]          re-render saved traces
 
@@ -77,6 +78,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     the summary is printed either way.
     """
     since = time.time()
+    if args.check_fixes and in_distributed_job():
+        raise UsageError("--check-fixes runs the script again in one process; run it without torchrun")
     out = check_out_dir(args.out).absolute()  # before the script can os.chdir
     options = {"level": args.level}
     show_progress = not (args.quiet or args.no_progress or in_distributed_job())  # ranks share one terminal
@@ -84,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with SignalGuard() as guard:
         run = run_script(
             args.script, args.args, session_options=options, guard=guard,
-            progress=Path(args.script).name if show_progress else None,
+            progress=Path(args.script).name if show_progress else None, stop_after=args.stop_after,
         )
         if os.getpid() != started_in:  # a forked child of the script: its parent writes the report
             return run.exit_code
@@ -92,6 +95,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print_script_exception(run.error)
         if sys.stdout is not None:  # None when started with stdout closed (`>&-`)
             sys.stdout.flush()
+        if args.check_fixes and not (guard.terminated or guard.interrupted or run.terminated):
+            _check_fixes(run, args, out, since)
         report, failure = _write_report(run, out, args.quiet, since, lambda: guard.terminated)
         code = _run_exit_code(run, guard, failure, args.strict)
     _say_how_it_ended(run, guard, report, failure, code)
@@ -100,6 +105,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         # workers killed by the same signal and its SIGCHLD handler would raise inside __del__.
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     return code
+
+
+def _check_fixes(run: ScriptRun, args: argparse.Namespace, out: Path, since: float) -> None:
+    """``--check-fixes``: each patch applied to a copy of the folder and run again (:mod:`graphwatch.fix_checks`)."""
+    from .fix_checks import MIN_TIMEOUT, check_fixes
+
+    def say(line: str) -> None:
+        print(f"graphwatch: {line}", file=sys.stderr, flush=True)
+
+    timeout = max(MIN_TIMEOUT, 5 * (time.time() - since))
+    check_fixes(run.trace, run.script, args.args, report=out, timeout=timeout, say=None if args.quiet else say)
 
 
 def _write_report(
@@ -222,6 +238,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", "-q", action="store_true", help="print no summary and no progress (errors only)")
     run.add_argument("--no-progress", action="store_true", help="no status line while the script runs")
     run.add_argument(
+        "--check-fixes", action="store_true",
+        help="after the run, apply each finding's patch to a copy of the script's folder and run the script again "
+        "for the steps the finding needs: a patch is 'checked' when it applies, the finding is gone, nothing new "
+        "goes wrong and every parameter still gets gradients from the same optimizer",
+    )  # fmt: skip
+    run.add_argument(
+        "--stop-after", metavar="N", type=_positive_int, default=None,
+        help="end the script cleanly after N steps (at the next backward or optimizer step; exit code 0, the "
+        "report says where it stopped)",
+    )  # fmt: skip
+    run.add_argument(
         "--level",
         choices=LEVELS,
         default="default",
@@ -247,6 +274,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of steps (a whole number, at least 1)")
+    return value
+
+
 def _add(
     commands: Any, name: str, handler: Callable[[argparse.Namespace], int], summary: str, description: str
 ) -> argparse.ArgumentParser:
@@ -265,7 +302,7 @@ def version_text() -> str:
 
 
 # Options of `graphwatch run` followed by a value (checked against the parser by the tests).
-RUN_VALUE_OPTIONS = frozenset({"--out", "--level"})
+RUN_VALUE_OPTIONS = frozenset({"--out", "--level", "--stop-after"})
 
 
 def split_script_args(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:

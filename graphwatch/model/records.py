@@ -22,7 +22,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from .patch_check import PatchCheck
 from .remedies import Remedy
+from .training import OptimizerRecord, ParameterRecord
 
 # Where a step boundary came from.
 STEP_SOURCES = ("explicit", "optimizer", "backward", "session-end")
@@ -309,7 +311,8 @@ class Finding:
     ``bytes`` and whatever else the kind needs.  ``remedies`` are the ways to fix
     it, best first, as data (:class:`~graphwatch.model.remedies.Remedy`); ``fix``
     is the first one's sentence and ``patch`` the diff made from the first
-    mechanical one.
+    mechanical one; ``check`` what ``graphwatch run --check-fixes`` saw when it
+    applied that patch and ran the script again.
     """
 
     kind: str
@@ -320,6 +323,7 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     patch: str | None = None  # a unified diff of the user's file that applies ``fix`` (analysis.patches)
     remedies: list[Remedy] = field(default_factory=list)
+    check: PatchCheck | None = None
 
     def _repr_html_(self) -> str:
         """The finding as the report shows it (Jupyter's view of it)."""
@@ -367,6 +371,9 @@ class Trace:
     averaged_before: int = 0  # the step after the last such one (0: no step was averaged)
     rank: int | None = None
     world_size: int | None = None
+    # what trained (``graphwatch run``): each optimizer, and per parameter it owns whether it got a gradient
+    optimizers: list[OptimizerRecord] = field(default_factory=list)
+    parameters: list[ParameterRecord] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for name in ("backwards", "steps"):

@@ -15,6 +15,7 @@ from html import escape
 
 from ..model import Finding
 from .gallery import code_spans
+from .patch_checks import check_html
 from .sources import SourceExcerpt, cited_excerpts
 from .wording import finding_steps, steps_text
 
@@ -85,6 +86,7 @@ def finding_article(finding: Finding, roots: Sequence[str], note: str = "", patc
         f'<p class="message">{code_spans(finding.message)}</p>'
         + (f'<p class="fix"><strong>Fix:</strong> {code_spans(finding.fix)}</p>' if finding.fix not in finding.message else "")
         + (_same_patch_html(patch_above) if finding.patch and patch_above else _patch_html(finding.patch) if finding.patch else "")
+        + (check_html(finding.check) if finding.patch and finding.check is not None and not patch_above else "")
         + "".join(map(_excerpt_html, excerpts))
         + missing
         + "</article>"

@@ -40,6 +40,7 @@ from rich.text import Text
 from ..analysis.evidence import counted, human_bytes
 from ..model import Finding, Trace
 from .charts import SPARK_ASCII, SPARK_BLOCKS, sparkline
+from .patch_checks import check_text
 from .wording import (
     averaged_text,
     cited_sites,
@@ -94,6 +95,8 @@ def finding_lines(
     elif finding.patch:
         yield Padding(Text("patch (patch -p0):", style="bold green"), (0, 0, 0, 2), expand=False)
         yield Padding(diff_text(finding.patch), (0, 0, 0, 4), expand=False)
+        if finding.check is not None:
+            yield Padding(check_text(finding.check), (0, 0, 0, 2), expand=False)
     sites = cited_sites(finding)
     if sites:
         yield Padding(Text.assemble(("at: ", "bold"), (", ".join(sites), "cyan")), (0, 0, 0, 2), expand=False)
