@@ -256,4 +256,4 @@ def test_check_fixes_says_what_failed_in_the_terminal_and_the_report(tmp_path: P
     assert not check.checked and check.held == ["the patch applies", "no new finding"]
     assert check.failed[2] == "model.weight, model.bias (2 parameters): no longer stepped by opt (SGD)"
     html = (report / "index.html").read_text()
-    assert '<p class="check failed"><strong>Check:</strong> FAILED: the patched run raised a new error: ' in html
+    assert '<p class="check failed"><strong>Check:</strong> FAILED: cannot tell whether the finding is gone: ' in html
