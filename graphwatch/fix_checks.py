@@ -74,7 +74,7 @@ def check_fixes(
             finding.check = check
         passed += check.checked
         if say is not None:
-            say(f"  patch {'checked' if check.checked else 'check FAILED'} (the summary says why)")
+            say("  patch checked" if check.checked else "  patch check FAILED (the summary says what failed)")
     return passed
 
 
@@ -106,6 +106,8 @@ def check_patch(
                                  level, Path(temp) / "report", timeout)  # fmt: skip
         if patched is not None and _ran_originals(patched, root, Path(temp)):
             failure, patched = f"the patched run imported the script's files from {root}, not the patched copy", None
+        elif patched is not None:
+            _cite_as_original(patched, copy, root)
         return judge(trace, patched, targets, steps=steps, lines=lines, failure=failure, skipped=skipped)
 
 
@@ -139,8 +141,12 @@ def copy_folder(root: Path, dest: Path, leave_out: Sequence[Path] = ()) -> list[
             if size > MAX_FILE_BYTES or total + size > MAX_COPY_BYTES or count >= MAX_FILES:
                 skipped.append(f"{path.relative_to(root)} ({human_bytes(size)})")
                 continue
-            shutil.copyfile(path, target / name)
-            shutil.copymode(path, target / name)
+            try:
+                shutil.copyfile(path, target / name)
+                shutil.copymode(path, target / name)
+            except (OSError, shutil.SpecialFileError):  # a pipe, a socket, a file that went away
+                skipped.append(f"{path.relative_to(root)} (not a regular file)")
+                continue
             total, count = total + size, count + 1
     return skipped
 
@@ -226,6 +232,22 @@ def rerun(
     except TraceFormatError:
         said = [line for line in done.stderr.strip().splitlines() if line.strip()]
         return None, f"exit code {done.returncode}" + (f", {said[-1].strip()}" if said else "")
+
+
+def _cite_as_original(patched: Trace, copy: Path, root: Path) -> None:
+    """Name the copy's files as the original run named them, in its sites and its findings' cited lines: an
+    absolute path into ``copy`` becomes the same path in ``root`` (relative names are the same in both runs)."""
+
+    def original(file: str) -> str:
+        return str(root / Path(file).relative_to(copy)) if os.path.isabs(file) and Path(file).is_relative_to(copy) else file
+
+    for site in patched.sites:
+        site.file = original(site.file)
+    for finding in patched.findings:
+        cited = finding.evidence.get("sites")
+        if isinstance(cited, list):
+            finding.evidence["sites"] = [":".join((original(s.rpartition(":")[0]), s.rpartition(":")[2])) if ":" in s else s
+                                         for s in map(str, cited)]  # fmt: skip
 
 
 def _ran_originals(patched: Trace, root: Path, scratch: Path) -> bool:

@@ -156,7 +156,9 @@ def test_the_right_detach_for_a_gan_is_checked(tmp_path: Path, monkeypatch: pyte
         in check.held
 
 
-def test_a_detach_on_the_generator_step_is_caught_the_generator_stops_learning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_detach_on_the_generator_step_is_caught_the_generator_stops_learning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     script = write(tmp_path / "gan", "gan.py", GAN)
     trace = original_run(script, monkeypatch)
     [finding] = [f for f in trace.findings if f.kind == "backward-through-freed-graph"]
@@ -185,7 +187,9 @@ def test_item_on_a_kept_tensor_of_32_elements_is_caught_it_crashes_training(tmp_
     assert check_patch(trace, script, [], right, [kept], steps=steps_to_run(trace, [kept])).checked
 
 
-def test_a_patch_that_does_not_apply_and_an_argument_outside_the_folder_are_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_patch_that_does_not_apply_and_an_argument_outside_the_folder_are_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     script = write(tmp_path / "val", "val.py", KEPT_LOGITS)
     trace = original_run(script, monkeypatch)
     [kept] = [f for f in trace.findings if f.kind == "graph-kept-alive"]

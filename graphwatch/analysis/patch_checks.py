@@ -64,10 +64,10 @@ class LineMap:
     @classmethod
     def between(cls, files: Mapping[str, tuple[str, str]]) -> LineMap:
         """``files``: the cited file name -> (its text before the patch, after it)."""
-        changed = {}
+        changed: dict[str, list[tuple[str, int, int, int, int]]] = {}
         for name, (before, after) in files.items():
             matcher = difflib.SequenceMatcher(None, before.splitlines(), after.splitlines(), autojunk=False)
-            changed[name] = matcher.get_opcodes()
+            changed[name] = list(matcher.get_opcodes())
         return cls(changed)
 
     def before(self, file: str, line: int) -> set[int]:

@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import gc
+import inspect
 import sys
 import weakref
 from collections.abc import Callable
@@ -162,7 +163,7 @@ def _frame_variables(frame: FrameType | None, limit: int = 8) -> list[tuple[str,
     found: list[tuple[str, Any]] = []
     for user_frame in list(user_frames(frame))[:limit]:
         code = user_frame.f_code
-        names = (*code.co_varnames, *code.co_cellvars) if code.co_flags & 0x1 else ()  # CO_OPTIMIZED: a function
+        names = (*code.co_varnames, *code.co_cellvars) if code.co_flags & inspect.CO_OPTIMIZED else ()  # a function
         found += [(name, local_value(user_frame, name)) for name in names]
         owner = local_value(user_frame, "self") if "self" in names else None
         if owner is not None and hasattr(owner, "__dict__"):
