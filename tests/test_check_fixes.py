@@ -20,33 +20,15 @@ import pytest
 import graphwatch
 from graphwatch.analysis.patch_checks import steps_to_run
 from graphwatch.fix_checks import check_patch
+from graphwatch.model import PatchCheck
 from graphwatch.runner import run_script
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
-GAN = """import torch
-from torch import nn
-
-torch.manual_seed(0)
-G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
-D = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
-opt_g = torch.optim.Adam(G.parameters(), lr=1e-3)
-opt_d = torch.optim.Adam(D.parameters(), lr=1e-3)
-bce = nn.BCEWithLogitsLoss()
-ones, zeros = torch.ones(8, 1), torch.zeros(8, 1)
-for step in range(6):
-    real = torch.randn(8, 2) + 3
-    fake = G(torch.randn(8, 4))
-    opt_d.zero_grad()
-    d_loss = bce(D(real), ones) + bce(D(fake), zeros)
-    d_loss.backward()
-    opt_d.step()
-    opt_g.zero_grad()
-    g_loss = bce(D(fake), ones)
-    g_loss.backward()
-    opt_g.step()
-    print(f"step {step} d {d_loss.item():.6f} g {g_loss.item():.6f}")
-"""
+# examples/gan_bug.py, run for 6 steps, printing its losses
+GAN = (EXAMPLES / "gan_bug.py").read_text().replace("for _ in range(3):", "for step in range(6):").replace(
+    "        opt_g.step()\n", '        opt_g.step()\n        print(f"step {step} d {d_loss.item():.6f} g {g_loss.item():.6f}")\n'
+)
 
 KEPT_LOGITS = """import torch
 from torch import nn
@@ -86,6 +68,18 @@ def original_run(script: Path, monkeypatch: pytest.MonkeyPatch) -> graphwatch.Tr
     monkeypatch.chdir(script.parent)
     run = run_script(script.name, [], session_options={"snapshots": "off"}, capture_output=True)
     return run.trace
+
+
+def found(folder: Path, text: str, kind: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, graphwatch.Trace, graphwatch.Finding]:
+    """The script ``text`` written to ``folder``, its run, and its one finding of ``kind``."""
+    script = write(folder, "train.py", text)
+    trace = original_run(script, monkeypatch)
+    [finding] = [f for f in trace.findings if f.kind == kind]
+    return script, trace, finding
+
+
+def checked(trace: graphwatch.Trace, script: Path, patch: str, finding: graphwatch.Finding, args: tuple[str, ...] = ()) -> PatchCheck:
+    return check_patch(trace, script, list(args), patch, [finding], steps=steps_to_run(trace, [finding]))
 
 
 def folder_digest(folder: Path) -> dict[str, str]:
@@ -145,25 +139,20 @@ def test_old_traces_load_without_what_trained_and_new_ones_keep_it(tmp_path: Pat
 
 # ------------------------------------------------------------------ right and wrong patches
 def test_the_right_detach_for_a_gan_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    script = write(tmp_path / "gan", "gan.py", GAN)
-    trace = original_run(script, monkeypatch)
-    [finding] = [f for f in trace.findings if f.kind == "backward-through-freed-graph"]
-    right = diff(script, "D(fake), zeros", "D(fake.detach()), zeros")  # the discriminator's step
-    check = check_patch(trace, script, [], right, [finding], steps=steps_to_run(trace, [finding]))
+    script, trace, error = found(tmp_path / "gan", GAN, "backward-through-freed-graph", monkeypatch)
+    check = checked(trace, script, diff(script, "D(fake), zeros", "D(fake.detach()), zeros"), error)  # D's step
     assert check.checked, check.failed
     assert "the 4 parameters that got gradients before still get them, stepped by the same optimizers" in check.held
-    assert "opt_g (Adam), which never stepped before the error, now steps and give every parameter they own a gradient" \
+    assert "opt_g (Adam), which never stepped before the error, now steps and gives every parameter it owns a gradient" \
         in check.held
 
 
 def test_a_detach_on_the_generator_step_is_caught_the_generator_stops_learning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    script = write(tmp_path / "gan", "gan.py", GAN)
-    trace = original_run(script, monkeypatch)
-    [finding] = [f for f in trace.findings if f.kind == "backward-through-freed-graph"]
+    script, trace, error = found(tmp_path / "gan", GAN, "backward-through-freed-graph", monkeypatch)
     wrong = diff(script, "g_loss = bce(D(fake), ones)", "g_loss = bce(D(fake.detach()), ones)")  # silences the error
-    check = check_patch(trace, script, [], wrong, [finding], steps=steps_to_run(trace, [finding]))
+    check = checked(trace, script, wrong, error)
     assert not check.checked
     assert "the finding is gone" in check.held  # the error is silenced ...
     assert check.failed == [  # ... but G no longer learns
@@ -173,32 +162,27 @@ def test_a_detach_on_the_generator_step_is_caught_the_generator_stops_learning(
 
 
 def test_item_on_a_kept_tensor_of_32_elements_is_caught_it_crashes_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    script = write(tmp_path / "val", "val.py", KEPT_LOGITS)
-    trace = original_run(script, monkeypatch)
-    [kept] = [f for f in trace.findings if f.kind == "graph-kept-alive"]
-    wrong = diff(script, "val_history.append(val_logits)", "val_history.append(val_logits.item())")
-    check = check_patch(trace, script, [], wrong, [kept], steps=steps_to_run(trace, [kept]))
+    script, trace, kept = found(tmp_path / "val", KEPT_LOGITS, "graph-kept-alive", monkeypatch)
+    check = checked(trace, script, diff(script, "val_history.append(val_logits)", "val_history.append(val_logits.item())"), kept)
     assert not check.checked
     assert check.failed == [
         "cannot tell whether the finding is gone: the patched run ended before step 4, where it showed",
         "the patched run raised a new error: RuntimeError: a Tensor with 32 elements cannot be converted to Scalar",
     ]
     right = diff(script, "val_history.append(val_logits)", "val_history.append(val_logits.detach())")
-    assert check_patch(trace, script, [], right, [kept], steps=steps_to_run(trace, [kept])).checked
+    assert checked(trace, script, right, kept).checked
 
 
 def test_a_patch_that_does_not_apply_and_an_argument_outside_the_folder_are_said(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    script = write(tmp_path / "val", "val.py", KEPT_LOGITS)
-    trace = original_run(script, monkeypatch)
-    [kept] = [f for f in trace.findings if f.kind == "graph-kept-alive"]
+    script, trace, kept = found(tmp_path / "val", KEPT_LOGITS, "graph-kept-alive", monkeypatch)
     stale = diff(script, "val_history.append(val_logits)", "val_history.append(val_logits.detach())")
     script.write_text(KEPT_LOGITS.replace("val_history.append(val_logits)", "val_history += [val_logits]"))
-    check = check_patch(trace, script, [], stale, [kept], steps=4)
+    check = checked(trace, script, stale, kept)
     assert not check.checked and check.failed[0].startswith("the patch does not apply: ")
     outside = write(tmp_path / "elsewhere", "data.txt", "x")
-    check = check_patch(trace, script, ["--data", str(outside)], stale, [kept], steps=4)
+    check = checked(trace, script, stale, kept, args=("--data", str(outside)))
     assert check.failed == [f"not checked: the argument {outside} names {outside}, outside the folder the check copies "
                             f"({script.parent}); the patched run could write there"]
 

@@ -216,9 +216,10 @@ def _every_optimizer_trains(original: Trace, patched: Trace, ran: int, check: Pa
             check.failed.append(_listed(untrained, f"owned by {optimizer.label}, got no gradient in "
                                                    f"{counted(ran, 'step')} of the patched run"))  # fmt: skip
     if fresh and len(check.failed) == failed:
-        names = ", ".join(o.label for o in fresh)
-        check.held.append(f"{names}, which never stepped before the error, now step{'s' if len(fresh) == 1 else ''} "
-                          "and give every parameter they own a gradient")  # fmt: skip
+        names, one = ", ".join(o.label for o in fresh), len(fresh) == 1
+        check.held.append(f"{names}, which never stepped before the error, now "
+                          + ("steps and gives every parameter it owns" if one else "step and give every parameter they own")
+                          + " a gradient")  # fmt: skip
 
 
 def _same_optimizer(a: OptimizerRecord | None, b: OptimizerRecord | None) -> bool:
