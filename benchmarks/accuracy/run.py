@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import date
 from pathlib import Path
@@ -37,7 +38,7 @@ from own_fix import apply_own_fix, different, own_fix, printed_numbers
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 REPROS = HERE / "repros"
-TIMEOUT = 600
+TIMEOUT = float(os.environ.get("GW_ACCURACY_TIMEOUT", "1800"))  # seconds a run may take (a loaded machine is slow)
 CONSEQUENCES = {"memory-growth"}  # what a leak also causes: never counted against precision
 
 
@@ -159,6 +160,7 @@ def _run(case: Case, script: Path, out: Path, check_fixes: bool = False) -> Ran:
     env = dict(os.environ, **{k: v for k, v in case.env.items() if k != "GW_FIX"})
     env["PYTHONPATH"] = os.pathsep.join([str(HERE / "shims"), str(REPO), env.get("PYTHONPATH", "")])
     env.setdefault("MPLBACKEND", "Agg")
+    env.setdefault("OMP_NUM_THREADS", "1")  # one thread a run: the same numbers on any machine, and cases run side by side
     flags = ["--check-fixes"] if check_fixes else []
     command = [sys.executable, "-m", "graphwatch", "run", *flags, "--out", str(out), script.name, *case.args]
     try:
@@ -324,17 +326,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, default=os.environ.get("GRAPHWATCH_CORPUS"))
     parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
     parser.add_argument("-k", default="", help="only the cases whose name contains this")
+    parser.add_argument("-j", type=int, default=1, help="cases run side by side (each run is one thread)")
     args = parser.parse_args(argv)
     corpus = Path(args.corpus) if args.corpus else None
-    outcomes = []
-    for case in [*REAL, *repro_cases()]:
-        if args.k in case.name:
-            outcome = judge(case, corpus)
-            found = ", ".join(outcome.kinds) or "-"
-            print(f"{outcome.verdict:15} {outcome.twin or '-':13} {case.name}: {found}", flush=True)
-            if outcome.own:
-                print(f"{'':15} own fix: {outcome.own} (check: {outcome.check or '-'})", flush=True)
-            outcomes.append(outcome)
+
+    def one(case: Case) -> Outcome:
+        outcome = judge(case, corpus)
+        found = ", ".join(outcome.kinds) or "-"
+        own = f"\n{'':15} own fix: {outcome.own} (check: {outcome.check or '-'})" if outcome.own else ""
+        print(f"{outcome.verdict:15} {outcome.twin or '-':13} {case.name}: {found}{own}", flush=True)
+        return outcome
+
+    with ThreadPoolExecutor(max_workers=max(1, args.j)) as pool:  # (each case is subprocesses: threads suffice)
+        outcomes = list(pool.map(one, [case for case in [*REAL, *repro_cases()] if args.k in case.name]))
     if not args.k:
         args.out.write_text(table(outcomes))
         print(f"wrote {args.out}")
