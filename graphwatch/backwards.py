@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-import warnings
 import weakref
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping
@@ -42,7 +41,7 @@ from .capture.holders import local_value, parameter_names, user_frames
 from .capture.optimizer import GradResetTracker
 from .capture.recorder import TRACKED_PER_STEP
 from .capture.step_clock import next_sequence_nr
-from .errors import BackwardTwiceError
+from .errors import BackwardTwiceError, notify
 from .model import BackwardRecord, NodeRecord, Snapshot, StepRecord
 from .model.packed import PackedArray
 from .rendering.dot import snapshot_dots
@@ -213,9 +212,10 @@ class BackwardWatch:
     def snapshot(
         self, step: int, roots: Iterable[Any], reason: str, force: bool = False,
         outputs: Mapping[str, torch.Tensor] | None = None, focus_on: Collection[int] = (),
+        notes: Mapping[str, str] | None = None,
     ) -> None:
-        """Draw the graph below ``roots`` (and below ``outputs``, drawn by name: what holds a kept graph)
-        into the trace (at most ``max_snapshots``, unless ``force``): whole, and focused on where steps cross
+        """Draw the graph below ``roots`` (and below ``outputs``, drawn by name with ``notes`` under them: what
+        holds a kept graph) into the trace (at most ``max_snapshots``, unless ``force``): whole, and focused on where steps cross
         and on the NodeRecord ids ``focus_on``."""
         trace = self._recorder.trace
         self._first_drawn = True
@@ -226,9 +226,9 @@ class BackwardWatch:
             params = _parameter_names(sys._getframe())
             roots = list(roots)
             dot, focus = snapshot_dots(roots, trace, step, retained=retained, params=params, outputs=outputs,
-                                       focus_on=focus_on)
+                                       focus_on=focus_on, notes=notes)
         except Exception as exc:  # a drawing must never break the user's backward
-            warnings.warn(f"graphwatch: could not draw the step {step} graph ({exc!r}); the trace is unaffected", stacklevel=2)
+            notify(f"graphwatch: could not draw the step {step} graph ({exc!r}); the trace is unaffected", stacklevel=2)
             return
         trace.snapshots.append(Snapshot(step, reason, dot, focus))
 

@@ -2,7 +2,7 @@
 
 Subcommands::
 
-    graphwatch run [--out DIR] [--strict] [--quiet] [--check-fixes] [--stop-after N] SCRIPT [ARGS...]
+    graphwatch run [--out DIR] [--strict] [--patch-out FILE] [--quiet] [--check-fixes] [--stop-after N] SCRIPT [ARGS...]
                                                                         watch an unchanged training script
     graphwatch demo [--out DIR]                                         the bundled bug examples, one report
     graphwatch report TRACE.json [TRACE2.json ...] [--out DIR]          re-render saved traces
@@ -35,13 +35,16 @@ import argparse
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from . import __version__
 from .errors import TraceFormatError, UsageError
+from .model import Trace
+from .model.trace_io import save_trace_elsewhere
 from .options import LEVELS
 from .runner import (
     EXIT_INTERRUPTED,
@@ -64,8 +67,44 @@ DEFAULT_DEMO_OUT = "graphwatch-demo"
 
 def error(message: str) -> int:
     """Print ``graphwatch: error: MESSAGE`` on stderr; return the usage-error exit code."""
-    print(f"graphwatch: error: {message}", file=sys.stderr)
+    say(f"graphwatch: error: {message}")
     return EXIT_USAGE
+
+
+def say(text: str, file: TextIO | None = None) -> None:
+    """Print a line (on stderr unless ``file``) that no string in it can turn into terminal commands
+    (:func:`~graphwatch.rendering.terminal.printable`), in whatever the stream can encode; a reader that has
+    gone (a closed pipe) ends the printing, never the command."""
+    from .rendering.terminal import printable, silence_broken_pipe
+
+    stream = sys.stderr if file is None else file
+    if stream is None:  # started with the stream closed
+        return
+    line = printable(text)
+    try:
+        line.encode(stream.encoding or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        line = line.encode("ascii", "backslashreplace").decode("ascii")
+    try:
+        print(line, file=stream, flush=True)
+    except BrokenPipeError:
+        silence_broken_pipe(stream)
+
+
+def flush_streams() -> None:
+    """Flush stdout and stderr; one whose reader has gone is pointed at /dev/null (Python's own last flush
+    would otherwise fail, with exit status 120)."""
+    from .rendering.terminal import silence_broken_pipe
+
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None:
+            continue
+        try:
+            stream.flush()
+        except BrokenPipeError:
+            silence_broken_pipe(stream)
+        except (OSError, ValueError):  # closed
+            pass
 
 
 # ------------------------------------------------------------------ run
@@ -81,6 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.check_fixes and in_distributed_job():
         raise UsageError("--check-fixes runs the script again in one process; run it without torchrun")
     out = check_out_dir(args.out).absolute()  # before the script can os.chdir
+    patch_out = check_patch_out(args.patch_out) if args.patch_out else None
     options = {"level": args.level}
     show_progress = not (args.quiet or args.no_progress or in_distributed_job())  # ranks share one terminal
     started_in = os.getpid()
@@ -92,13 +132,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         if os.getpid() != started_in:  # a forked child of the script: its parent writes the report
             return run.exit_code
         if run.error is not None and not run.terminated:
-            print_script_exception(run.error)
-        if sys.stdout is not None:  # None when started with stdout closed (`>&-`)
-            sys.stdout.flush()
+            try:
+                print_script_exception(run.error)
+            except BrokenPipeError:  # stderr's reader has gone: the exit code still says it failed
+                flush_streams()
+        flush_streams()  # the script's output first (and a closed pipe found before the summary)
         if args.check_fixes and not (guard.terminated or guard.interrupted or run.terminated):
             _check_fixes(run, args, out, since)
         report, failure = _write_report(run, out, args.quiet, since, lambda: guard.terminated)
         code = _run_exit_code(run, guard, failure, args.strict)
+        if patch_out is not None and not run.trace.rank and not write_patches(run.trace, patch_out, args.quiet):
+            code = code or EXIT_USAGE
     _say_how_it_ended(run, guard, report, failure, code)
     if code == EXIT_SIGTERM and hasattr(signal, "SIGCHLD"):
         # Killed by SIGTERM, bare Python would run no finalizer: a DataLoader's, run at exit, would find its
@@ -121,7 +165,8 @@ def _check_fixes(run: ScriptRun, args: argparse.Namespace, out: Path, since: flo
 def _write_report(
     run: ScriptRun, out: Path, quiet: bool, since: float, stop: Callable[[], bool]
 ) -> tuple[Path | None, str | None]:
-    """Write the report and print the summary: (index.html, None), or (None, why) with the summary still printed."""
+    """Write the report and print the summary: (index.html, None), or (None, why) with the summary still printed
+    and the trace saved to a temporary file (named in ``why``) instead."""
     try:
         return finish_report(run, out, summary=not quiet, since=since, stop=stop), None
     except UsageError as exc:
@@ -129,7 +174,50 @@ def _write_report(
             from .rendering.terminal import print_summary
 
             print_summary(run.trace, report=None)
-        return None, str(exc)
+        kept = save_trace_elsewhere(run.trace)
+        if kept is None:
+            return None, f"{exc}; the report could not be written (the summary above is all there is)"
+        return None, f"{exc}; the report could not be written; the trace was saved to {kept} (graphwatch report {kept} --out DIR)"
+
+
+def check_patch_out(name: str) -> Path:
+    """``--patch-out FILE`` as an absolute path, once its folder could be written (else a UsageError), checked
+    before the script runs (and can change folder).
+
+    >>> try:
+    ...     check_patch_out("/dev/null/fixes.patch")
+    ... except UsageError as exc:
+    ...     print(str(exc).split(";")[0])
+    cannot write the patches to /dev/null/fixes.patch: /dev/null is not a writable folder
+    """
+    path = Path(name).absolute()
+    try:
+        if path.is_dir():
+            raise IsADirectoryError
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as exc:
+        what = "it is a folder" if isinstance(exc, IsADirectoryError) else f"{path.parent} is not a writable folder"
+        raise UsageError(f"cannot write the patches to {name}: {what}; pass --patch-out a file in a folder you can write") from None
+    return path
+
+
+def write_patches(trace: Trace, path: Path, quiet: bool) -> bool:
+    """Write every patch of ``trace`` to ``path`` as one file for ``patch -p0`` (see
+    :mod:`graphwatch.rendering.patch_file`); say where, unless ``quiet``.  False (with an error line) when it
+    cannot be written."""
+    from .model.trace_io import write_atomically
+    from .rendering.patch_file import combined_patch
+
+    text = combined_patch(trace.findings, str(trace.options.get("cwd") or "."))
+    try:
+        write_atomically(path, text)
+    except UsageError as exc:
+        error(f"{exc}; the patches are still in the report and its trace.json")
+        return False
+    if not quiet:
+        print(f"patches: {path} (apply from {trace.options.get('cwd') or '.'}: patch -p0 < {path})", file=sys.stderr)
+    return True
 
 
 def _run_exit_code(run: ScriptRun, guard: SignalGuard, failure: str | None, strict: bool) -> int:
@@ -149,18 +237,18 @@ def _run_exit_code(run: ScriptRun, guard: SignalGuard, failure: str | None, stri
 def _say_how_it_ended(run: ScriptRun, guard: SignalGuard, report: Path | None, failure: str | None, code: int) -> None:
     """One line on stderr for each way the run did not simply end: no report, a signal, --strict leaks."""
     if failure is not None:
-        error(f"{failure}; the report could not be written (the summary above is all there is)")
+        error(failure)
     if code == EXIT_SIGTERM:
         where = "no report was written" if report is None else (
             f"the report (marked as ended early) is at {report}" if run.trace.ended_early
             else f"it came after the script had ended; the report is complete: {report}"
         )
-        print(f"graphwatch: stopped by SIGTERM; {where}", file=sys.stderr)
+        say(f"graphwatch: stopped by SIGTERM; {where}")
     elif guard.interrupted and not run.exit_code:
-        print(f"graphwatch: interrupted while the report was written; it was finished first: {report}", file=sys.stderr)
+        say(f"graphwatch: interrupted while the report was written; it was finished first: {report}")
     elif code == EXIT_STRICT and not run.exit_code:
         kinds = ", ".join(sorted({f.kind for f in run.leaks}))
-        print(f"graphwatch: --strict: {len(run.leaks)} leak finding(s) ({kinds}); exit {EXIT_STRICT}", file=sys.stderr)
+        say(f"graphwatch: --strict: {len(run.leaks)} leak finding(s) ({kinds}); exit {EXIT_STRICT}")
 
 
 # --------------------------------------------------------------- report
@@ -168,7 +256,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """``graphwatch report``: re-render one or more saved traces into one report."""
     from . import load
     from .rendering.ranks import RankSummary, is_rank_set
-    from .rendering.terminal import Summary, make_console
+    from .rendering.terminal import Summary, make_console, print_blocks
 
     loaded = [(label, load(path)) for label, path in zip(trace_labels(args.traces), args.traces)]
     ranks = is_rank_set([trace for _, trace in loaded])
@@ -179,11 +267,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not args.quiet:
         console = make_console(sys.stdout)
         if ranks:
-            console.print(RankSummary([trace for _, trace in loaded]))
+            print_blocks(console, RankSummary([trace for _, trace in loaded]).blocks(console.width))
         else:
             for label, trace in loaded:
-                console.print(Summary(trace, title=label if len(loaded) > 1 else None))
-    print(f"report: {report}")
+                print_blocks(console, Summary(trace, title=label if len(loaded) > 1 else None).blocks(console.width))
+    say(f"report: {report}", sys.stdout)
     return 0
 
 
@@ -213,6 +301,38 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------- parser
+# `graphwatch run`'s exit codes, as its --help lists them
+RUN_EXIT_CODES = (
+    ("the script's own", "0 when it ends normally, or its sys.exit(n)"),
+    ("1", "an uncaught exception in the script (with the usual traceback)"),
+    (str(EXIT_USAGE), "a missing script, or an unwritable DIR or FILE, at the start; at the end, a report (or FILE)\n"
+                      "that could not be written, when the script itself succeeded"),
+    (str(EXIT_STRICT), "--strict: the script succeeded, but graphwatch found a leak"),
+    (str(EXIT_INTERRUPTED), "Ctrl-C (SIGINT): the report so far is written, marked as ended early"),
+    (str(EXIT_SIGTERM), "SIGTERM: likewise"),
+)
+RUN_DESCRIPTION = """\
+Runs SCRIPT as `python SCRIPT ARGS...` would, in the same process, inside a graphwatch session. The
+script's own output and exit code are kept; the summary goes to stderr (each patch outside any box, so
+that it can be copied, or the output piped, into `patch -p0`) and the HTML report to DIR.
+
+How steps are counted: a step is one pass of the script's training loop. It ends where the script says
+so (each `with gw.step():` block, each call of an `@graphwatch.step` function); otherwise after the last
+training event of the loop's body, a backward() outside optimizer.step() or an optimizer.step().
+graphwatch reads the source of the function that runs them: the training loop is the innermost loop
+that holds all of them, so a GAN's D and G updates are one step, and so are the micro-batches of
+gradient accumulation with their optimizer.step(); a loop with no optimizer gets one step per
+iteration. Without source (code built by exec), each optimizer.step() ends a step.
+
+Under torchrun each rank writes DIR/rankR/; rank 0 prints the summary of all ranks and writes their
+joint report to DIR/index.html.
+
+exit codes:
+""" + "".join(
+    f"  {code:<18}{meaning.replace(chr(10), chr(10) + ' ' * 20)}\n" for code, meaning in RUN_EXIT_CODES
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``graphwatch`` command, with its three subcommands."""
     parser = argparse.ArgumentParser(
@@ -224,18 +344,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=version_text())
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    run = _add(commands, "run", cmd_run, "run an unchanged training script under graphwatch",
-               "Runs SCRIPT as `python SCRIPT ARGS...` would, inside a graphwatch session (a step ends at each "
-               "optimizer.step()), prints the summary on stderr and writes the HTML report. The script's output and "
-               "exit code are kept. Under torchrun each rank writes DIR/rankR/; rank 0 prints the summary of all "
-               "ranks and writes their joint report to DIR/index.html. Exit codes: the script's own; 143 when stopped "
-               "by SIGTERM (the report is still written); 3 with --strict when the script succeeded but leaks a graph; "
-               "2 for a usage error.")
+    run = _add(commands, "run", cmd_run, "run an unchanged training script under graphwatch", RUN_DESCRIPTION)
     run.add_argument("--out", metavar="DIR", default=DEFAULT_RUN_OUT, help=f"report folder (default: {DEFAULT_RUN_OUT})")
     run.add_argument(
         "--strict", action="store_true", help=f"exit {EXIT_STRICT} when graphwatch finds a leak, even if the script succeeded"
     )
-    run.add_argument("--quiet", "-q", action="store_true", help="print no summary and no progress (errors only)")
+    run.add_argument("--patch-out", metavar="FILE",
+                     help="also write every patch to FILE, one file that `patch -p0 < FILE` applies from the folder "
+                     "the script ran in (it is written with --quiet too)")
+    run.add_argument("--quiet", "-q", action="store_true",
+                     help="print no summary and no progress (errors only; the patches still go to --patch-out FILE)")
     run.add_argument("--no-progress", action="store_true", help="no status line while the script runs")
     run.add_argument(
         "--check-fixes", action="store_true",
@@ -287,7 +405,9 @@ def _positive_int(text: str) -> int:
 def _add(
     commands: Any, name: str, handler: Callable[[argparse.Namespace], int], summary: str, description: str
 ) -> argparse.ArgumentParser:
-    sub = commands.add_parser(name, help=summary, description=description)
+    raw = "\n" in description  # written out as it is shown (paragraphs, a table), not filled by argparse
+    formatter = argparse.RawDescriptionHelpFormatter if raw else argparse.HelpFormatter
+    sub = commands.add_parser(name, help=summary, description=description, formatter_class=formatter)
     sub.set_defaults(handler=handler)
     return sub
 
@@ -302,7 +422,7 @@ def version_text() -> str:
 
 
 # Options of `graphwatch run` followed by a value (checked against the parser by the tests).
-RUN_VALUE_OPTIONS = frozenset({"--out", "--level", "--stop-after"})
+RUN_VALUE_OPTIONS = frozenset({"--out", "--level", "--patch-out", "--stop-after"})
 
 
 def split_script_args(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
@@ -348,5 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, TraceFormatError) as exc:
         return error(str(exc))
     except KeyboardInterrupt:
-        print("graphwatch: interrupted", file=sys.stderr)
+        say("graphwatch: interrupted")
         return EXIT_INTERRUPTED
+    finally:
+        flush_streams()

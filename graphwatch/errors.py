@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
+import warnings
 from collections.abc import Collection
 from types import TracebackType
 from typing import Any
@@ -79,3 +81,22 @@ def without_own_frames(
     if kept:
         kept[-1].tb_next = None
     return kept[0] if kept else None
+
+
+def notify(message: str, category: type[Warning] = UserWarning, stacklevel: int = 2) -> None:
+    """Warn with ``message``; where warnings are turned into errors (``python -W error``), print it on stderr
+    instead.  What graphwatch has to say about itself (a picture it could not draw, a report it could not
+    write) never ends the user's run, and never takes the place of the user's own exception.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("error")
+    ...     notify("graphwatch: could not draw the step 3 graph")  # printed on stderr, not raised
+    """
+    try:
+        warnings.warn(message, category, stacklevel=stacklevel + 1)
+    except Warning:
+        try:
+            print(message, file=sys.stderr)
+        except (OSError, ValueError):  # stderr closed or gone: there is no one to tell
+            pass

@@ -173,9 +173,12 @@ def check_out_dir(out: str | os.PathLike[str]) -> Path:
         ...     print(error)
         cannot write the report to /dev/null/graphwatch-report: Not a directory; pass --out a folder you can write
     """
+    from .rendering.html import check_pictures_folder
+
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise UsageError(f"cannot write the report to {out}: it is a file, not a folder; pass --out a folder")
+    check_pictures_folder(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
@@ -222,7 +225,7 @@ def finish_report(
     with the ranks that show it.  ``summary=False`` prints nothing.
     """
     from .rendering.ranks import RankSummary, rank_folder
-    from .rendering.terminal import make_console, print_summary
+    from .rendering.terminal import make_console, print_blocks, print_summary
 
     trace = run.trace
     folder = rank_folder(out, trace)
@@ -233,7 +236,8 @@ def finish_report(
     if traces:
         combined = write_report([(f"rank {t.rank}", t) for t in [trace, *traces]], out)
         if summary:
-            make_console().print(RankSummary([trace, *traces], report=combined))
+            console = make_console()
+            print_blocks(console, RankSummary([trace, *traces], report=combined).blocks(console.width))
     elif summary:
         print_summary(trace, report=folder)
     return own
@@ -335,8 +339,9 @@ def run_script(
     stdout and stderr in ``ScriptRun.output`` instead of printing them.
     ``stop_after``: end the script after that many steps (exit code 0; the
     trace says where it stopped).  The trace also records what trained
-    (:class:`~graphwatch.capture.parameters.ParameterLedger`).  Raises :class:`~graphwatch.UsageError` (before running anything) for a
-    missing script or a bad option.
+    (:class:`~graphwatch.capture.parameters.ParameterLedger`).  Raises
+    :class:`~graphwatch.UsageError` (before running anything) for a missing
+    script or a bad option.
     """
     path = check_script(script)
     session = watch(**{"summary": False, **(session_options or {})})

@@ -30,7 +30,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,13 +50,16 @@ from .capture.call_mode import CallSiteMode
 from .capture.callsite import outer_frame
 from .capture.loop_steps import LoopSteps
 from .capture.optimizer import GradResetTracker, OptimizerHooks
+from .capture.own_time import OwnTime
 from .capture.ranks import rank_and_world_size
 from .capture.saved import make_chained_hooks, make_hooks
+from .capture.source import cited_lines
 from .capture.stack_limit import claim_stack
 from .capture.step_limit import StepLimitReached
 from .capture.transforms import hide_from_compiler, step_aside_for_disable, transforming
-from .errors import BackwardTwiceError, GraphLeakError, GraphwatchError, UsageError, without_own_frames
+from .errors import BackwardTwiceError, GraphLeakError, GraphwatchError, UsageError, notify, without_own_frames
 from .model import BackwardRecord, Finding, StepRecord, Trace, save_trace
+from .model.trace_io import save_trace_elsewhere
 from .options import SessionOptions
 from .rendering.ranks import rank_folder
 from .signals import SignalGuard
@@ -126,8 +128,10 @@ class Session:
         self._backwards = BackwardWatch(self._recorder, self._log, self._grads, self.snapshots, max_snapshots)
         self._step_ends = StepEnds(self._recorder, self._log, self._backwards, self.strict)
         self._entered_at = ""
+        self._own = OwnTime()  # the session's clocks, and graphwatch's own CPU time by part
         self._finished = False
         self._pid = os.getpid()  # a forked child that leaves the session writes and prints nothing
+        self._sigterm: SignalGuard | None = None  # stops the user's code at SIGTERM (see _start_sigterm_guard)
         self.script_globals: dict[str, Any] | None = None  # a finished script's globals (graphwatch run), searched last
         self.stop_after: int | None = None  # end the run after this many steps (graphwatch run --stop-after)
         self._stop_due = False
@@ -157,6 +161,7 @@ class Session:
         """Write ``out_dir/index.html`` (with trace.json and SVG snapshots); return the HTML path."""
         from .rendering.html import write_report
 
+        self.trace.sources = cited_lines(self.trace)  # the report shows them from the trace alone
         return write_report(self.trace, Path(out_dir))
 
     def summary(self, console: Any = None) -> None:
@@ -199,7 +204,27 @@ class Session:
         """The summary as HTML (Jupyter shows a session this way), in the report's look."""
         from .rendering.notebook import summary_html
 
+        self.trace.sources = cited_lines(self.trace)
         return summary_html(self.trace)
+
+    def __repr__(self) -> str:
+        """One line: watching or ended, steps, and the problems found (``repr(gw)``, a debugger's view)."""
+        from .rendering.wording import session_line
+
+        return session_line(self.trace, self._state())
+
+    def __str__(self) -> str:
+        """``print(gw)``: the verdict, each finding with its fix and patch, and where to read more."""
+        from .rendering.wording import session_text
+
+        return session_text(self.trace, self._state())
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's text view (a notebook's text/plain, the ``IPython`` prompt): as ``print(gw)``."""
+        printer.text(repr(self) if cycle else str(self))
+
+    def _state(self) -> str:
+        return "watching" if self.active else "ended" if self._finished else "not entered"
 
     @contextmanager
     def step(self) -> Iterator[Session]:
@@ -231,14 +256,18 @@ class Session:
             self._install()
         except BaseException:
             self._uninstall()
+            self._end_sigterm_guard()
             raise
         self.trace.rank, self.trace.world_size = rank_and_world_size()
         site = self._recorder.sites.here(2)
         self._entered_at = self.trace.where(site) if site is not None else "graphwatch run (or @graphwatch.step)"
+        self._own.start()
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         leak: GraphLeakError | None = None
+        if self._sigterm is not None:
+            self._sigterm.disarm()  # the user's block is over: a SIGTERM from now on waits for the report
         try:
             if exc_type is not None:
                 self.trace.ended_early = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
@@ -253,9 +282,31 @@ class Session:
                 self.findings[found:] = [f for f in self.findings[found:] if f.kind not in _HOLDING_KINDS]
         finally:
             self._uninstall()
-            self._finalize(raise_leaks=exc_type is None and leak is None, failing=exc_type is not None)
+            try:
+                self._finalize(raise_leaks=exc_type is None and leak is None, failing=exc_type is not None)
+            finally:
+                self._end_sigterm_guard()
         if leak is not None and exc_type is None:
             raise leak
+
+    def _start_sigterm_guard(self) -> None:
+        """Where SIGTERM would kill the process outright (its default handler, in the main thread), stop the
+        user's code with :class:`~graphwatch.signals.Terminated` instead, so that the session still writes its
+        report and summary; :meth:`_end_sigterm_guard` then ends the process by SIGTERM, as it would have ended."""
+        wants = self.print_summary or self.out is not None
+        if wants and threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                self._sigterm = SignalGuard(signals=(signal.SIGTERM,)).__enter__()
+                self._sigterm.arm()
+
+    def _end_sigterm_guard(self) -> None:
+        guard, self._sigterm = self._sigterm, None
+        if guard is None:
+            return
+        guard.disarm()
+        guard.__exit__(None, None, None)  # SIGTERM's default handler again
+        if guard.terminated and os.getpid() == self._pid:
+            os.kill(os.getpid(), signal.SIGTERM)  # the report is written: end as SIGTERM would have ended it
 
     def _install(self) -> None:
         recorder = self._recorder
@@ -283,6 +334,7 @@ class Session:
         interrupts = SignalGuard(signals=(signal.SIGINT,)).__enter__()  # a Ctrl-C in a finalizer is not lost
         interrupts.arm()
         self._installed.append(lambda: interrupts.__exit__(None, None, None))
+        self._start_sigterm_guard()
 
     def _uninstall(self) -> None:
         global _active
@@ -295,7 +347,11 @@ class Session:
     def _finish_steps(self, frame: Any) -> None:
         """End the last step; its holders are searched in ``frame`` (the ``with`` block's) and the script."""
         script, self.script_globals = self.script_globals, None
-        self._step_ends.finish(frame, self.level == "light", script)
+        own = time.perf_counter()
+        try:
+            self._step_ends.finish(frame, self.level == "light", script)
+        finally:
+            self._own.add("step ends", own)
 
     def _finalize(self, raise_leaks: bool = False, failing: bool = False) -> None:
         """Close the trace, add session findings, write ``out`` and print the summary.
@@ -309,18 +365,22 @@ class Session:
         if os.getpid() != self._pid:
             return
         self._recorder.close()
+        self._own.record(self.trace, saved_hooks=self.level != "light")  # (light: no saved-tensor hooks)
         new = [f for f in session_findings(self.trace) if self._log.add(f)]
         trace = self.trace
         add_patches(trace)
+        trace.sources = cited_lines(trace)
         trace.rank, trace.world_size = rank_and_world_size(trace.rank, trace.world_size)
         out = None if self.out is None else rank_folder(self.out, trace)  # no two ranks write one file
         if out is not None:
             try:
                 self.report(out)
             except UsageError as error:
+                kept = save_trace_elsewhere(trace)  # a run's trace is never lost with its report folder
+                where = f"the trace was saved to {kept} instead" if kept else "the trace is still in gw.trace"
                 if not failing:
-                    raise
-                warnings.warn(f"graphwatch: {error}; the trace is still in gw.trace (gw.save(path))", stacklevel=3)
+                    raise UsageError(f"{error}; {where} (graphwatch report TRACE --out DIR makes the report)") from None
+                notify(f"graphwatch: {error}; {where} (graphwatch report TRACE --out DIR makes the report)", stacklevel=3)
                 out = None
         if self.print_summary and not trace.rank:  # rank 0 (or no distributed job) prints
             from .rendering.terminal import print_summary
@@ -341,7 +401,11 @@ class Session:
 
     def _end_step(self, source: str, frame: Any) -> StepRecord:
         __tracebackhide__ = True  # pytest: a strict-mode GraphLeakError points at the user's line
-        record = self._step_ends.end(source, frame, self.level == "light")
+        own = time.perf_counter()
+        try:
+            record = self._step_ends.end(source, frame, self.level == "light")
+        finally:
+            self._own.add("step ends", own)
         if self.stop_after is not None and record.index + 1 >= self.stop_after:
             if source != "optimizer":  # the next forward began (or the user marked the end): stop here
                 raise StepLimitReached(self.stop_after)
@@ -353,16 +417,19 @@ class Session:
             return
         if self._stop_due:
             raise StepLimitReached(self.stop_after or 0)
+        own = time.perf_counter()
         self._loop.in_optimizer_step += 1  # backwards from here to the post hook are its closure's
         if self.level != "light":  # the light level walks no graphs, so it cannot tell accumulations
             current = self._recorder.current
             current.stale_grads += self._grads.before_step(optimizer)
             current.optimizer_site = self._recorder.sites.here(2)
+        self._own.add("optimizer hooks", own)
 
     def _after_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         __tracebackhide__ = True
         if not self._owns_thread():
             return
+        own = time.perf_counter()
         loop = self._loop
         loop.in_optimizer_step = max(0, loop.in_optimizer_step - 1)
         if self.level != "light":
@@ -371,6 +438,7 @@ class Session:
         recorder.current.optimizer_steps += 1
         recorder.optimizer_stepped(optimizer, recorder.current.optimizer_site)  # noted by the pre-step hook
         self._backwards.optimizer_stepped(optimizer)
+        self._own.add("optimizer hooks", own)  # (a step it ends is counted with the step ends)
         if not self._explicit and not loop.in_optimizer_step and loop.ends_step(outer_frame(1), "step"):
             self._end_step("optimizer", outer_frame(2))
 
@@ -385,6 +453,7 @@ class Session:
             return run(t_outputs, *args, **kwargs)
         if self._stop_due:
             raise StepLimitReached(self.stop_after or 0)
+        own = time.perf_counter()
         roots, retain_graph, create_graph, accumulate = parse_engine_args(t_outputs, args, kwargs)
         if recorder.boundary_pending and recorder.made_since_boundary(roots):
             recorder.commit_boundary()  # a new graph, though its forward saved nothing: a new step
@@ -399,7 +468,8 @@ class Session:
         freed = self._backwards.walk_before(record, roots, accumulate) if self.level != "light" else None
         self._backwards.started(record)
         recorder.begin_backward(record)
-        started = time.perf_counter()
+        self._own.add("around backwards", own)
+        started, started_cpu = time.perf_counter(), time.process_time()
         try:
             result = run(t_outputs, *args, **kwargs)
         except RuntimeError as exc:
@@ -408,12 +478,14 @@ class Session:
                 raise self._backwards.explain(record, roots, freed, exc) from None
             raise
         finally:
-            recorder.end_backward(record, time.perf_counter() - started)
+            recorder.end_backward(record, time.perf_counter() - started, time.process_time() - started_cpu)
+        own = time.perf_counter()
         loop = self._loop
         consumes = accumulate or not (retain_graph or create_graph)  # a freeing autograd.grad counts too
         if consumes and not self._explicit and not loop.in_optimizer_step:
             if loop.ends_step(sys._getframe(1), "backward", frees_graph=not retain_graph):
                 recorder.request_boundary("backward")
+        self._own.add("around backwards", own)
         return result
 
 

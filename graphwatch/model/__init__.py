@@ -17,6 +17,7 @@ from .records import (
     Trace,
 )
 from .remedies import EDIT_KINDS, Edit, Remedy
+from .source_lines import SourceLines
 from .trace_io import (
     FORMAT,
     VERSION,
@@ -46,6 +47,7 @@ __all__ = [
     "Remedy",
     "SavedRecord",
     "Snapshot",
+    "SourceLines",
     "StepRecord",
     "StepSpans",
     "StepTable",

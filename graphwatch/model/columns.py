@@ -26,7 +26,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 from typing import Any, Generic, TypeVar, overload
@@ -73,14 +73,15 @@ STEP_COLUMNS = Columns(
     numbers={
         "index": "q", "nodes_created": "q", "saved_packed": "q", "saved_bytes_packed": "q", "saved_counted_only": "q",
         "live_activation_bytes": "q", "live_leaf_bytes": "q", "live_nodes": "q", "backward_seconds": "d",
-        "seconds": "d", "rss_bytes": "q", "cuda_allocated": "n", "cuda_reserved": "n", "optimizer_steps": "q",
-        "optimizer_site": "n", "stale_grads": "q", "detail": "b",
+        "backward_cpu_seconds": "d", "seconds": "d", "cpu_seconds": "d", "rss_bytes": "q", "cuda_allocated": "n",
+        "cuda_reserved": "n", "optimizer_steps": "q", "optimizer_site": "n", "stale_grads": "q", "detail": "b",
     },
     choices={"source": STEP_SOURCES},
     ranges=("backwards",),
     averaged=(
         "nodes_created", "saved_packed", "saved_bytes_packed", "live_activation_bytes", "live_leaf_bytes",
-        "live_nodes", "backward_seconds", "seconds", "rss_bytes", "cuda_allocated", "cuda_reserved",
+        "live_nodes", "backward_seconds", "backward_cpu_seconds", "seconds", "cpu_seconds", "rss_bytes",
+        "cuda_allocated", "cuda_reserved",
     ),
 )  # fmt: skip
 
@@ -88,11 +89,11 @@ BACKWARD_COLUMNS = Columns(
     BackwardRecord,
     numbers={
         "id": "q", "step": "q", "site": "n", "retain_graph": "b", "create_graph": "b", "nodes_reached": "q", "nodes_counted_only": "q",
-        "earlier_nodes_reached": "q", "saved_freed": "q", "bytes_freed": "q", "seconds": "d",
+        "earlier_nodes_reached": "q", "saved_freed": "q", "bytes_freed": "q", "seconds": "d", "cpu_seconds": "d",
         "graph_reused": "b", "held_bytes": "q",
     },
     choices={"api": ("backward", "grad")},
-    averaged=("nodes_reached", "saved_freed", "bytes_freed", "seconds"),
+    averaged=("nodes_reached", "saved_freed", "bytes_freed", "seconds", "cpu_seconds"),
 )  # fmt: skip
 
 
@@ -212,11 +213,11 @@ class RecordList(Sequence, Generic[R]):
 
     @classmethod
     def from_columns(
-        cls, columns: Columns, count: int, values: dict[str, list[Any]], objects: dict[int, Any]
+        cls, columns: Columns, count: int, values: Mapping[str, Iterable[Any]], objects: dict[int, Any]
     ) -> RecordList[Any]:
         """``count`` records: ``objects`` at their indices, every other one frozen from ``values``, a list per
-        column (numbers, choices and ``name.first``/``name.count`` of ranges) of what the columns store (None
-        as its code, a choice as its index), one value per frozen record in order."""
+        column (numbers, choices and ``name.first``/``name.count`` of ranges; any iterable) of what the columns
+        store (None as its code, a choice as its index), one value per frozen record in order."""
         records: RecordList[Any] = cls(columns)
         for name, column in records._arrays.items():
             column.extend(values[name])

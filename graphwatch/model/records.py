@@ -24,10 +24,14 @@ from typing import Any, overload
 
 from .patch_check import PatchCheck
 from .remedies import Remedy
+from .source_lines import SourceLines
 from .training import OptimizerRecord, ParameterRecord
 
 # Where a step boundary came from.
 STEP_SOURCES = ("explicit", "optimizer", "backward", "session-end")
+_REPR_CHARS = 100  # characters of a finding's message its repr shows
+# The part of Trace.own_seconds that is counted x a measured cost, not timed (graphwatch.capture.own_time)
+OWN_ESTIMATED = "saved-tensor hooks (estimated)"
 # What a saved tensor is: a leaf that requires grad, a leaf that does not, or
 # the output of an op inside the graph.
 SAVED_KINDS = ("parameter", "input", "activation")
@@ -117,7 +121,8 @@ class BackwardRecord:
     crossings: list[tuple[int, int]] = field(default_factory=list)
     saved_freed: int = 0
     bytes_freed: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall-clock time of the engine call
+    cpu_seconds: float = 0.0  # CPU time of the process (all its threads) meanwhile: what load elsewhere cannot inflate
     error: str | None = None
     roots: list[int] = field(default_factory=list)  # NodeRecord ids of the graph's roots
     # For retain_graph=True: did a later backward of the same step run through this graph,
@@ -286,8 +291,10 @@ class StepRecord:
     nodes_alive_by_step: Mapping[int, int] = field(default_factory=dict)
     saved_alive_by_step: Mapping[int, int] = field(default_factory=dict)  # live activation bytes
     backwards: list[int] = field(default_factory=list)
-    backward_seconds: float = 0.0
-    seconds: float = 0.0
+    backward_seconds: float = 0.0  # wall clock
+    backward_cpu_seconds: float = 0.0  # CPU time of the process during them
+    seconds: float = 0.0  # wall clock, from the previous step's end
+    cpu_seconds: float = 0.0  # CPU time of the process (all its threads) in the same span
     rss_bytes: int = 0
     cuda_allocated: int | None = None
     cuda_reserved: int | None = None
@@ -302,7 +309,7 @@ class StepRecord:
         return self.live_activation_bytes + self.live_leaf_bytes
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class Finding:
     """A diagnosis: what is wrong, where, and how to fix it.
 
@@ -325,15 +332,27 @@ class Finding:
     remedies: list[Remedy] = field(default_factory=list)
     check: PatchCheck | None = None
 
-    def _repr_html_(self) -> str:
-        """The finding as the report shows it (Jupyter's view of it)."""
-        from ..rendering.notebook import finding_html  # (rendering reads the model; this is only its view)
-
-        return finding_html(self)
+    # (Jupyter shows a finding as HTML: graphwatch.rendering.notebook registers that view with IPython, so
+    # that the model imports nothing above it)
 
     def __str__(self) -> str:
         head = f"[{self.kind}] step {self.step}: {self.message}"
         return head if self.fix in self.message else f"{head}\n  fix: {self.fix}"  # (an explanation lists its fixes)
+
+    def __repr__(self) -> str:
+        """One line: kind, severity, step and the start of the message (a debugger's or a list's view).
+
+        >>> Finding("retained-graph", "warning", 3, "the backward at a.py:4 retains its graph", "drop it")
+        <Finding retained-graph (warning) at step 3: the backward at a.py:4 retains its graph>
+        """
+        message = self.message.splitlines()[0] if self.message else ""
+        message = message if len(message) <= _REPR_CHARS else message[: _REPR_CHARS - 1] + "…"
+        patch = ", with a patch" if self.patch else ""
+        return f"<Finding {self.kind} ({self.severity}{patch}) at step {self.step}: {message}>"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's text view (a notebook's text/plain, the ``IPython`` prompt): the whole finding, its patch too."""
+        printer.text(str(self) + (f"\n  patch (patch -p0):\n{self.patch.rstrip()}" if self.patch else ""))
 
 
 @dataclass(slots=True)
@@ -365,12 +384,18 @@ class Trace:
     steps: list[StepRecord] = field(default_factory=lambda: _record_list("steps"))
     findings: list[Finding] = field(default_factory=list)
     snapshots: list[Snapshot] = field(default_factory=list)
+    sources: list[SourceLines] = field(default_factory=list)  # the lines findings cite, read when recorded
     untracked_saved: int = 0  # tensors saved under user hooks we could not see
     ended_early: str | None = None  # why the run stopped before the session ended
     averaged_from: int = 0  # first step whose times and sizes read as span means (long runs: model.packed)
     averaged_before: int = 0  # the step after the last such one (0: no step was averaged)
     rank: int | None = None
     world_size: int | None = None
+    # The session's own span (0.0: not recorded, e.g. a trace of an older graphwatch): wall clock, CPU time of
+    # the process, and graphwatch's own CPU time by part (see graphwatch.capture.own_time)
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    own_seconds: dict[str, float] = field(default_factory=dict)
     # what trained (``graphwatch run``): each optimizer, and per parameter it owns whether it got a gradient
     optimizers: list[OptimizerRecord] = field(default_factory=list)
     parameters: list[ParameterRecord] = field(default_factory=list)

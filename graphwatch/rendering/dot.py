@@ -48,6 +48,7 @@ from .graph_items import (
     tensor_label,
 )
 from .kept import add_holders, note_what_each_keeps
+from .visible import visible
 
 _HEAD = 40  # nodes nearest the outputs kept when a large graph is summarised
 _IMPORTANT = 40  # at most this many crossing / freed-frontier nodes kept besides
@@ -184,8 +185,8 @@ def _emit(graph: GraphBuilder, rep: list[int], carried: dict[int, dict], overlai
         if rep[index] == index:
             names[index] = f"n{len(names)}"
             label = item.label if item.value is None else tensor_label(item, overlaid and item.role == SAVED)
-            attrs = {**({"fillcolor": item.fill} if item.fill else {}), **(item.attrs or {})}
-            dot.node(names[index], label, **attrs, **_tooltip(item, label, trace))
+            attrs = {**({"fillcolor": item.fill} if item.fill else {}), **(item.attrs or {}), **_tooltip(item, label, trace)}
+            dot.node(names[index], dot_text(label), **_texts(attrs))
     merged: set[tuple[str, str]] = set()  # edges between boxes that draw several items: each drawn once
     for k, (tail, head, attrs) in enumerate([(c, p, {}) for c, p in graph.flow] + graph.links):
         remapped = rep[tail] != tail or rep[head] != head
@@ -201,12 +202,32 @@ def _emit(graph: GraphBuilder, rep: list[int], carried: dict[int, dict], overlai
         if trace is not None and "tooltip" not in edge:
             tail_op, head_op = items[tail].op or items[tail].label.split("\n")[0] or "tensor", items[head].op or "tensor"
             edge = {**edge, "tooltip": f"{tail_op} → {head_op}"}
-        dot.edge(*pair, **edge)
+        dot.edge(*pair, **_texts(edge))
     if legend:
         _add_legend(dot, summarised=any(item.collapsed for item in items))
     size = max(12, len(dot.body) * 0.15)  # torchviz's sizing: grows with the number of statements
     dot.graph_attr["size"] = f"{size},{size}"
     return dot
+
+
+_TEXT_ATTRIBUTES = frozenset({"label", "tooltip", "xlabel"})
+
+
+def dot_text(text: str) -> str:
+    """``text`` (a name, a line, a file name: anything the user's code spells) as a DOT string that shows it as
+    it is: hidden characters made visible (:func:`~graphwatch.rendering.visible.visible`: ESC would make the
+    SVG ill-formed), backslashes doubled (DOT reads ``\\"``, ``\\l`` and a final ``\\`` as its own), never an
+    HTML-like label (``<...>``).
+
+    >>> import graphviz
+    >>> graphviz.quoting.quote(dot_text('held\\\\')), graphviz.quoting.quote(dot_text("<b>x</b>"))
+    ('"held\\\\\\\\"', '"<b>x</b>"')
+    """
+    return graphviz.nohtml(visible(text).replace("\\", "\\\\"))
+
+
+def _texts(attrs: Mapping[str, str]) -> dict[str, str]:
+    return {key: dot_text(value) if key in _TEXT_ATTRIBUTES else value for key, value in attrs.items()}
 
 
 def legend_entries(summarised: bool = True) -> list[tuple[str, dict[str, str]]]:
@@ -347,14 +368,16 @@ FOCUS_NODES = FOCUS_BOXES  # a focused snapshot's budget of boxes (backward node
 
 def snapshot_dot(roots: Iterable[Any], trace: Trace, step: int, *, retained: Collection[int] | None = None,
                  max_nodes: int = 300, params: Mapping[str, Any] | None = None, legend: bool = True,
-                 outputs: Mapping[str, torch.Tensor] | None = None, focus_on: Collection[int] | None = None) -> str:
+                 outputs: Mapping[str, torch.Tensor] | None = None, focus_on: Collection[int] | None = None,
+                 notes: Mapping[str, str] | None = None) -> str:
     """DOT source of a session's snapshot: the graph under the backward nodes ``roots`` at ``step``.
 
     Saved tensors are drawn (with their bytes) and the overlay always, the legend unless ``legend`` is
     False (:func:`legend_entries` lists it); ``params`` names parameters (``{"model.0.weight": tensor}``),
     as in :func:`make_dot`.  ``outputs`` (``{"total_loss": tensor}``, ``{"losses[0]": ..., "losses[1]": ...}``)
     are drawn as named outputs above their graphs, and the list or dict that holds them as one more box:
-    what holds a kept graph.  ``focus_on`` (NodeRecord ids, e.g. the stale node of a failing
+    what holds a kept graph; ``notes`` (output name -> text) is written under those outputs (what the
+    finding says each keeps).  ``focus_on`` (NodeRecord ids, e.g. the stale node of a failing
     backward; may be empty) gives the focused picture instead (:mod:`graphwatch.rendering.focus`: those
     nodes, where steps cross, and the way there from the roots, in about ``max_nodes`` boxes).
 
@@ -370,13 +393,14 @@ def snapshot_dot(roots: Iterable[Any], trace: Trace, step: int, *, retained: Col
         True
     """
     with _gc_paused():
-        graph = _snapshot_graph(roots, params, outputs)
+        graph = _snapshot_graph(roots, params, outputs, notes)
         return _finish(graph, trace, step, retained, legend, max_nodes, focus_on).source
 
 
 def snapshot_dots(roots: Iterable[Any], trace: Trace, step: int, *, retained: Collection[int] | None = None,
                   params: Mapping[str, Any] | None = None, outputs: Mapping[str, torch.Tensor] | None = None,
-                  focus_on: Collection[int] = (), max_nodes: int = 300) -> tuple[str, str]:
+                  focus_on: Collection[int] = (), max_nodes: int = 300,
+                  notes: Mapping[str, str] | None = None) -> tuple[str, str]:
     """The (whole, focused) pictures of one snapshot, as :func:`snapshot_dot` draws them (the whole one with
     its legend and at most ``max_nodes`` boxes, the focused one in :data:`FOCUS_NODES`), from one walk of the
     graph instead of two.
@@ -390,15 +414,16 @@ def snapshot_dots(roots: Iterable[Any], trace: Trace, step: int, *, retained: Co
         (True, True)
     """
     with _gc_paused():
-        graph = _snapshot_graph(roots, params, outputs)
+        graph = _snapshot_graph(roots, params, outputs, notes)
         overlaid, carried = _lifecycle(graph, trace, step, retained)
         whole = _draw(graph, overlaid, carried, True, max_nodes, None, trace).source
         return whole, _draw(graph, overlaid, carried, False, FOCUS_NODES, focus_on, trace).source
 
 
 def _snapshot_graph(roots: Iterable[Any], params: Mapping[str, Any] | None,
-                    outputs: Mapping[str, torch.Tensor] | None) -> GraphBuilder:
-    """The walked graph of a snapshot: ``outputs`` and their holders, then the graph below ``roots``."""
+                    outputs: Mapping[str, torch.Tensor] | None, notes: Mapping[str, str] | None) -> GraphBuilder:
+    """The walked graph of a snapshot: ``outputs`` (with their ``notes``) and their holders, then the graph
+    below ``roots``."""
     graph = GraphBuilder({**(params or {}), **(outputs or {})} or None, False, True, 50)
     for tensor in (outputs or {}).values():
         graph.add_output(tensor)
@@ -406,6 +431,6 @@ def _snapshot_graph(roots: Iterable[Any], params: Mapping[str, Any] | None,
     for root in roots:
         if root is not None:
             graph.add_root(root)
-    if outputs:
-        note_what_each_keeps(graph)
+    if outputs and notes:
+        note_what_each_keeps(graph, notes)
     return graph

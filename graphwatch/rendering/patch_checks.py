@@ -11,12 +11,11 @@ Example::
 
 from __future__ import annotations
 
-from html import escape
-
 from rich.text import Text
 
 from ..analysis.evidence import counted
 from ..model import PatchCheck
+from .visible import html_text, visible
 
 
 def _details(check: PatchCheck) -> tuple[str, str]:
@@ -31,12 +30,13 @@ def _details(check: PatchCheck) -> tuple[str, str]:
 
 
 def check_text(check: PatchCheck) -> Text:
-    """The check as one line of the terminal summary: ``check: checked ...`` in green, ``check: FAILED ...`` in red."""
+    """The check as one line of the terminal summary: ``check: checked ...`` in green, ``check: FAILED ...`` in red
+    (what it quotes from the run, a name or an error, with no control character left: :func:`visible`)."""
     word, said = _details(check)
-    return Text.assemble(("check: ", "bold"), (word, "bold green" if check.checked else "bold red"), said)
+    return Text.assemble(("check: ", "bold"), (word, "bold green" if check.checked else "bold red"), visible(said))
 
 
 def check_html(check: PatchCheck) -> str:
     """The check as a paragraph of the HTML report."""
     word, said = _details(check)
-    return f'<p class="check {"checked" if check.checked else "failed"}"><strong>Check:</strong> {word}{escape(said)}</p>'
+    return f'<p class="check {"checked" if check.checked else "failed"}"><strong>Check:</strong> {word}{html_text(said)}</p>'
