@@ -32,16 +32,25 @@ class TraceFormatError(GraphwatchError, ValueError):
     """A file given to :func:`graphwatch.load` is not a trace graphwatch can read."""
 
 
-class BackwardTwiceError(RuntimeError):
-    """torch's "backward through the graph a second time" error, explained.
+class ExplainedError(RuntimeError):
+    """One of torch's autograd errors, explained: torch's message first and unchanged, then graphwatch's.
 
-    Raised in place of torch's RuntimeError inside a session (so
-    ``except RuntimeError`` still catches it); ``finding`` holds the diagnosis.
+    Raised in place of torch's RuntimeError inside a session (so ``except RuntimeError`` still catches it);
+    ``finding`` holds the diagnosis.
     """
 
     def __init__(self, message: str, finding: object | None = None) -> None:
         super().__init__(message)
         self.finding = finding
+
+
+class BackwardTwiceError(ExplainedError):
+    """torch's "backward through the graph a second time" error, explained."""
+
+
+class LossWithoutGraphError(ExplainedError):
+    """torch's "element 0 of tensors does not require grad and does not have a grad_fn" error, explained
+    (which ``torch.no_grad()`` block or decorator made the loss without a graph)."""
 
 
 class GraphLeakError(GraphwatchError, AssertionError):

@@ -44,6 +44,7 @@ from .analysis import (
     is_backward_twice,
     session_findings,
 )
+from .analysis.torch_errors import is_no_graph_error
 from .backwards import BackwardWatch
 from .capture import EnginePatch, Recorder, parse_engine_args
 from .capture.call_mode import CallSiteMode
@@ -60,8 +61,9 @@ from .capture.ranks import rank_and_world_size
 from .capture.saved import make_chained_hooks, make_hooks
 from .capture.source import cited_lines
 from .capture.stack_limit import claim_stack
+from .capture.step_limit import StepLimitReached
 from .capture.transforms import hide_from_compiler, step_aside_for_disable, transforming
-from .errors import BackwardTwiceError, GraphLeakError, GraphwatchError, UsageError, notify, without_own_frames
+from .errors import ExplainedError, GraphLeakError, GraphwatchError, UsageError, notify, without_own_frames
 from .model import BackwardRecord, Finding, NodeRecord, StepRecord, Trace, save_trace
 from .model.trace_io import save_trace_elsewhere
 from .options import SessionOptions
@@ -144,6 +146,8 @@ class Session:
         self._pid = os.getpid()  # a forked child that leaves the session writes and prints nothing
         self._sigterm: SignalGuard | None = None  # stops the user's code at SIGTERM (see _start_sigterm_guard)
         self.script_globals: dict[str, Any] | None = None  # a finished script's globals (graphwatch run), searched last
+        self.stop_after: int | None = None  # end the run after this many steps (graphwatch run --stop-after)
+        self._stop_due = False
 
     # ---------------------------------------------------------------- public
     @property
@@ -280,7 +284,7 @@ class Session:
         try:
             if exc_type is not None:
                 self.trace.ended_early = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
-            if isinstance(exc, (GraphwatchError, BackwardTwiceError)):  # its traceback ends at the user's call
+            if isinstance(exc, (GraphwatchError, ExplainedError)):  # its traceback ends at the user's call
                 exc.__traceback__ = without_own_frames(tb)
             found = len(self.findings)
             try:
@@ -419,11 +423,16 @@ class Session:
         recorder = self._recorder
         own = time.perf_counter()
         try:
-            return self._step_ends.end(source, frame, not self._plan.is_full(recorder.step))
+            record = self._step_ends.end(source, frame, not self._plan.is_full(recorder.step))
         finally:
             if not recorder.boundary_pending:  # (a pending boundary decided the next step's detail already)
                 self._begin_step(recorder.step)
             self._own.parts["step ends"] += time.perf_counter() - own
+        if self.stop_after is not None and record.index + 1 >= self.stop_after:
+            if source != "optimizer":  # the next forward began (or the user marked the end): stop here
+                raise StepLimitReached(self.stop_after)
+            self._stop_due = True  # the loop's pass runs on (logging, a scheduler): stop at its next backward or step
+        return record
 
     def _begin_step(self, index: int) -> None:
         """Step ``index`` starts (its first node is the next one numbered): full detail or light, as the plan
@@ -442,6 +451,8 @@ class Session:
     def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if _active is not self or threading.get_ident() != self._recorder.thread:  # (_owns_thread, inlined)
             return
+        if self._stop_due:
+            raise StepLimitReached(self.stop_after or 0)
         own = time.perf_counter()
         loop = self._loop
         loop.in_optimizer_step += 1  # backwards from here to the post hook are its closure's
@@ -486,6 +497,8 @@ class Session:
         recorder = self._recorder
         if _active is not self or threading.get_ident() != recorder.thread or recorder.backward is not None or transforming():
             return run(t_outputs, *args, **kwargs)
+        if self._stop_due:
+            raise StepLimitReached(self.stop_after or 0)
         own = time.perf_counter()
         roots, retain_graph, create_graph, accumulate = parse_engine_args(t_outputs, args, kwargs)
         if recorder.boundary_pending and recorder.made_since_boundary(roots):
@@ -509,7 +522,8 @@ class Session:
                 self._plan.suspect(recorder.step, reason)
                 freed = self._backwards.walk_before(record, roots, accumulate, full=True)
             else:
-                recorder.light_backwards.started(record.id, t_outputs, roots)
+                recorder.light_backwards.started(record.id, roots)
+        self._backwards.started(record, t_outputs)
         recorder.begin_backward(record)
         parts = self._own.parts
         parts["around backwards"] += time.perf_counter() - own
@@ -526,6 +540,8 @@ class Session:
                     lines_from_frames(recorder, sys._getframe(1))
                     name_freeing_roots(recorder, freed)
                 raise self._backwards.explain(record, roots, freed, exc) from None
+            if is_no_graph_error(exc):
+                raise self._backwards.explain_no_graph(record, exc) from None
             if light:
                 explain_inplace(recorder, exc, roots, sys._getframe(1))
             raise

@@ -34,9 +34,9 @@ import torch
 
 from ..model import NodeRecord, StepSpans
 from .node_tags import METADATA_KEY, NodeGroup, NodeTag
-from .post_hoc import buffers_freed, saved_tensors
+from .post_hoc import saved_tensors
 from .saved import SavedHandle
-from .saved_views import SavedTensor, raw_data
+from .saved_views import SavedTensor, raw_data, raw_unpack_hook
 from .step_clock import next_sequence_nr
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ def _record(
     if record.site is None:  # saves nothing (or its saved tensors are gone): the line of the last pack before it
         record.site = recorder.clock.site_of(record.seq)
         record.site_inferred = record.site is not None
-        if tag.backward is not None and buffers_freed(node, info.saved_attrs):  # a quick walk's backward freed them
+        if tag.backward is not None and _buffers_freed(node, info):  # a quick walk's backward freed them
             record.freed_by = tag.backward
     if not record.saved and tag.step >= 0 and not recorder.is_full_step(tag.step):
         _record_after_the_fact(recorder, node, info, tag, record, ran)
@@ -168,7 +168,7 @@ def _record_after_the_fact(
         saved_record.node = record.id
         record.saved.append(saved_record.id)
     tag.post_hoc = saved or None
-    if buffers_freed(node, info.saved_attrs):
+    if _buffers_freed(node, info):
         _freed_after_the_fact(recorder, node, tag, record)
 
 
@@ -189,6 +189,35 @@ def _freed_after_the_fact(recorder: Recorder, node: Any, tag: NodeTag, record: N
     if tag.post_hoc:
         recorder.post_hoc_released(tag.post_hoc, backward)
         tag.post_hoc = None
+
+
+def _buffers_freed(node: Any, info: _NodeType) -> bool:
+    """True if reading the node's saved tensors raises torch's "backward through the graph a second time".
+
+    A slot still held by saved-tensor hooks is not read: reading it runs their unpack hook, and
+    ``torch.utils.checkpoint``'s would recompute the forward.  Only slots that hold neither a packed object
+    nor an unpack hook (freed ones, and undefined optional tensors) are read, which runs no hook.
+    """
+    for attr in info.saved_attrs:
+        if _held_by_hooks(node, attr):
+            continue
+        try:
+            getattr(node, "_saved_" + attr[len("_raw_saved_") :])
+        except RuntimeError:
+            return True
+        except Exception:  # not a tensor slot torch can read back; look at the next
+            continue
+    return False
+
+
+def _held_by_hooks(node: Any, attr: str) -> bool:
+    """True if a saved-tensor slot holds what a pack hook returned, or an unpack hook (read without unpacking)."""
+    try:
+        value = getattr(node, attr)
+    except RuntimeError:  # freed
+        return False
+    slots = value if isinstance(value, tuple) else (value,)
+    return any(raw_data(s) is not None or raw_unpack_hook(s) is not None for s in slots if type(s) is SavedTensor)
 
 
 def quick_walk(
@@ -270,7 +299,7 @@ def _first_visit(recorder: Recorder, node: Any, mark: int, ran: int | None = Non
         tag = cast(NodeTag, found)  # (a tag with a record is a NodeTag)
         if tag.mark == mark:
             return None
-        if tag.post_hoc and buffers_freed(node, _node_type(node).saved_attrs):  # freed since it was recorded
+        if tag.post_hoc and _buffers_freed(node, _node_type(node)):  # freed since it was recorded
             _freed_after_the_fact(recorder, node, tag, cast(NodeRecord, tag.record))
     tag.mark = mark
     return tag

@@ -40,8 +40,7 @@ from .saved_views import SavedTensor, raw_data
 if TYPE_CHECKING:
     from .recorder import Recorder
 
-_FREED = "after they have already been freed"  # torch's words (SavedVariable::unpack)
-RECENT_BACKWARDS = 256  # light backwards whose roots are remembered (and looked through for a freeing one)
+RECENT_BACKWARDS = 64  # light backwards whose roots are remembered (and looked through for a freeing one)
 SEARCH_LIMIT = 100_000  # nodes one look through a backward's graph visits at most
 
 
@@ -70,48 +69,30 @@ def saved_tensors(recorder: Recorder, node: Any, step: int) -> list[SavedRecord]
     return [recorder.post_hoc_saved(tensor, step, output) for tensor, output in plain_saved(node, _node_type(node).saved_attrs)]
 
 
-def buffers_freed(node: Any, attrs: tuple[str, ...]) -> bool:
-    """Whether a backward freed the node's saved tensors: reading one back raises torch's "already been freed"
-    then (a slot holding an undefined tensor reads None; one modified in place raises another error)."""
-    for attr in attrs:
-        try:
-            getattr(node, "_saved_" + attr[len("_raw_saved_"):])
-        except RuntimeError as error:
-            if _FREED in str(error):
-                return True
-        except Exception:  # not a tensor slot torch can read back; look at the next
-            continue
-    return False
-
-
 class LightBackwards:
-    """The recent backwards that ran with no walk of their graph (on light steps), with weak references to
-    the tensors each started from: which of them freed a node's saved tensors can be told later.  A ring of
-    the last :data:`RECENT_BACKWARDS`, each (backward id, weak references, its roots' sequence numbers), and
-    the backwards by root: a light backward's cost is one entry written and one replaced."""
+    """The recent backwards that ran with no walk of their graph (on light steps): which of them freed a node's
+    saved tensors can be told later, from their roots' sequence numbers and, while they live, the tensors each
+    started from (weakly referenced by the recorder for every backward, ``Recorder.losses``).  A ring of the
+    last :data:`RECENT_BACKWARDS`, each (backward id, its roots' sequence numbers), and the backwards by root:
+    a light backward's cost is one entry written and one replaced."""
 
-    def __init__(self) -> None:
-        self._ring: list[tuple[int, tuple[weakref.ref, ...], tuple[int, ...]] | None] = [None] * RECENT_BACKWARDS
+    def __init__(self, losses: dict[int, list[weakref.ref]]) -> None:
+        self._losses = losses
+        self._ring: list[tuple[int, tuple[int, ...]] | None] = [None] * RECENT_BACKWARDS
         self._by_root: dict[int, list[int]] = {}  # root node sequence number -> the backwards that started there
 
-    def started(self, backward_id: int, outputs: Any, roots: list[Any]) -> None:
-        """Backward ``backward_id`` starts from ``outputs`` (what the engine was given; ``roots``, their nodes),
-        unwalked."""
-        if len(roots) == 1 and len(outputs) == 1:  # (the common case, without the loops)
-            refs: tuple[weakref.ref, ...] = (weakref.ref(outputs[0]),) if isinstance(outputs[0], torch.Tensor) else ()
-            seqs: tuple[int, ...] = (roots[0]._sequence_nr(),)
-        else:
-            refs = tuple(weakref.ref(t) for t in outputs if isinstance(t, torch.Tensor))
-            seqs = tuple(root._sequence_nr() for root in roots)
+    def started(self, backward_id: int, roots: list[Any]) -> None:
+        """Backward ``backward_id`` starts from ``roots``, unwalked."""
+        seqs = (roots[0]._sequence_nr(),) if len(roots) == 1 else tuple(root._sequence_nr() for root in roots)
         slot = backward_id % RECENT_BACKWARDS
         by_root, replaced = self._by_root, self._ring[slot]
         if replaced is not None:
-            for seq in replaced[2]:
+            for seq in replaced[1]:
                 ids = by_root[seq]
                 ids.remove(replaced[0])
                 if not ids:
                     del by_root[seq]
-        self._ring[slot] = (backward_id, refs, seqs)
+        self._ring[slot] = (backward_id, seqs)
         for seq in seqs:
             by_root.setdefault(seq, []).append(backward_id)
 
@@ -135,7 +116,7 @@ class LightBackwards:
         first = recorder.backward_starts.bisect_right(seq)
         remembered = sorted(entry for entry in self._ring if entry is not None and entry[0] >= first)
         unknown = []
-        for backward_id, _, seqs in remembered:
+        for backward_id, seqs in remembered:
             record = backwards[backward_id]
             if record.retain_graph or record.create_graph or record.error is not None:
                 continue
@@ -152,8 +133,7 @@ class LightBackwards:
 
     def roots_alive(self, backward_id: int) -> list[Any]:
         """The root nodes of a light backward whose starting tensors are all still alive ([] otherwise)."""
-        entry = self._ring[backward_id % RECENT_BACKWARDS]
-        tensors = [ref() for ref in entry[1]] if entry is not None and entry[0] == backward_id else []
+        tensors = [ref() for ref in self._losses.get(backward_id, ())]
         alive = [t for t in tensors if t is not None]
         if not tensors or len(alive) < len(tensors):
             return []

@@ -76,7 +76,9 @@ class Recorder:
         self.backward: BackwardRecord | None = None  # the backward running now, if any
         self.backward_starts = PackedArray("q")  # per backward id: the next node sequence number when it started
         self.is_full_step: Callable[[int], bool] = lambda step: True  # was a step seen in full detail (the plan)
-        self.light_backwards = LightBackwards()  # backwards that ran with no walk (light steps)
+        # the tensors the last backwards started from, weakly, by backward id (kept by the session's BackwardWatch)
+        self.losses: dict[int, list[weakref.ref]] = {}
+        self.light_backwards = LightBackwards(self.losses)  # backwards that ran with no walk (light steps)
         self.run_through: list[NodeTag] = []  # tags with saved tensors read after the fact, in this backward's graph
         self.templates: LineTemplates | None = None  # full steps' lines by node offset, for light steps' nodes
         self.step_ops: list[tuple[int, str]] = []  # (sequence number, op) of this step's nodes its walks met
@@ -107,6 +109,9 @@ class Recorder:
         # id(optimizer) -> (weak ref to it, site of its last step() call, step index then): what changed
         # parameters in place, for the "modified by an inplace operation" hint
         self._optimizer_steps: dict[int, tuple[weakref.ref, int | None, int]] = {}
+        # explains a failed version check (the session's: it finds the line that changed the tensor); its text
+        # follows torch's message
+        self.inplace_explainer: Callable[[SavedHandle, torch.Tensor], str | None] | None = None
 
     # --------------------------------------------------------------- nodes
     def node_born(self, step: int, count: int = 1) -> None:
@@ -453,26 +458,44 @@ class Recorder:
 
     def inplace_hint(self, handle: SavedHandle) -> str | None:
         """Why a saved parameter's version moved, when an ``optimizer.step()`` did it; else None."""
-        return self.parameter_hint(handle.storage, handle.kind, handle.step)
-
-    def parameter_hint(self, storage: tuple | None, kind: str, saved_step: int) -> str | None:
-        """:meth:`inplace_hint` for a tensor of ``kind`` on ``storage`` saved in ``saved_step``."""
-        if storage is None or kind != "parameter":
+        if handle.storage is None or handle.kind != "parameter":
             return None
         for ref, site, step in self._optimizer_steps.values():
             optimizer = ref()
-            if optimizer is None or step < saved_step:
+            if optimizer is None or step < handle.step:
                 continue
-            if any(p.data_ptr() == storage[0] for g in optimizer.param_groups for p in g["params"]):
-                return self._optimizer_hint(site, saved_step)
+            if any(p.data_ptr() == handle.storage[0] for g in optimizer.param_groups for p in g["params"]):
+                return self._optimizer_hint(site, handle)
         return None
 
-    def _optimizer_hint(self, site: int | None, saved_step: int) -> str:
+    def explain_inplace(self, handle: SavedHandle, tensor: torch.Tensor) -> str | None:
+        """graphwatch's paragraph about a saved tensor changed in place (None: the plain hint)."""
+        if self.inplace_explainer is None:
+            return None
+        try:
+            return self.inplace_explainer(handle, tensor)
+        except Exception:  # looking closer must never hide torch's error
+            return None
+
+    def later_saves_of(self, handle: SavedHandle) -> int | None:
+        """The site of the first save, after ``handle``'s, of the same storage at a newer version: an in-place
+        op that saved its result (``relu_``) ran there."""
+        if handle.storage is None:
+            return None
+        for ref in self._fresh:
+            other = ref()
+            if other is not None and other is not handle and other.storage == handle.storage and other.step == handle.step:
+                alias = other.alias
+                if alias is not None and other.version > handle.version and other.site is not None:
+                    return other.site
+        return None
+
+    def _optimizer_hint(self, site: int | None, handle: SavedHandle) -> str:
         where = self.trace.where(site)
-        if saved_step < self.step:
+        if handle.step < self.step:
             carried = self._carried_name()
             return (
-                f"optimizer.step() at {where} updated this parameter in place after step {saved_step}'s "
+                f"optimizer.step() at {where} updated this parameter in place after step {handle.step}'s "
                 f"graph saved it, and step {self.step}'s backward runs into that graph again: a graph of an "
                 f"earlier step is reused{carried}. Detach what carries it at the start of each step (and drop "
                 "retain_graph=True), so that each backward uses only its own step's graph."

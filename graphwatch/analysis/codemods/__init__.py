@@ -107,3 +107,5 @@ def apply_edits(source: str, edits: Iterable[Edit]) -> str | None:
 
 
 from . import calls as calls  # noqa: E402  (registers its codemods)
+from . import cuts as cuts  # noqa: E402
+from . import inplace as inplace  # noqa: E402
