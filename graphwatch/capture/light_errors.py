@@ -36,7 +36,7 @@ Example::
 
 from __future__ import annotations
 
-from types import FrameType
+from types import FrameType, SimpleNamespace
 from typing import Any
 
 import torch
@@ -80,28 +80,37 @@ def name_freeing_roots(recorder: Any, freed: list[NodeRecord]) -> None:
 
 def explain_inplace(recorder: Any, error: RuntimeError, roots: list[Any], start: FrameType | None) -> None:
     """Add to torch's "modified by an inplace operation" ``error`` (raised on a light step, where torch did the
-    check) what graphwatch says on a full step, in place: the line that saved the tensor, its step, and the hint."""
+    check) what graphwatch says on a full step, in place: the line that saved the tensor, its step, and the line
+    that changed it or why its version moved (as :func:`~graphwatch.capture.saved.inplace_message` does)."""
     text = str(error)
     if _INPLACE_MARKER not in text or "\n\ngraphwatch: " in text:
         return
     found = _modified_saved(roots, text)
     if found is None:
         return
-    node, tensor = found
+    node, tensor, output = found
     step = recorder.clock.step_of(node._sequence_nr())
-    site = _line_of(recorder, node, tensor, start)
     try:
         storage: tuple | None = (tensor.untyped_storage().data_ptr(), tensor.is_cuda)
     except (RuntimeError, NotImplementedError, TypeError):
         storage = None
-    kind = "parameter" if tensor.is_leaf and tensor.requires_grad else "other"
-    hint = recorder.parameter_hint(storage, kind, step) or _INPLACE_HINT
-    added = _GRAPHWATCH_INPLACE.format(where=recorder.trace.where(site), step=step, hint=hint)
+    handle = SimpleNamespace(  # what the pack hook would have noted (read now, from the node and the frames)
+        site=_line_of(recorder, node, tensor, start), step=step, storage=storage, alias=tensor,
+        leaf=output is None and tensor.is_leaf,  # (a saved output is stored without its grad_fn: no leaf)
+        kind="parameter" if tensor.is_leaf and tensor.requires_grad else "activation", is_input=output is None,
+        output_of=(node.name(), output) if output is not None else None, version=tensor._version,
+    )
+    hint = recorder.inplace_hint(handle)  # an optimizer.step() is named as the cause
+    explained = recorder.explain_inplace(handle, tensor) if hint is None else None  # the line that changed it
+    added = f"\n\n{explained}" if explained else _GRAPHWATCH_INPLACE.format(
+        where=recorder.trace.where(handle.site), step=step, hint=hint or _INPLACE_HINT
+    )  # fmt: skip
     error.args = (text + added, *error.args[1:])
 
 
-def _modified_saved(roots: list[Any], text: str) -> tuple[Any, torch.Tensor] | None:
-    """(the node, the saved tensor) whose unpack raises the very error ``text`` begins with."""
+def _modified_saved(roots: list[Any], text: str) -> tuple[Any, torch.Tensor, int | None] | None:
+    """(the node, the saved tensor, its output number when the node saved its own output) whose unpack raises
+    the very error ``text`` begins with."""
     first = text.split("\n")[0]
     stack, seen = [root for root in roots if root is not None], set[int]()
     while stack and len(seen) < _SEARCH_LIMIT:
@@ -117,7 +126,9 @@ def _modified_saved(roots: list[Any], text: str) -> tuple[Any, torch.Tensor] | N
                     raw = getattr(node, attr)
                     data = raw_data(raw) if type(raw) is SavedTensor else None
                     if isinstance(data, torch.Tensor):
-                        return node, data
+                        name = attr[len("_raw_saved_"):]
+                        output = int(name[len("result"):] or 0) if name.startswith("result") else None
+                        return node, data, output
             except Exception:  # not a tensor slot torch can read back
                 continue
         stack.extend(child for child, _ in node.next_functions if child is not None)
