@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .graph_walk import METADATA_KEY
-from .holders import _of_a_user_class, local_value, user_frames
+from .holders import _of_a_user_class, local_value, runtime_type, set_to_none, user_frames
 from .source import assignments, function_node
 
 if TYPE_CHECKING:
@@ -58,6 +58,8 @@ class CarrierName:
     frame_site: int | None  # CallSite id of that line (with the loop frame's caller)
     statement: str
     kind: str  # "recurrent" (this step's value of the variable that carried it) or "cached" (the same value)
+    value_type: str = "other"  # the value's type as it ran (graphwatch.model.VALUE_TYPES)
+    together: tuple[str, ...] = ()  # the names the line assigns with it that the loop carries too, with it
 
 
 def name_carrier(recorder: Recorder, start: FrameType | None, carrier: NodeRecord) -> CarrierName | None:
@@ -80,7 +82,8 @@ def find_carrier(
         for name, value, tensor in _named_tensors(frame, attributes=True):
             if "." in name and _made_from(tensor, carrier, recorder.step):
                 statement = detach_statement(name, value, frame.f_globals)
-                return CarrierName(name, None, _renewing_site(recorder, frame, name), statement, "recurrent"), tensor
+                site = _renewing_site(recorder, frame, name)
+                return CarrierName(name, None, site, statement, "recurrent", _value_type(frame, name, value)), tensor
     return None
 
 
@@ -127,8 +130,15 @@ def _found_in_loops(
                 statement = detach_statement(name, value, frame.f_globals)
                 if len(together) > 1 and statement == f"{name} = {name}.detach()":  # an LSTM's (h, c)
                     statement = f"{', '.join(together)} = {', '.join(f'{n}.detach()' for n in together)}"
-                return CarrierName(name, line, site, statement, kind), tensor
+                with_it = tuple(together) if len(together) > 1 else ()
+                return CarrierName(name, line, site, statement, kind, _value_type(frame, name, value), with_it), tensor
     return None
+
+
+def _value_type(frame: FrameType, name: str, value: Any) -> str:
+    """The carried value's type as it ran, ``Optional[...]`` when the code that holds it sets it to None."""
+    found = runtime_type(value)
+    return f"Optional[{found}]" if found != "other" and set_to_none(frame, name) else found
 
 
 def _made_from(tensor: torch.Tensor, carrier: NodeRecord, step: int, limit: int = 10_000) -> bool:

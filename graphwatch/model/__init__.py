@@ -15,7 +15,7 @@ from .records import (
     StepTable,
     Trace,
 )
-from .remedies import EDIT_KINDS, Edit, Remedy
+from .remedies import EDIT_KINDS, VALUE_TYPES, Edit, Remedy
 from .trace_io import (
     FORMAT,
     VERSION,
@@ -31,6 +31,7 @@ __all__ = [
     "FORMAT",
     "SAVED_KINDS",
     "STEP_SOURCES",
+    "VALUE_TYPES",
     "VERSION",
     "BackwardRecord",
     "CallSite",
