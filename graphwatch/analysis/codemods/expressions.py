@@ -1,0 +1,81 @@
+"""Expressions the codemods build and look for: ``expr.method()`` with the parentheses it needs, dotted
+names, the statement a line starts, and the statement an edit leaves (a fix sentence shows it).
+
+Example::
+
+    >>> import libcst as cst
+    >>> from graphwatch.analysis.codemods.expressions import called
+    >>> [cst.Module([]).code_for_node(called(cst.parse_expression(e), "item")) for e in ("loss", "perte_ü * 2")]
+    ['loss.item()', '(perte_ü * 2).item()']
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import libcst as cst
+
+from ...model import Edit
+from . import CODEMODS, SourceTree
+
+# Expressions that take ``.method()`` as they are: anything else is put in parentheses first.
+_ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.List, cst.Tuple, cst.Dict, cst.Set)
+
+
+def called(expression: cst.BaseExpression, method: str) -> cst.Call:
+    """``expression.method()``, with ``expression`` in parentheses when it needs them (``(a * 2).item()``)."""
+    value = expression
+    if not isinstance(expression, _ATOMS) and not expression.lpar:  # type: ignore[attr-defined]
+        value = expression.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return cst.Call(func=cst.Attribute(value=value, attr=cst.Name(method)))
+
+
+def replaced_all(module: cst.Module, replacements: dict[cst.CSTNode, cst.CSTNode]) -> str:
+    """The source of ``module`` with each node that is a key of ``replacements`` (a node of it) replaced."""
+
+    class Replace(cst.CSTTransformer):
+        def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:  # type: ignore[override]
+            return replacements.get(original, updated)
+
+    return module.visit(Replace()).code
+
+
+def dotted(node: cst.CSTNode) -> str | None:
+    """``a.b.c`` for a name or a chain of attributes on a name (no calls, no subscripts), else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        head = dotted(node.value)
+        return None if head is None else f"{head}.{node.attr.value}"
+    return None
+
+
+def statement_starting(tree: SourceTree, line: int) -> cst.SimpleStatementLine | None:
+    """The simple statement line (possibly running over several lines) that starts on ``line``, holding one
+    statement; None for anything else."""
+    for node in tree.nodes(cst.SimpleStatementLine):
+        if tree.span(node).start.line == line:
+            return node if len(node.body) == 1 else None
+    return None
+
+
+def edited_statement(edit: Edit, source: str) -> str | None:
+    """The statement ``source`` (one line of code, as a trace cites it) as ``edit`` leaves it, without its
+    comment; None when the edit cannot be made there.  The fix sentence shows this, so that what the user
+    reads is what the patch does.
+
+    >>> edited_statement(Edit("item", "t.py", 1, "loss"), "losses.append(loss)  # keep (for plotting)")
+    'losses.append(loss.item())'
+    """
+    make = CODEMODS.get(edit.kind)
+    try:
+        tree = SourceTree(source.strip() + "\n")
+    except cst.ParserSyntaxError:
+        return None
+    edited = make(tree, replace(edit, line=1)) if make is not None else None
+    if edited is None:
+        return None
+    body = cst.parse_module(edited).body
+    if len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine):
+        return None
+    return cst.Module([]).code_for_node(body[0].with_changes(trailing_whitespace=cst.TrailingWhitespace())).strip()
