@@ -20,11 +20,11 @@ Example::
 
 from __future__ import annotations
 
-from ..model import BackwardRecord, CallSite, Finding, NodeRecord, Trace
+from ..model import BackwardRecord, CallSite, Finding, NodeRecord, Remedy, Trace
+from .carried_fixes import carried_remedies
 from .evidence import (
     backward_name,
     carried_pattern,
-    carrier_fix,
     carrier_line,
     describe,
     describe_site,
@@ -51,7 +51,7 @@ def _pattern(
         same_roots = freeing is not None and freeing.roots and freeing.roots == backward.roots
         return "same-tensor" if same_roots else "same-step"
     site, _ = carrier_line(trace, carrier)
-    return carried_pattern(trace, carrier, site, backward.step)
+    return carried_pattern(trace, carrier, site, backward)
 
 
 def _crossing(
@@ -114,24 +114,7 @@ def _fixes(pattern: str, names: dict[str, str]) -> list[str]:
             "{freeing_where} and {backward_where}",
             "if the backwards must stay separate, " + retain_earlier,
         ],
-        "recurrent": [
-            "`{detach}` at the start of each step, before {carrier_where} (keeps the value, cuts the graph: "
-            "truncated backpropagation through time)",
-            "or start each step from a fresh {carrier_text} made inside the step",
-            not_retain,
-        ],
-        "cached": [
-            "compute {carrier_text} inside the step that uses it ({used_where}) instead of keeping it from "
-            "{carrier_step}",
-            "or keep a detached copy (`{carrier}.detach()`) if no gradient should flow into what made it",
-            not_retain,
-        ],
-        "constant": [  # cached, but what made it is trained by no optimizer: a fixed target
-            "keep a detached copy: `{carrier}.detach()` where it is made ({carrier_where}); what made it is "
-            "not trained, so no gradient needs to flow there",
-            "or compute {carrier_text} inside the step that uses it ({used_where})",
-            not_retain,
-        ],
+        "carried": [not_retain],  # after the carried state's own remedies (analysis.carried_fixes)
         "handoff": [
             "the backward at {detach_where} should not reach what made {carrier_text} (a GAN's discriminator "
             "step): detach it in that loss, `{carrier}.detach()` where the loss of that backward uses it (as in "
@@ -208,7 +191,6 @@ def explain_backward_twice(
         "second": backward_name(trace, backward, "loss_b"),
         "carrier": carrier_name or "the tensor",
         "carrier_text": f"`{carrier_name}`" if carrier_name else "the tensor",
-        "detach": (carrier_fix(carrier, carrier_site, carrier_name) if carrier else None) or "x = x.detach()",
         "carrier_at": describe(carrier_site),
         "carrier_where": carrier_site.where if carrier_site else "the line that makes it",
         "carrier_step": step_name(carrier.step) if carrier else "",
@@ -222,8 +204,12 @@ def explain_backward_twice(
         if freeing
         else "something had already freed"
     )
-    fixes = _fixes("constant" if pattern == "cached" and carrier is not None and carrier.carried_kind == "constant"
-                   else pattern, names)
+    if pattern in ("recurrent", "cached") and carrier is not None:
+        remedies = carried_remedies(trace, carrier, backward, names["used_where"])
+        remedies += [Remedy(text) for text in _fixes("carried", names)]
+    else:
+        remedies = [Remedy(text) for text in _fixes(pattern, names)]
+    fixes = [remedy.text for remedy in remedies]
     lines = [
         f"graphwatch: the backward at {describe_site(trace, backward.site)} ({step_name(backward.step)}) reached "
         f"{stale.op}, created at {describe_site(trace, stale.site)} in {step_name(stale.step)}, whose saved "
@@ -253,4 +239,4 @@ def explain_backward_twice(
         "fixes": fixes,
         "path": [node.id for node in path],
     }
-    return Finding(KIND, "error", backward.step, "\n".join(lines), fixes[0], evidence)
+    return Finding(KIND, "error", backward.step, "\n".join(lines), fixes[0], evidence, remedies=remedies)
