@@ -253,3 +253,9 @@ def test_no_grad_needs_the_name_torch_bound_by_the_file() -> None:
     assert apply_edits(source, [Edit("no-grad", "t.py", 6)]) is None
     assert apply_edits(EVALUATION.replace("import torch\n", "import torch.nn as nn\n"), [Edit("no-grad", "t.py", 6)]) is None
 
+
+
+def test_detach_state_is_refused_for_a_name_each_step_assigns_before_using_it() -> None:
+    """``x`` is made anew as each step starts: detaching it there cuts nothing the step carries."""
+    source = "for step in range(4):\n    x = torch.randn(2, 4)\n    for cell in cells:\n        x = cell(x)\n    x.sum().backward()\n"
+    assert detach_state(source, 4, "x", "Tensor", until=5) is None

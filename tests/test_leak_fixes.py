@@ -130,6 +130,41 @@ def test_a_state_that_starts_as_none_gets_a_none_safe_patch(tmp_path: Path) -> N
     assert run_plain(tmp_path, "train.py") == run_plain(tmp_path, "fixed.py")
 
 
+STACKED = """\
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+cells = nn.ModuleList([nn.LSTMCell(4, 8), nn.LSTMCell(8, 8)])
+head = nn.Linear(8, 1)
+opt = torch.optim.SGD([*cells.parameters(), *head.parameters()], lr=0.1)
+states = [(torch.zeros(2, 8), torch.zeros(2, 8)) for _ in cells]
+for step in range(4):
+    x = torch.randn(2, 4)
+    new = []
+    for cell, state in zip(cells, states):
+        h, c = cell(x, state)
+        new.append((h, c))
+        x = h
+    states = new
+    loss = head(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(f"{loss.item():.6f}")
+"""
+
+
+def test_a_nested_state_a_list_of_per_layer_tuples_is_detached_as_it_ran(tmp_path: Path) -> None:
+    """Not ``x`` (each step makes it anew; it carries from layer to layer): the per-layer ``(h, c)`` list."""
+    carried = finding_of(diagnose(tmp_path, STACKED), "graph-carried-across-steps")
+    assert carried.fix.startswith("`states = [tuple(h.detach() for h in layer) for layer in states]`")
+    patched_runs_clean(tmp_path, carried.patch)
+    fixed = STACKED.replace("    states = new\n", "    states = [(h.detach(), c.detach()) for h, c in new]\n")
+    (tmp_path / "fixed.py").write_text(fixed)
+    assert run_plain(tmp_path, "train.py") == run_plain(tmp_path, "fixed.py")
+
+
 LIGHTNING = """\
 import warnings
 

@@ -248,9 +248,9 @@ def _tensors_of(
         for module in value.modules():
             for attr, item in vars(module).items():
                 yield from _attribute_tensors(f"self.{attr}" if module is not value else f"{name}.{attr}", item, attributes)
-    elif depth == 0 and isinstance(value, (list, tuple)):
+    elif depth < 2 and isinstance(value, (list, tuple)):  # a list of per-layer (h, c) states too
         for item in value[-_CONTAINER_LIMIT:]:
-            yield from _tensors_of(name, top, item, 1)
+            yield from _tensors_of(name, top, item, depth + 1)
     elif depth == 0 and isinstance(value, dict):
         for item in list(value.values())[:_CONTAINER_LIMIT]:
             yield from _tensors_of(name, top, item, 1)
@@ -268,12 +268,16 @@ def _attribute_tensors(label: str, item: Any, tuples: bool) -> Iterator[tuple[st
 
 
 def _loop_carried(frame: FrameType) -> set[str]:
-    """Names the frame's function reads in a loop before (or while) it assigns them there."""
+    """Names the frame's function reads in a loop around its current line before (or while) it assigns them
+    there (a loop over a model's layers, beside it, carries its own names from layer to layer, not from step
+    to step)."""
     node = function_node(frame.f_code)
     if node is None:
         return set()
     carried: set[str] = set()
-    for loop in (n for n in ast.walk(node) if isinstance(n, (ast.For, ast.While))):
+    here = frame.f_lineno
+    loops = (n for n in ast.walk(node) if isinstance(n, (ast.For, ast.While)) and n.lineno <= here <= (n.end_lineno or 0))
+    for loop in loops:
         target = loop.target if isinstance(loop, ast.For) else None  # the loop rebinds it every iteration
         assigned = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)} if target is not None else set()
         for statement in _statements(loop.body):

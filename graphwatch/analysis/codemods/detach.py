@@ -99,25 +99,38 @@ def _earlier(parent: cst.CSTNode, child: cst.BaseStatement) -> Sequence[cst.Base
     return ()
 
 
-def _reads(tree: SourceTree, node: cst.CSTNode, names: set[str]) -> bool:
-    """Whether ``node`` reads one of the (dotted) ``names``."""
+def _uses(tree: SourceTree, node: cst.CSTNode, names: set[str]) -> set[ExpressionContext]:
+    """How ``node`` uses the (dotted) ``names``: reads (LOAD), assigns (STORE), both or neither."""
     contexts = tree.wrapper.resolve(ExpressionContextProvider)
-    found = False
+    found: set[ExpressionContext] = set()
 
-    class Reader(cst.CSTVisitor):
+    class Uses(cst.CSTVisitor):
         def visit_Name(self, name: cst.Name) -> None:
-            nonlocal found
-            found = found or (name.value in names and contexts.get(name) == ExpressionContext.LOAD)
+            if name.value in names and (context := contexts.get(name)) is not None:
+                found.add(context)
 
         def visit_Attribute(self, attribute: cst.Attribute) -> bool:
-            nonlocal found
-            found = found or (dotted(attribute) in names and contexts.get(attribute) == ExpressionContext.LOAD)
+            if dotted(attribute) in names and (context := contexts.get(attribute)) is not None:
+                found.add(context)
             attribute.value.visit(self)
             return False  # (the attribute's own name is not a variable)
 
-    # visit the node as it sits in the tree: the contexts are keyed by the tree's own nodes
-    node.visit(Reader())
+    node.visit(Uses())  # the node as it sits in the tree: the contexts are keyed by the tree's own nodes
     return found
+
+
+def _reads(tree: SourceTree, node: cst.CSTNode, names: set[str]) -> bool:
+    return ExpressionContext.LOAD in _uses(tree, node, names)
+
+
+def _carries(tree: SourceTree, loop: cst.CSTNode, names: set[str]) -> bool:
+    """Whether the value of ``names`` entering an iteration of ``loop`` (or a call of a function) can be used
+    in it: the first statement of its body that uses them does not just assign them anew."""
+    for statement in _blocks(loop)[0]:
+        used = _uses(tree, statement, names)
+        if used:
+            return not (isinstance(statement, cst.SimpleStatementLine) and used == {ExpressionContext.STORE})
+    return False
 
 
 @codemod("detach-state")
@@ -140,6 +153,8 @@ def detach_state(tree: SourceTree, edit: Edit) -> str | None:
     if not outer or outer[-1] == len(chain) - 1:
         return None
     top = outer[-1]
+    if not _carries(tree, chain[top], names):
+        return None  # each step assigns it anew: whatever carries the graph, it is not this name
     loops = [i for i in range(top + 1, len(chain)) if isinstance(chain[i], _LOOPS)]
     point = loops[0] if loops else len(chain) - 1
     before = chain[point]
