@@ -380,6 +380,50 @@ def test_a_module_buffer_updated_outside_no_grad_is_named_at_its_line(tmp_path: 
     assert run_plain(tmp_path, "train.py") == run_plain(tmp_path, "original.py")
 
 
+EMA = """\
+import copy
+
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+student = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+teacher = copy.deepcopy(student)
+for p in teacher.parameters():
+    p.requires_grad_(False)
+opt = torch.optim.SGD(student.parameters(), lr=0.01)
+for step in range(8):
+    x = torch.randn(16, 8)
+    with torch.no_grad():
+        target = teacher(x)
+    loss = (student(x) - target).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    for tp, sp in zip(teacher.parameters(), student.parameters()):
+        tp.mul_(0.99).add_(0.01 * sp)
+    print(f"{loss.item():.6f}")
+"""
+
+
+def test_an_ema_update_is_patched_where_the_precise_level_saw_its_line_and_only_there(tmp_path: Path) -> None:
+    """The in-place update saves no tensor: the default level does not know its line (no patch, no guess);
+    the precise level does, and the update loop goes under no_grad."""
+    (tmp_path / "original.py").write_text(EMA)
+    default = finding_of(diagnose(tmp_path, EMA), "graph-kept-alive")
+    assert default.fix.startswith("update `teacher`'s parameters under `with torch.no_grad():`")
+    assert default.patch is None
+    run = subprocess.run(
+        [sys.executable, "-m", "graphwatch", "run", "--level", "precise", "--out", "precise", "train.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    precise = finding_of(graphwatch.load(tmp_path / "precise" / "trace.json"), "graph-kept-alive")
+    assert run.returncode == 0 and precise.evidence["sites"][0] == "train.py:21"
+    assert "+    with torch.no_grad():\n+        for tp, sp in zip(" in (precise.patch or "")
+    patched_runs_clean(tmp_path, precise.patch)
+    assert run_plain(tmp_path, "train.py") == run_plain(tmp_path, "original.py")  # the teacher is not trained
+
+
 # ------------------------------------------------------------------ what must not be patched
 def test_an_evaluation_forward_in_a_file_that_does_not_bind_torch_gets_no_no_grad_patch(tmp_path: Path) -> None:
     source = (

@@ -387,8 +387,8 @@ def _running_site(recorder: Recorder, record: NodeRecord | None, name: str) -> i
     chain that assigns it: ``self.baseline = ...`` for ``policy.baseline``, however the frame spells the
     object).  None for a name (its line is read from its frame's function) or an item of a container (the
     line that adds to it)."""
-    if record is None or record.site is None or record.site_inferred:  # (a line read off a neighbour: not its own)
-        return None
+    if record is None or record.site is None or (record.site_inferred and not recorder.precise):
+        return None  # (a line read off the last op that saved a tensor: not this node's own, but at the precise level)
     if name.split("[")[0].endswith(".parameters()"):
         return record.site
     if "[" in name or "." not in name:
