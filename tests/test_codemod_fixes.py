@@ -259,3 +259,9 @@ def test_detach_state_is_refused_for_a_name_each_step_assigns_before_using_it() 
     """``x`` is made anew as each step starts: detaching it there cuts nothing the step carries."""
     source = "for step in range(4):\n    x = torch.randn(2, 4)\n    for cell in cells:\n        x = cell(x)\n    x.sum().backward()\n"
     assert detach_state(source, 4, "x", "Tensor", until=5) is None
+
+
+def test_item_edits_the_statement_that_keeps_the_value_on_a_line_of_several() -> None:
+    source = "for x in data:\n    g_loss = f(x)\n    g_loss.backward(); losses.append(g_loss)  # two on a line\n"
+    edited = apply_edits(source, [Edit("item", "t.py", 3, "g_loss")])
+    assert edited == source.replace("losses.append(g_loss)", "losses.append(g_loss.item())")

@@ -71,17 +71,17 @@ def _detach_state(
         what = f"`{name}`" if name else "the tensor the step carries over"
         kind = f" (it held {_described(value_type)}: detach each tensor in it)" if value_type == "other" else ""
         return Remedy(f"detach {what} at the start of each step{before}{kind} {_TBPTT}")
+    text = f"`{statement}` at the start of each step{before} {_TBPTT}"
     until = _line_towards(trace, backward, site)
     if until is None and not _once_per_step(trace, carrier, site):
-        return Remedy(f"`{statement}` at the start of each step{before} {_TBPTT}")
+        return Remedy(text)  # the function holding it runs more than once a step: where a step starts is unknown
     edits = [Edit("detach-state", site.file, site.line, target, until=until, value_type=value_type)]
-    text = f"`{statement}` at the start of each step{before} {_TBPTT}"
     backward_site = trace.site(backward.site)
     if backward.retain_graph and not backward.graph_reused and backward_site is not None:
         edits.append(Edit("drop-retain", backward_site.file, backward_site.line))
         text += f"; then drop `retain_graph=True` at {backward_site.where}: no backward needs the graph again"
     placed = (
-        f"in the loop that runs the backward (through {backward_site.where if backward_site else 'its line'})"
+        f"in the loop that leads to the backward at {trace.where(backward.site)}"
         if until is not None
         else f"first in `{site.function}`, which ran once per step"
     )
@@ -93,15 +93,19 @@ def _detach_made(carrier: NodeRecord, site: CallSite | None, name: str | None, t
     """Keep a detached copy where the value is made: the patch when what made it is not trained (``trusted``),
     advice otherwise (the user knows whether a gradient should flow there)."""
     copy = f"`{name}.detach()`" if name else "a detached copy (`.detach()`)"
-    edit = Edit("detach-made", site.file, site.line, name, value_type=carrier.carried_type or "") if site and name else None
-    edited = edited_statement(edit, site.source) if edit is not None and site is not None else None
-    where = f"{site.where}, `{edited}`" if edited and site else site.where if site else "the line that makes it"
-    if trusted:
-        why = "no parameter an optimizer steps is reached from its graph (checked when the backward ran into it)"
-        return Remedy(f"keep a detached copy: {copy} where it is made ({where}); what made it is not trained, so "
-                      "no gradient needs to flow there", [edit] if edited and edit else [], why, bool(edited))  # fmt: skip
-    return Remedy(f"or keep a detached copy ({copy} where it is made: {where}) if no gradient should flow into what "
-                  "made it", [edit] if edited and edit else [])  # fmt: skip
+    edits: list[Edit] = []
+    where = site.where if site is not None else "the line that makes it"
+    if site is not None and name:
+        edit = Edit("detach-made", site.file, site.line, name, value_type=carrier.carried_type or "")
+        edited = edited_statement(edit, site.source)
+        if edited is not None:
+            edits, where = [edit], f"{site.where}, `{edited}`"
+    if not trusted:
+        return Remedy(f"or keep a detached copy ({copy} where it is made: {where}) if no gradient should flow into "
+                      "what made it", edits)  # fmt: skip
+    why = "no parameter an optimizer steps is reached from its graph (checked when the backward ran into it)"
+    text = f"keep a detached copy: {copy} where it is made ({where}); what made it is not trained, so no gradient needs to flow there"
+    return Remedy(text, edits, why, mechanical=bool(edits))
 
 
 def _line_towards(trace: Trace, backward: BackwardRecord, site: CallSite) -> int | None:

@@ -103,9 +103,9 @@ def _keep_value(site: CallSite, kept: str, holders: list[Holder]) -> Remedy | No
     if None in counts:
         return None
     if counts == {1}:
-        edit = Edit("item", site.file, site.line, kept)
-        edited = edited_statement(edit, site.source)
+        edited = kept_statement(site.source, "item")
         why = f"`{kept}` held one element each time (a number keeps its value without the graph)"
+        edit = Edit("item", site.file, site.line, kept)
         return Remedy(f"keep a number, not the graph: `{edited}` at {site.where}", [edit], why, True) if edited else None
     most = max(c for c in counts if c is not None)
     edited = kept_statement(site.source, "detach")

@@ -38,8 +38,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .graph_walk import METADATA_KEY
-from .holders import _of_a_user_class, local_value, runtime_type, set_to_none, user_frames
+from .holders import _of_a_user_class, local_value, user_frames
 from .source import assignments, function_node
+from .values import runtime_type, set_to_none
 
 if TYPE_CHECKING:
     from ..model import NodeRecord

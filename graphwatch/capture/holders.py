@@ -20,7 +20,6 @@ Example::
 
 from __future__ import annotations
 
-import ast
 import functools
 import inspect
 import sys
@@ -35,7 +34,7 @@ import torch
 from ..model import Holder, NodeRecord, StepSpans
 from .callsite import is_user_file
 from .graph_walk import Reach, reach
-from .source import assigned_names, assignments, dotted_name, function_node, module_node
+from .source import assigned_names, assignments, function_node, module_node
 
 if TYPE_CHECKING:
     from .recorder import Recorder
@@ -88,67 +87,6 @@ def _of_a_user_class(value: Any) -> bool:
         module = sys.modules.get(kind.__module__)
     filename = getattr(module, "__file__", None) or ""  # none: __main__ in a notebook or with python -c
     return hasattr(value, "__dict__") and is_user_file(filename) and "-packages" not in filename
-
-
-def runtime_type(value: Any, levels: int = 3) -> str:
-    """The type of a value as it ran, as :data:`~graphwatch.model.VALUE_TYPES` names it: ``"Tensor"``,
-    ``"tuple[Tensor]"`` (an LSTM's ``(h, c)``), ``"list[tuple[Tensor]]"``, else ``"other"`` (a namedtuple, a
-    dict, mixed items, nested deeper than ``levels``).
-
-    >>> import torch
-    >>> runtime_type((torch.zeros(1), torch.zeros(1))), runtime_type([(torch.zeros(1),)]), runtime_type((1, None))
-    ('tuple[Tensor]', 'list[tuple[Tensor]]', 'other')
-    """
-    if isinstance(value, torch.Tensor):
-        return "Tensor"
-    if type(value) in (tuple, list) and value and levels > 1:
-        inner = {runtime_type(item, levels - 1) for item in value[:_CONTAINER_LIMIT]}
-        if len(inner) == 1 and "other" not in inner:
-            return f"{type(value).__name__}[{inner.pop()}]"
-    return "other"
-
-
-def set_to_none(frame: FrameType, name: str) -> bool:
-    """Whether the code that holds ``name`` sets it to None (a state that starts as None): ``name = None`` or a
-    parameter defaulting to None in the frame's function, ``self.attr = None`` in a method of the class of the
-    object ``name`` is an attribute of (``module.hidden``, ``self.hidden``)."""
-    head, _, rest = name.partition(".")
-    if not rest:
-        node = function_node(frame.f_code)
-        return node is not None and _sets_none(node, name)
-    owner = local_value(frame, head) if head in frame.f_code.co_varnames else frame.f_globals.get(head)
-    *path, attr = rest.split(".")
-    for part in path:
-        owner = getattr(owner, part, None)
-    for cls in type(owner).__mro__:
-        if cls.__module__.startswith(("torch.", "lightning", "builtins")):
-            break
-        for function in vars(cls).values():
-            code = getattr(function, "__code__", None)
-            node = function_node(code) if isinstance(code, CodeType) else None
-            if node is not None and _sets_none(node, f"self.{attr}"):
-                return True
-    return False
-
-
-def _sets_none(node: ast.AST, name: str) -> bool:
-    for statement in ast.walk(node):
-        if isinstance(statement, ast.Assign):
-            targets = [dotted_name(t) for t in statement.targets]
-        elif isinstance(statement, ast.AnnAssign):
-            targets = [dotted_name(statement.target)]
-        else:
-            continue
-        value = statement.value
-        if name in targets and isinstance(value, ast.Constant) and value.value is None:
-            return True
-    arguments = getattr(node, "args", None)
-    if isinstance(arguments, ast.arguments):
-        positional = [*arguments.posonlyargs, *arguments.args]
-        pairs = [*zip(positional[len(positional) - len(arguments.defaults) :], arguments.defaults),
-                 *zip(arguments.kwonlyargs, arguments.kw_defaults)]  # fmt: skip
-        return any(a.arg == name and isinstance(d, ast.Constant) and d.value is None for a, d in pairs)
-    return False
 
 
 def tensors_in_frame(frame: FrameType, include_globals: bool = True) -> Iterator[tuple[str, torch.Tensor]]:

@@ -50,12 +50,12 @@ def dotted(node: cst.CSTNode) -> str | None:
     return None
 
 
-def statement_starting(tree: SourceTree, line: int) -> cst.SimpleStatementLine | None:
+def statement_starting(tree: SourceTree, line: int, alone: bool = True) -> cst.SimpleStatementLine | None:
     """The simple statement line (possibly running over several lines) that starts on ``line``, holding one
-    statement; None for anything else."""
+    statement (or, not ``alone``, several: ``loss.backward(); losses.append(loss)``); None for anything else."""
     for node in tree.nodes(cst.SimpleStatementLine):
         if tree.span(node).start.line == line:
-            return node if len(node.body) == 1 else None
+            return node if len(node.body) == 1 or not alone else None
     return None
 
 

@@ -54,16 +54,21 @@ def kept_value(statement: cst.BaseSmallStatement) -> tuple[str, cst.BaseExpressi
     return None
 
 
+def _keeping(line: cst.SimpleStatementLine) -> tuple[cst.BaseSmallStatement, str, cst.BaseExpression] | None:
+    """(the statement, its holder, the expression it keeps) of the one statement of a line that keeps a value
+    (``g_loss.backward(); losses.append(g_loss)``: the second), or None (none, or more than one)."""
+    found = [(small, *kept) for small in line.body if (kept := kept_value(small)) is not None]
+    return found[0] if len(found) == 1 else None
+
+
 def _kept_on_line(source: str) -> tuple[cst.BaseSmallStatement, cst.BaseExpression] | None:
     """(the statement, the expression it keeps) for one line of code, or None."""
     try:
         body = cst.parse_module(source.strip() + "\n").body
     except cst.ParserSyntaxError:
         return None
-    if len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine) or len(body[0].body) != 1:
-        return None
-    found = kept_value(body[0].body[0])
-    return None if found is None else (body[0].body[0], found[1])
+    found = _keeping(body[0]) if len(body) == 1 and isinstance(body[0], cst.SimpleStatementLine) else None
+    return None if found is None else (found[0], found[2])
 
 
 def kept_expression(source: str) -> str | None:
@@ -94,11 +99,11 @@ def kept_statement(source: str, method: str) -> str | None:
 def item(tree: SourceTree, edit: Edit) -> str | None:
     """``edit.target`` -> ``edit.target.item()`` where the statement on ``edit.line`` keeps it in a holder,
     and the holder's ``.item()`` calls in its scope taken out (see the module's doc)."""
-    statement = statement_starting(tree, edit.line)
-    found = kept_value(statement.body[0]) if statement is not None else None
-    if statement is None or found is None or tree.code(found[1]).strip() != edit.target:
+    statement = statement_starting(tree, edit.line, alone=False)
+    found = _keeping(statement) if statement is not None else None
+    if statement is None or found is None or tree.code(found[2]).strip() != edit.target:
         return None
-    holder, value = found
+    _, holder, value = found
     scope = _scope(tree, statement, holder)
     parents = tree.wrapper.resolve(ParentNodeProvider)
     numbers: dict[cst.CSTNode, cst.CSTNode] = {}
