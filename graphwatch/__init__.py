@@ -12,10 +12,11 @@ Example::
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from .analysis import FINDING_KINDS
-from .decorator import step
+from .decorator import configure, step
 from .errors import (
     BackwardTwiceError,
     GraphLeakError,
@@ -28,6 +29,11 @@ from .rendering.dot import make_dot
 from .session import Session, active_session, watch
 
 __version__ = "0.1.0"
+
+if "IPython" in sys.modules:  # a notebook or an IPython prompt: findings show as the report shows them
+    from .rendering.notebook import register_displays
+
+    register_displays()
 
 
 def load_ipython_extension(ipython: object) -> None:
@@ -53,6 +59,7 @@ __all__ = [
     "TraceFormatError",
     "UsageError",
     "active_session",
+    "configure",
     "load",
     "load_ipython_extension",
     "make_dot",

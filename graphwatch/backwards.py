@@ -213,9 +213,10 @@ class BackwardWatch:
     def snapshot(
         self, step: int, roots: Iterable[Any], reason: str, force: bool = False,
         outputs: Mapping[str, torch.Tensor] | None = None, focus_on: Collection[int] = (),
+        notes: Mapping[str, str] | None = None,
     ) -> None:
-        """Draw the graph below ``roots`` (and below ``outputs``, drawn by name: what holds a kept graph)
-        into the trace (at most ``max_snapshots``, unless ``force``): whole, and focused on where steps cross
+        """Draw the graph below ``roots`` (and below ``outputs``, drawn by name with ``notes`` under them: what
+        holds a kept graph) into the trace (at most ``max_snapshots``, unless ``force``): whole, and focused on where steps cross
         and on the NodeRecord ids ``focus_on``."""
         trace = self._recorder.trace
         self._first_drawn = True
@@ -226,7 +227,7 @@ class BackwardWatch:
             params = _parameter_names(sys._getframe())
             roots = list(roots)
             dot, focus = snapshot_dots(roots, trace, step, retained=retained, params=params, outputs=outputs,
-                                       focus_on=focus_on)
+                                       focus_on=focus_on, notes=notes)
         except Exception as exc:  # a drawing must never break the user's backward
             warnings.warn(f"graphwatch: could not draw the step {step} graph ({exc!r}); the trace is unaffected", stacklevel=2)
             return

@@ -2,7 +2,8 @@
 
 Subcommands::
 
-    graphwatch run [--out DIR] [--strict] [--quiet] SCRIPT [ARGS...]   watch an unchanged training script
+    graphwatch run [--out DIR] [--strict] [--patch-out FILE] [--quiet] SCRIPT [ARGS...]
+                                                                        watch an unchanged training script
     graphwatch demo [--out DIR]                                         the bundled bug examples, one report
     graphwatch report TRACE.json [TRACE2.json ...] [--out DIR]          re-render saved traces
 
@@ -34,6 +35,7 @@ import argparse
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -41,6 +43,7 @@ from typing import Any
 
 from . import __version__
 from .errors import TraceFormatError, UsageError
+from .model import Trace
 from .options import LEVELS
 from .runner import (
     EXIT_INTERRUPTED,
@@ -78,6 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """
     since = time.time()
     out = check_out_dir(args.out).absolute()  # before the script can os.chdir
+    patch_out = check_patch_out(args.patch_out) if args.patch_out else None
     options = {"level": args.level}
     show_progress = not (args.quiet or args.no_progress or in_distributed_job())  # ranks share one terminal
     started_in = os.getpid()
@@ -94,6 +98,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         report, failure = _write_report(run, out, args.quiet, since, lambda: guard.terminated)
         code = _run_exit_code(run, guard, failure, args.strict)
+        if patch_out is not None and not run.trace.rank and not write_patches(run.trace, patch_out, args.quiet):
+            code = code or EXIT_USAGE
     _say_how_it_ended(run, guard, report, failure, code)
     if code == EXIT_SIGTERM and hasattr(signal, "SIGCHLD"):
         # Killed by SIGTERM, bare Python would run no finalizer: a DataLoader's, run at exit, would find its
@@ -114,6 +120,46 @@ def _write_report(
 
             print_summary(run.trace, report=None)
         return None, str(exc)
+
+
+def check_patch_out(name: str) -> Path:
+    """``--patch-out FILE`` as an absolute path, once its folder could be written (else a UsageError), checked
+    before the script runs (and can change folder).
+
+    >>> try:
+    ...     check_patch_out("/dev/null/fixes.patch")
+    ... except UsageError as exc:
+    ...     print(str(exc).split(";")[0])
+    cannot write the patches to /dev/null/fixes.patch: /dev/null is not a writable folder
+    """
+    path = Path(name).absolute()
+    try:
+        if path.is_dir():
+            raise IsADirectoryError
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as exc:
+        what = "it is a folder" if isinstance(exc, IsADirectoryError) else f"{path.parent} is not a writable folder"
+        raise UsageError(f"cannot write the patches to {name}: {what}; pass --patch-out a file in a folder you can write") from None
+    return path
+
+
+def write_patches(trace: Trace, path: Path, quiet: bool) -> bool:
+    """Write every patch of ``trace`` to ``path`` as one file for ``patch -p0`` (see
+    :mod:`graphwatch.rendering.patch_file`); say where, unless ``quiet``.  False (with an error line) when it
+    cannot be written."""
+    from .model.trace_io import write_atomically
+    from .rendering.patch_file import combined_patch
+
+    text = combined_patch(trace.findings, str(trace.options.get("cwd") or "."))
+    try:
+        write_atomically(path, text)
+    except UsageError as exc:
+        error(f"{exc}; the patches are still in the report and its trace.json")
+        return False
+    if not quiet:
+        print(f"patches: {path} (apply from {trace.options.get('cwd') or '.'}: patch -p0 < {path})", file=sys.stderr)
+    return True
 
 
 def _run_exit_code(run: ScriptRun, guard: SignalGuard, failure: str | None, strict: bool) -> int:
@@ -152,7 +198,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """``graphwatch report``: re-render one or more saved traces into one report."""
     from . import load
     from .rendering.ranks import RankSummary, is_rank_set
-    from .rendering.terminal import Summary, make_console
+    from .rendering.terminal import Summary, make_console, print_blocks
 
     loaded = [(label, load(path)) for label, path in zip(trace_labels(args.traces), args.traces)]
     ranks = is_rank_set([trace for _, trace in loaded])
@@ -163,10 +209,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not args.quiet:
         console = make_console(sys.stdout)
         if ranks:
-            console.print(RankSummary([trace for _, trace in loaded]))
+            print_blocks(console, RankSummary([trace for _, trace in loaded]).blocks(console.width))
         else:
             for label, trace in loaded:
-                console.print(Summary(trace, title=label if len(loaded) > 1 else None))
+                print_blocks(console, Summary(trace, title=label if len(loaded) > 1 else None).blocks(console.width))
     print(f"report: {report}")
     return 0
 
@@ -197,6 +243,38 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------- parser
+# `graphwatch run`'s exit codes, as its --help lists them
+RUN_EXIT_CODES = (
+    ("the script's own", "0 when it ends normally, or its sys.exit(n)"),
+    ("1", "an uncaught exception in the script (with the usual traceback)"),
+    (str(EXIT_USAGE), "a missing script, or an unwritable DIR or FILE, at the start; at the end, a report (or FILE)\n"
+                      "that could not be written, when the script itself succeeded"),
+    (str(EXIT_STRICT), "--strict: the script succeeded, but graphwatch found a leak"),
+    (str(EXIT_INTERRUPTED), "Ctrl-C (SIGINT): the report so far is written, marked as ended early"),
+    (str(EXIT_SIGTERM), "SIGTERM: likewise"),
+)
+RUN_DESCRIPTION = """\
+Runs SCRIPT as `python SCRIPT ARGS...` would, in the same process, inside a graphwatch session. The
+script's own output and exit code are kept; the summary goes to stderr (each patch outside any box, so
+that it can be copied, or the output piped, into `patch -p0`) and the HTML report to DIR.
+
+How steps are counted: a step is one pass of the script's training loop. It ends where the script says
+so (each `with gw.step():` block, each call of an `@graphwatch.step` function); otherwise after the last
+training event of the loop's body, a backward() outside optimizer.step() or an optimizer.step().
+graphwatch reads the source of the function that runs them: the training loop is the innermost loop
+that holds all of them, so a GAN's D and G updates are one step, and so are the micro-batches of
+gradient accumulation with their optimizer.step(); a loop with no optimizer gets one step per
+iteration. Without source (code built by exec), each optimizer.step() ends a step.
+
+Under torchrun each rank writes DIR/rankR/; rank 0 prints the summary of all ranks and writes their
+joint report to DIR/index.html.
+
+exit codes:
+""" + "".join(
+    f"  {code:<18}{meaning.replace(chr(10), chr(10) + ' ' * 20)}\n" for code, meaning in RUN_EXIT_CODES
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``graphwatch`` command, with its three subcommands."""
     parser = argparse.ArgumentParser(
@@ -208,18 +286,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=version_text())
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    run = _add(commands, "run", cmd_run, "run an unchanged training script under graphwatch",
-               "Runs SCRIPT as `python SCRIPT ARGS...` would, inside a graphwatch session (a step ends at each "
-               "optimizer.step()), prints the summary on stderr and writes the HTML report. The script's output and "
-               "exit code are kept. Under torchrun each rank writes DIR/rankR/; rank 0 prints the summary of all "
-               "ranks and writes their joint report to DIR/index.html. Exit codes: the script's own; 143 when stopped "
-               "by SIGTERM (the report is still written); 3 with --strict when the script succeeded but leaks a graph; "
-               "2 for a usage error.")
+    run = _add(commands, "run", cmd_run, "run an unchanged training script under graphwatch", RUN_DESCRIPTION)
     run.add_argument("--out", metavar="DIR", default=DEFAULT_RUN_OUT, help=f"report folder (default: {DEFAULT_RUN_OUT})")
     run.add_argument(
         "--strict", action="store_true", help=f"exit {EXIT_STRICT} when graphwatch finds a leak, even if the script succeeded"
     )
-    run.add_argument("--quiet", "-q", action="store_true", help="print no summary and no progress (errors only)")
+    run.add_argument("--patch-out", metavar="FILE",
+                     help="also write every patch to FILE, one file that `patch -p0 < FILE` applies from the folder "
+                     "the script ran in (it is written with --quiet too)")
+    run.add_argument("--quiet", "-q", action="store_true",
+                     help="print no summary and no progress (errors only; the patches still go to --patch-out FILE)")
     run.add_argument("--no-progress", action="store_true", help="no status line while the script runs")
     run.add_argument(
         "--level",
@@ -250,7 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _add(
     commands: Any, name: str, handler: Callable[[argparse.Namespace], int], summary: str, description: str
 ) -> argparse.ArgumentParser:
-    sub = commands.add_parser(name, help=summary, description=description)
+    raw = "\n" in description  # written out as it is shown (paragraphs, a table), not filled by argparse
+    formatter = argparse.RawDescriptionHelpFormatter if raw else argparse.HelpFormatter
+    sub = commands.add_parser(name, help=summary, description=description, formatter_class=formatter)
     sub.set_defaults(handler=handler)
     return sub
 
@@ -265,7 +343,7 @@ def version_text() -> str:
 
 
 # Options of `graphwatch run` followed by a value (checked against the parser by the tests).
-RUN_VALUE_OPTIONS = frozenset({"--out", "--level"})
+RUN_VALUE_OPTIONS = frozenset({"--out", "--level", "--patch-out"})
 
 
 def split_script_args(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:

@@ -1,8 +1,10 @@
 """``@graphwatch.step``: each call of the decorated function is one step.
 
 With a session active, each call runs inside ``session.step()``.  With none,
-the first call starts a process-wide session that prints its summary when
-the interpreter exits.
+the first call starts a process-wide session that prints its summary (and
+writes its report, given ``out``) when the interpreter exits.  Its options are
+those of ``graphwatch.watch()``, set beforehand with :func:`configure`; the
+``GRAPHWATCH_OUT`` environment variable gives ``out`` when ``configure`` does not.
 
 Example::
 
@@ -22,14 +24,43 @@ from __future__ import annotations
 
 import atexit
 import functools
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .errors import UsageError
+from .options import SessionOptions
 from .session import Session, active_session
 
 F = TypeVar("F", bound=Callable[..., Any])
+OUT_VARIABLE = "GRAPHWATCH_OUT"  # the report folder of the session @graphwatch.step starts, unless configured
 _process_session: Session | None = None
+_configured: dict[str, Any] = {}
+
+
+def configure(**options: Any) -> None:
+    """Set options of the session that ``@graphwatch.step`` starts when no session is active: those of
+    :func:`graphwatch.watch` (``out="report"``, ``strict=True``, ``level="light"``, ...), each call adding to
+    the last.  Call it before the first decorated call; a wrong option is a :class:`~graphwatch.UsageError`.
+
+    Example::
+
+        >>> import graphwatch
+        >>> graphwatch.configure(summary=False)
+        >>> try:
+        ...     graphwatch.configure(levle="light")
+        ... except graphwatch.UsageError as error:
+        ...     print(str(error).split(";")[0])
+        graphwatch.watch() got an unknown option 'levle'
+        >>> graphwatch.decorator._configured.clear()  # (back to the defaults)
+    """
+    SessionOptions.checked(**{**_configured, **options})  # (also: a report folder that cannot be written)
+    if _process_session is not None:
+        raise UsageError(
+            "graphwatch.configure() after the first @graphwatch.step call: that call started the session with "
+            "the options it had; call configure() before it"
+        )
+    _configured.update(options)
 
 
 def _end_process_session() -> None:
@@ -42,7 +73,8 @@ def _session_for_step() -> Session:
     global _process_session
     session = active_session()
     if session is None:
-        session = _process_session = Session().__enter__()
+        options = {"out": os.environ.get(OUT_VARIABLE) or None, **_configured}
+        session = _process_session = Session(**options).__enter__()
         atexit.register(_end_process_session)
     return session
 

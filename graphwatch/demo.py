@@ -148,7 +148,7 @@ def print_demo_summary(results: list[ExampleResult], report: Path | None, consol
     from rich.table import Table
     from rich.text import Text
 
-    from .rendering.terminal import findings_lines, make_console
+    from .rendering.terminal import findings_lines, make_console, print_blocks
 
     console = console if console is not None else make_console(sys.stdout)
     pairs: dict[str, dict[bool, ExampleResult]] = {}
@@ -168,7 +168,7 @@ def print_demo_summary(results: list[ExampleResult], report: Path | None, consol
         if result.example.is_bug and result.run.session.findings:
             # (a rule as wide as the line, but no wider than a terminal: a log's console is 1000 columns)
             console.print(Rule(Text(result.example.path.name, style="bold"), align="left"), width=min(console.width, 100))
-            console.print(*findings_lines(result.run.session.findings), "")
+            print_blocks(console, [*findings_lines(result.run.session.findings), Text("")])  # (patches as they are)
     failed = [r.example.path.name for r in results if not r.as_expected]
     if failed:
         console.print(Text(f"not as expected: {', '.join(failed)}", style="bold red"))

@@ -220,7 +220,7 @@ def finish_report(
     with the ranks that show it.  ``summary=False`` prints nothing.
     """
     from .rendering.ranks import RankSummary, rank_folder
-    from .rendering.terminal import make_console, print_summary
+    from .rendering.terminal import make_console, print_blocks, print_summary
 
     trace = run.trace
     folder = rank_folder(out, trace)
@@ -231,7 +231,8 @@ def finish_report(
     if traces:
         combined = write_report([(f"rank {t.rank}", t) for t in [trace, *traces]], out)
         if summary:
-            make_console().print(RankSummary([trace, *traces], report=combined))
+            console = make_console()
+            print_blocks(console, RankSummary([trace, *traces], report=combined).blocks(console.width))
     elif summary:
         print_summary(trace, report=folder)
     return own

@@ -51,6 +51,7 @@ from .capture.call_mode import CallSiteMode
 from .capture.callsite import outer_frame
 from .capture.loop_steps import LoopSteps
 from .capture.optimizer import GradResetTracker, OptimizerHooks
+from .capture.own_time import OwnTime
 from .capture.ranks import rank_and_world_size
 from .capture.saved import make_chained_hooks, make_hooks
 from .capture.stack_limit import claim_stack
@@ -125,6 +126,7 @@ class Session:
         self._backwards = BackwardWatch(self._recorder, self._log, self._grads, self.snapshots, max_snapshots)
         self._step_ends = StepEnds(self._recorder, self._log, self._backwards, self.strict)
         self._entered_at = ""
+        self._own = OwnTime()  # the session's clocks, and graphwatch's own CPU time by part
         self._finished = False
         self._pid = os.getpid()  # a forked child that leaves the session writes and prints nothing
         self.script_globals: dict[str, Any] | None = None  # a finished script's globals (graphwatch run), searched last
@@ -198,6 +200,25 @@ class Session:
 
         return summary_html(self.trace)
 
+    def __repr__(self) -> str:
+        """One line: watching or ended, steps, and the problems found (``repr(gw)``, a debugger's view)."""
+        from .rendering.wording import session_line
+
+        return session_line(self.trace, self._state())
+
+    def __str__(self) -> str:
+        """``print(gw)``: the verdict, each finding with its fix and patch, and where to read more."""
+        from .rendering.wording import session_text
+
+        return session_text(self.trace, self._state())
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's text view (a notebook's text/plain, the ``IPython`` prompt): as ``print(gw)``."""
+        printer.text(repr(self) if cycle else str(self))
+
+    def _state(self) -> str:
+        return "watching" if self.active else "ended" if self._finished else "not entered"
+
     @contextmanager
     def step(self) -> Iterator[Session]:
         """Mark one iteration: ``with gw.step(): ...``.  Once used, only these blocks end steps."""
@@ -232,6 +253,7 @@ class Session:
         self.trace.rank, self.trace.world_size = rank_and_world_size()
         site = self._recorder.sites.here(2)
         self._entered_at = self.trace.where(site) if site is not None else "graphwatch run (or @graphwatch.step)"
+        self._own.start()
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
@@ -292,7 +314,11 @@ class Session:
     def _finish_steps(self, frame: Any) -> None:
         """End the last step; its holders are searched in ``frame`` (the ``with`` block's) and the script."""
         script, self.script_globals = self.script_globals, None
-        self._step_ends.finish(frame, self.level == "light", script)
+        own = time.perf_counter()
+        try:
+            self._step_ends.finish(frame, self.level == "light", script)
+        finally:
+            self._own.add("step ends", own)
 
     def _finalize(self, raise_leaks: bool = False, failing: bool = False) -> None:
         """Close the trace, add session findings, write ``out`` and print the summary.
@@ -306,6 +332,7 @@ class Session:
         if os.getpid() != self._pid:
             return
         self._recorder.close()
+        self._own.record(self.trace, saved_hooks=self.level != "light")  # (light: no saved-tensor hooks)
         new = [f for f in session_findings(self.trace) if self._log.add(f)]
         trace = self.trace
         add_patches(trace)
@@ -338,21 +365,28 @@ class Session:
 
     def _end_step(self, source: str, frame: Any) -> StepRecord:
         __tracebackhide__ = True  # pytest: a strict-mode GraphLeakError points at the user's line
-        return self._step_ends.end(source, frame, self.level == "light")
+        own = time.perf_counter()
+        try:
+            return self._step_ends.end(source, frame, self.level == "light")
+        finally:
+            self._own.add("step ends", own)
 
     def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._owns_thread():
             return
+        own = time.perf_counter()
         self._loop.in_optimizer_step += 1  # backwards from here to the post hook are its closure's
         if self.level != "light":  # the light level walks no graphs, so it cannot tell accumulations
             current = self._recorder.current
             current.stale_grads += self._grads.before_step(optimizer)
             current.optimizer_site = self._recorder.sites.here(2)
+        self._own.add("optimizer hooks", own)
 
     def _after_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         __tracebackhide__ = True
         if not self._owns_thread():
             return
+        own = time.perf_counter()
         loop = self._loop
         loop.in_optimizer_step = max(0, loop.in_optimizer_step - 1)
         if self.level != "light":
@@ -361,6 +395,7 @@ class Session:
         recorder.current.optimizer_steps += 1
         recorder.optimizer_stepped(optimizer, recorder.current.optimizer_site)  # noted by the pre-step hook
         self._backwards.optimizer_stepped(optimizer)
+        self._own.add("optimizer hooks", own)  # (a step it ends is counted with the step ends)
         if not self._explicit and not loop.in_optimizer_step and loop.ends_step(outer_frame(1), "step"):
             self._end_step("optimizer", outer_frame(2))
 
@@ -373,6 +408,7 @@ class Session:
         recorder = self._recorder
         if not self._owns_thread() or recorder.backward is not None or transforming():
             return run(t_outputs, *args, **kwargs)
+        own = time.perf_counter()
         roots, retain_graph, create_graph, accumulate = parse_engine_args(t_outputs, args, kwargs)
         if recorder.boundary_pending and recorder.made_since_boundary(roots):
             recorder.commit_boundary()  # a new graph, though its forward saved nothing: a new step
@@ -387,7 +423,8 @@ class Session:
         freed = self._backwards.walk_before(record, roots, accumulate) if self.level != "light" else None
         self._backwards.started(record)
         recorder.begin_backward(record)
-        started = time.perf_counter()
+        self._own.add("around backwards", own)
+        started, started_cpu = time.perf_counter(), time.process_time()
         try:
             result = run(t_outputs, *args, **kwargs)
         except RuntimeError as exc:
@@ -396,12 +433,14 @@ class Session:
                 raise self._backwards.explain(record, roots, freed, exc) from None
             raise
         finally:
-            recorder.end_backward(record, time.perf_counter() - started)
+            recorder.end_backward(record, time.perf_counter() - started, time.process_time() - started_cpu)
+        own = time.perf_counter()
         loop = self._loop
         consumes = accumulate or not (retain_graph or create_graph)  # a freeing autograd.grad counts too
         if consumes and not self._explicit and not loop.in_optimizer_step:
             if loop.ends_step(sys._getframe(1), "backward", frees_graph=not retain_graph):
                 recorder.request_boundary("backward")
+        self._own.add("around backwards", own)
         return result
 
 

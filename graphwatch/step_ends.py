@@ -18,11 +18,13 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
 from .analysis import LEAK_KINDS, FindingLog, graph_kept_alive, step_findings
-from .analysis.evidence import counted, human_bytes, steps_text
+from .analysis.evidence import spans_text
+from .analysis.leaks import kept_moment, kept_size
 from .backwards import BackwardWatch
 from .capture import Recorder
 from .capture.holders import HolderSearch, tensors_in_user_frames
@@ -59,12 +61,13 @@ class StepEnds:
             return record
         trace = recorder.trace
         refresh = final or record.index & (record.index - 1) == 0  # steps 0, 1, 2, 4, 8, ... and the last
-        new = [f for f in step_findings(trace, record, refresh) if self._log.add(f)]
+        found = step_findings(trace, record, refresh)
+        new = [f for f in found if self._log.add(f)]
         if new:
             recorder.keep_detail(record.index)
-        for finding in new:
+        for finding in found:  # new, or refreshed with this step's figures
             if finding.kind == "graph-kept-alive" and frame is not None:
-                self._draw_kept(record.index, finding, frame)
+                self._draw_kept(record, self._log.logged(finding), frame)
         if self._strict:
             leaks = [f for f in new if f.kind in LEAK_KINDS]
             if leaks:
@@ -85,18 +88,56 @@ class StepEnds:
         elif not light and trace.steps[-1].detail:  # the last step: every holder's full count
             for finding in graph_kept_alive(trace, trace.steps[-1]):
                 self._log.add(finding)
+                if frame is not None:
+                    self._draw_kept(trace.steps[-1], self._log.logged(finding), frame)
 
-    def _draw_kept(self, step: int, finding: Finding, frame: Any) -> None:
-        """A picture of what a kept-alive finding's holder keeps: the holder by name, the graphs below it."""
-        holder = finding.evidence.get("holder")
-        if not isinstance(holder, str):
+    def _draw_kept(self, step: StepRecord, finding: Finding, frame: Any) -> None:
+        """A picture of what a kept-alive finding's holder keeps at the end of ``step`` (the holder by name,
+        the graphs below it), captioned and noted with the finding's own figures of that moment.  A finding
+        refreshed later is drawn again, replacing its picture, while its graphs are small enough
+        (:data:`REDRAW_NODES`) and the holder can still be reached; otherwise its last picture stays, its
+        caption naming its own step end.  The evidence's ``pictured`` is the moment the picture shows."""
+        holder, kept = finding.evidence.get("holder"), finding.evidence["kept"]
+        if not isinstance(holder, str) or kept["step"] != step.index:
+            return
+        snapshots = self._recorder.trace.snapshots
+        drawn = [i for i, snapshot in enumerate(snapshots) if snapshot.reason.startswith(f"kept alive by `{holder}` ")]
+        if drawn and kept["nodes"] > REDRAW_NODES:
             return
         base = holder.split("[")[0]
         held = {name: t for name, t in tensors_in_user_frames(frame) if name.split("[")[0] == base}
-        if held:
-            ev = finding.evidence
-            nodes, kept_bytes = int(ev.get("nodes") or 0), int(ev.get("bytes") or 0)
-            size = [counted(nodes, "autograd node")] * bool(nodes) + [f"{human_bytes(kept_bytes)} saved"] * bool(kept_bytes)
-            reason = f"kept alive by `{holder}`: the graphs of {steps_text(ev.get('kept_steps') or [])}"
-            reason += f" ({', '.join(size)})" if size else ""
-            self._backwards.snapshot(step, [], reason, outputs=dict(list(held.items())[-8:]))
+        if not held:
+            return
+        outputs = dict(list(held.items())[-8:])
+        kept_by = _kept_by(step, finding, outputs)
+        notes = {name: _note(kept_moment(step, kept_by[name])) if name in kept_by else "this step's graph: not counted"
+                 for name in outputs}  # (an output that holds no earlier step's graph: only this step's)
+        reason = f"kept alive by `{holder}` at the end of step {kept['step']}: the graphs of {spans_text(kept['spans'])}"
+        reason += f" ({kept_size(kept)})" if kept_size(kept) else ""
+        before = len(snapshots)
+        self._backwards.snapshot(step.index, [], reason, outputs=outputs, notes=notes, force=bool(drawn))
+        if len(snapshots) > before:
+            finding.evidence["pictured"] = kept  # the moment the picture shows (the message's, or an earlier one)
+            if drawn:  # the new picture replaces the one of an earlier step end
+                del snapshots[drawn[0]]
+
+
+# A kept-alive finding refreshed at a later step end is drawn again while its graphs have at most this many
+# nodes (the drawing walks all of them); the picture of a larger one stays as it was, saying its step.
+REDRAW_NODES = 2_000
+
+
+def _kept_by(step: StepRecord, finding: Finding, outputs: Mapping[str, Any]) -> dict[str, list[int]]:
+    """The steps each drawn output keeps, of those ``finding`` says are kept: the whole finding's for the holder
+    itself (``total_loss``), its own holder record's for an item of a list or dict (``losses[3]``)."""
+    kept = [s for first, last in finding.evidence["kept"]["spans"] for s in range(first, last + 1)]
+    if finding.evidence.get("holder") in outputs:
+        return {finding.evidence["holder"]: kept}
+    wanted = set(kept)
+    return {h.name: [s for s in h.steps if s in wanted] for h in step.holders if h.name in outputs}
+
+
+def _note(moment: dict) -> str:
+    """What a drawn output keeps, in the words and figures of its finding's message: 'keeps steps 5..8: 28 nodes'."""
+    size = kept_size(moment, short=True)
+    return f"keeps {spans_text(moment['spans'])}" + (f": {size}" if size else "") if moment["spans"] else ""

@@ -8,8 +8,9 @@
 #    GRAPHWATCH_PYTHON=/path/to/python overrides) and makes .venv in the repo root if missing;
 # 2. installs torch from the pin in constraints.txt FIRST, only if torch is missing or has
 #    another version (a bare `torch` requirement would pull a CUDA build of several GB);
-# 3. pip install -c constraints.txt -e ".[test]", only when pyproject.toml or constraints.txt
-#    changed since the last good install (hash stamp in .venv) or this checkout isn't installed;
+# 3. pip install -c constraints.txt -e ".[test]" (the distribution torch-graphwatch), only when
+#    pyproject.toml or constraints.txt changed since the last good install (hash stamp in .venv) or
+#    this checkout isn't installed (an install under the old name, graphwatch, is replaced);
 # 4. installs Debian's graphviz (for `dot`) when `dot` is missing and we are root with apt-get;
 #    otherwise a one-line notice: reports come out without SVG pictures;
 # 5. with --browser or GRAPHWATCH_SETUP_BROWSER=1: installs Debian's chromium when
@@ -27,7 +28,7 @@ browser="${GRAPHWATCH_SETUP_BROWSER:-0}"
 for arg in "$@"; do
     case "$arg" in
         --browser) browser=1 ;;
-        -h | --help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$arg' (usage: bash scripts/setup.sh [--browser])" ;;
     esac
 done
@@ -111,14 +112,16 @@ fi
 stamp="$venv/.graphwatch-setup-stamp"
 want_hash="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
 have_hash="$(cat "$stamp" 2>/dev/null || true)"
-# "Installed" = an editable install of THIS checkout, found without importing the package
-# (its code may be mid-change; reinstalling would not mend an ImportError in it).
-installed_here() {
-    "$py" -I - "$root" <<'PY' >/dev/null 2>&1
+# The distribution is torch-graphwatch (`graphwatch` on PyPI is another project); the import name and
+# the command are graphwatch.  "Installed" = an editable install of THIS checkout, found without
+# importing the package (its code may be mid-change; reinstalling would not mend an ImportError in it).
+dist="torch-graphwatch"
+installed_here() {  # installed_here [DISTRIBUTION]
+    "$py" -I - "$root" "${1:-$dist}" <<'PY' >/dev/null 2>&1
 import importlib.metadata as md, importlib.util as iu, json, os, sys
 from urllib.parse import unquote, urlparse
 root = os.path.realpath(sys.argv[1])
-info = json.loads(md.distribution("graphwatch").read_text("direct_url.json") or "{}")
+info = json.loads(md.distribution(sys.argv[2]).read_text("direct_url.json") or "{}")
 assert info.get("dir_info", {}).get("editable"), "not editable"
 assert os.path.realpath(unquote(urlparse(info["url"]).path)) == root, "another checkout"
 if os.path.exists(os.path.join(root, "graphwatch", "__init__.py")):
@@ -127,11 +130,14 @@ if os.path.exists(os.path.join(root, "graphwatch", "__init__.py")):
 PY
 }
 if [ "$have_hash" != "$want_hash" ] || ! installed_here; then
-    say "installing graphwatch (editable) with its test extras"
+    say "installing $dist (editable) with its test extras"
     rm -f "$stamp"
+    if installed_here graphwatch; then  # this checkout installed under its old distribution name: replace it
+        run_logged "pip uninstall graphwatch (the old name of this checkout's install)" "${pip[@]}" uninstall -q -y graphwatch
+    fi
     run_logged "pip install -c constraints.txt -e .[test]" \
         "${pip[@]}" install -q -c constraints.txt -e ".[test]"
-    installed_here || die "graphwatch was installed but this checkout is not what the venv finds; remove .venv and run again."
+    installed_here || die "$dist was installed but this checkout is not what the venv finds; remove .venv and run again."
     printf '%s\n' "$want_hash" >"$stamp"
 fi
 

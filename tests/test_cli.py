@@ -23,7 +23,8 @@ from graphwatch.cli import RUN_VALUE_OPTIONS, build_parser, main, split_script_a
 from graphwatch.demo import find_examples, run_demo
 from graphwatch.runner import check_out_dir, check_script, exit_code_of, run_script
 
-REPO = Path(graphwatch.__file__).resolve().parent.parent
+PACKAGE = Path(graphwatch.__file__).resolve().parent  # graphwatch's own files
+REPO = PACKAGE.parent
 TIMEOUT = 180
 
 LOOP = """\
@@ -308,6 +309,23 @@ def test_help_and_version_subprocess(tmp_path: Path) -> None:
     assert version.returncode == 0 and version.stdout.startswith(f"graphwatch {graphwatch.__version__}")
 
 
+def test_run_help_states_the_readmes_loop_rule_and_every_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    shown = capsys.readouterr().out
+    assert "a step ends at each optimizer.step()" not in shown  # (what it said before: not the rule)
+    rule = " ".join(shown.split("How steps are counted:")[1].split("\n\n")[0].split())
+    readme = " ".join((REPO / "README.md").read_text().replace("`", "").split())
+    for words in ("the training loop is the innermost loop that holds all of them", "a backward() outside "
+                  "optimizer.step()", "Without source", "each optimizer.step() ends a step"):  # fmt: skip
+        assert words in rule and words in readme, words
+    codes = dict(re.findall(r"^  (\d+) +(.+)$", shown.split("exit codes:")[1], re.M))
+    assert sorted(codes, key=int) == ["1", "2", "3", "130", "143"]
+    assert "uncaught exception" in codes["1"] and "--strict" in codes["3"]
+    assert "Ctrl-C" in codes["130"] and "SIGTERM" in codes["143"] and "unwritable" in codes["2"]
+    assert "the script's own" in shown.split("exit codes:")[1]
+
+
 @pytest.mark.parametrize("command", [[], ["run"], ["demo"], ["report"]])
 def test_help_of_each_command(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
@@ -402,7 +420,8 @@ def test_run_prints_a_backward_twice_explanation_once_under_the_users_own_frames
     result = gw("run", "--out", tmp_path / "out", script, cwd=tmp_path)
     assert result.returncode == 1
     frames = re.findall(r'^  File "([^"]+)", line \d+', result.stderr, re.M)
-    assert frames and not any(f"{os.sep}graphwatch{os.sep}" in frame for frame in frames), frames
+    # no frame of graphwatch's own files (a folder named graphwatch elsewhere in a path, e.g. the clone's, is no sign)
+    assert frames and not [frame for frame in frames if Path(frame).resolve().is_relative_to(PACKAGE)], frames
     assert frames[0].endswith("twice.py") and "y.backward()  # the second one" in result.stderr
     assert result.stderr.count("Fixes, best first:") == 1
     assert "explained, with its fixes, in the error that ended the run" in result.stderr

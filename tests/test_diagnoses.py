@@ -380,7 +380,8 @@ def test_running_total_of_loss_tensors() -> None:
     finding = only(gw.findings, "graph-kept-alive")
     # steps 0 and 1 alive could still be a variable's last value and set-up: growth shows at step 3
     assert finding.step == 3 and finding.evidence["holder"] == "total_loss" and cited(finding, "total")
-    assert finding.evidence["kept_steps"] == [0, 1, 2, 3, 4] and finding.evidence["nodes"] >= 5
+    kept = finding.evidence["kept"]  # at the session's last step end (5): the graphs of steps 0..4
+    assert kept["step"] == 5 and kept["spans"] == [[0, 4]] and kept["nodes"] >= 5
     made = f"({at('total')} (`total_loss += loss  # at: total`))"
     assert f"`total_loss` {made} keeps the graphs of steps 0..4" in finding.message
     assert finding.fix == f"keep a number, not the graph: `total_loss += loss.item()` at {at('total')}"
@@ -391,7 +392,7 @@ def test_validation_without_no_grad() -> None:
         validation_kept(no_grad=False)
     finding = only(gw.findings, "graph-kept-alive")
     assert finding.evidence["holder"] == "history" and finding.evidence["never_backwarded"]
-    assert finding.evidence["bytes"] > 0 and cited(finding, "val-forward")
+    assert finding.evidence["kept"]["bytes"] > 0 and cited(finding, "val-forward")
     assert finding.fix.startswith(f"run the forward at {at('val-forward')} under `with torch.no_grad():`")
 
 

@@ -163,8 +163,10 @@ def test_a_kept_list_is_drawn_as_its_holder_over_each_kept_graph_with_its_bytes(
     (holder,) = named(nodes, r"^history\n\(list\)$")
     items = named(nodes, r"^history\[\d+\]\n")
     assert len(items) >= 3 and all((item, holder) in {(t, h) for t, h, _ in edges} for item in items)
-    for item in items:
-        assert re.search(r"keeps \d+ nodes, [\d.]+ KiB saved$", nodes[item]["label"]), nodes[item]["label"]
+    last = max(items, key=lambda item: int(re.findall(r"\[(\d+)\]", nodes[item]["label"])[0]))
+    assert nodes[last]["label"].endswith("this step's graph: not counted")  # the step it is the end of
+    for item in set(items) - {last}:
+        assert re.search(r"keeps step \d+: \d+ nodes, [\d.]+ KiB saved$", nodes[item]["label"]), nodes[item]["label"]
     steps = {int(m[1]) for label in labels(nodes) if (m := re.search(r"\nstep (\d+)", label))}
     assert len(steps) >= 3  # the graphs of the steps it keeps, each drawn
 

@@ -469,9 +469,10 @@ def test_a_kept_alive_finding_has_a_picture_of_its_holder_and_what_it_keeps(tmp_
     kept = [s for s in gw.trace.snapshots if s.reason.startswith("kept alive by `total_loss`")]
     assert len(kept) == 1 and "autograd node" in kept[0].reason
     # the holder, drawn by name, with what its graph keeps
-    assert re.search(r'n\d+ \[label="total_loss\n \(\)\n keeps \d+ nodes" fillcolor=darkolivegreen1', kept[0].dot)
+    # (drawn again at the session's end, the moment its finding's message describes)
+    assert re.search(r'n\d+ \[label="total_loss\n \(\)\n keeps steps 0..3: \d+ nodes" fillcolor=darkolivegreen1', kept[0].dot)
     page = write_report(gw.trace, tmp_path).read_text()
-    assert "kept alive by `total_loss`: the graphs of steps 0, 1, 2" in page
+    assert "kept alive by `total_loss` at the end of step 4: the graphs of steps 0..3" in page
 
 
 MEASURE = """<script>

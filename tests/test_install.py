@@ -1,9 +1,12 @@
 """The README's one-line install into an environment that already has torch: the torch there stays, and
-the ``graphwatch`` command runs from that environment."""
+the ``graphwatch`` command runs from that environment; the distribution's name is ``torch-graphwatch``."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import sys
+import sysconfig
 import venv
 from pathlib import Path
 
@@ -33,3 +36,42 @@ def test_pip_install_into_an_environment_with_torch_keeps_its_torch_and_gives_th
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert "no graph leaks" in run.stderr and (tmp_path / "out" / "index.html").is_file()
+
+
+def test_the_distribution_installs_by_its_name_torch_graphwatch_and_gives_the_graphwatch_command(tmp_path: Path) -> None:
+    """``pip install torch-graphwatch`` (``graphwatch`` on PyPI is another project): installed by that name from
+    a local wheel folder, offline (``--no-index --no-deps``; the wheel built with ``--no-build-isolation`` by the
+    test's own setuptools), it gives the ``graphwatch`` command and ``import graphwatch`` from the new
+    environment.  The dependencies (torch, rich, ...) are the test environment's, seen through a ``.pth`` file."""
+    source = tmp_path / "src"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".*", "build", "dist", "*.egg-info", "__pycache__"))
+    wheels = tmp_path / "wheels"
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert [w.name.split("-")[0] for w in wheels.glob("*.whl")] == ["torch_graphwatch"]
+    env = tmp_path / "env"
+    venv.create(env, with_pip=True)
+    python = env / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    installed = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--find-links", str(wheels),
+         "torch-graphwatch[lightning]"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    # (after the install: pip would take the test environment's editable install for this one)
+    (Path(site) / "test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    imported = subprocess.run(
+        [str(python), "-c", "import graphwatch, importlib.metadata as md; "
+         "print(graphwatch.__file__); print(md.version('torch-graphwatch'))"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+    module, version = imported.stdout.split()
+    assert Path(module).is_relative_to(site) and version == graphwatch.__version__
+    command = subprocess.run([str(env / "bin" / "graphwatch"), "--version"], capture_output=True, text=True)
+    assert command.returncode == 0 and command.stdout.startswith(f"graphwatch {graphwatch.__version__}"), command.stderr

@@ -458,8 +458,9 @@ def test_a_kept_alive_finding_that_names_its_holder_absorbs_the_one_that_could_n
     def kept(holder: str | None, step: int) -> graphwatch.Finding:
         evidence = {
             "key": "t.py:11" if holder else "t.py:20", "sites": ["t.py:11", "t.py:20"] if holder else ["t.py:20"],
-            "steps": [step], "kept_steps": [0, 1], "holder": holder, "holder_at": "t.py:11" if holder else None,
-            "bytes": 64, "nodes": 2, "graph_at": ["t.py:20"], "never_backwarded": False, "evaluation_at": [],
+            "steps": [step], "kept": {"step": step, "spans": [[0, 1]], "nodes": 2, "bytes": 64, "items": None},
+            "holder": holder, "holder_at": "t.py:11" if holder else None, "graph_at": ["t.py:20"],
+            "never_backwarded": False, "evaluation_at": [],
         }  # fmt: skip
         return make_finding("graph-kept-alive", "warning", step, evidence, [Remedy(f"fix {holder}")])
 

@@ -144,4 +144,4 @@ def test_looking_for_holders_costs_what_the_step_added_not_what_is_kept():
     assert max(looked_at[5:]) <= 8, looked_at  # the same few nodes each step: the new `+`, the new loss
     finding = next(f for f in gw.findings if f.kind == "graph-kept-alive")
     assert finding.evidence["holder"] == "total_loss"
-    assert finding.evidence["kept_steps"] == list(range(39))  # every kept step, refreshed at the session's end
+    assert finding.evidence["kept"]["spans"] == [[0, 38]]  # every kept step, refreshed at the session's end

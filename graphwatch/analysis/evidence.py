@@ -14,7 +14,7 @@ Example::
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ..capture.source import assigned_names
 from ..model import BackwardRecord, CallSite, NodeRecord, StepRecord, Trace
@@ -71,6 +71,24 @@ def steps_text(steps: Iterable[int]) -> str:
     if len(named) == 1:
         return "the session's start" if named[0] < 0 else f"step {words[0]}"
     return f"steps {words[0]}..{words[-1]}" if len(named) > 3 else "steps " + ", ".join(words)
+
+
+def spans_text(spans: Iterable[Sequence[int]]) -> str:
+    """Steps given as inclusive ``[first, last]`` spans, each as it is: 'step 3', 'steps 50..73', 'steps 0 and
+    50..73', 'steps 4, 5' ("the session's start" for step -1, as :func:`steps_text` says it).
+
+    >>> spans_text([[50, 73]]), spans_text([[0, 0], [50, 73]]), spans_text([[4, 5], [9, 9]]), spans_text([[-1, 2]])
+    ('steps 50..73', 'steps 0 and 50..73', 'steps 4, 5 and 9', "the session's start and steps 0..2")
+    """
+    spans = [(int(first), int(last)) for first, last in spans]
+    if spans and spans[0][0] < 0:
+        rest = [(max(first, 0), last) for first, last in spans if last >= 0]
+        return "the session's start" + (f" and {spans_text(rest)}" if rest else "")
+    if not spans:
+        return "no step"
+    parts = [str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}..{b}" for a, b in spans]
+    head = "step" if len(spans) == 1 and spans[0][0] == spans[0][1] else "steps"
+    return f"{head} " + (parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}")
 
 
 def step_name(step: int) -> str:

@@ -38,8 +38,11 @@ _RENDERERS: dict[str, Render] = {}
 _SAME_CAUSE: dict[str, SameCause] = {}
 MAX_LISTED = 50  # steps and per-step rows kept in a merged finding's evidence
 
-_UNION = ("steps", "kept_steps")
+_UNION = ("steps",)
 _LARGEST = ("bytes", "nodes", "parameters", "items")
+# Figures of one moment (a kept-alive finding's "kept": the step end, the steps it keeps, their nodes and bytes):
+# the newer one replaces the older whole, so that no view mixes a range of one moment with a count of another.
+_LATEST = ("kept",)
 
 
 def renderer(kind: str) -> Callable[[Render], Render]:
@@ -76,7 +79,8 @@ def _capped(values: list) -> list:
 
 
 def merge_evidence(old: dict, new: dict) -> None:
-    """Fold ``new`` into ``old``: union the steps, append per-step rows, keep the largest sizes."""
+    """Fold ``new`` into ``old``: union the steps, append per-step rows, keep the largest sizes and the
+    newer moment's figures."""
     for name, value in new.items():
         if name in _UNION:
             old[name] = _capped(sorted(set(old.get(name, [])) | set(value)))
@@ -84,6 +88,8 @@ def merge_evidence(old: dict, new: dict) -> None:
             old[name] = _capped(old.get(name, []) + value)
         elif name == "sites":
             old[name] = list(dict.fromkeys(old.get(name, []) + value))
+        elif name in _LATEST:
+            old[name] = value
         elif name in _LARGEST and isinstance(value, (int, float)):
             old[name] = max(old.get(name) or 0, value)
         elif name == "occurrences":
@@ -100,12 +106,18 @@ class FindingLog:
         self.findings = findings
         self._index = {(f.kind, f.evidence.get("key")): f for f in findings}
 
+    def logged(self, finding: Finding) -> Finding:
+        """The finding of the log that ``finding`` was added as or merged into."""
+        return self._index[(finding.kind, finding.evidence.get("key"))]
+
     def add(self, finding: Finding) -> bool:
         """Add ``finding``; True if it is new, False if it merged into an earlier one."""
         key = (finding.kind, finding.evidence.get("key"))
         old, better = self._index.get(key), False
         if old is None:
             old, better = self._same_cause(finding)
+            if old is not None:
+                self._index[key] = old  # (what comes again under this key merges there too)
         if old is None:
             self._index[key] = finding
             self.findings.append(finding)

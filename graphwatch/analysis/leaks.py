@@ -15,8 +15,10 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from ..capture.source import assigned_names
-from ..model import BackwardRecord, CallSite, Edit, Finding, Holder, Remedy, StepRecord, Trace
+from ..model import BackwardRecord, CallSite, Edit, Finding, Holder, Remedy, StepRecord, StepSpans, Trace
 from ..model.columns import field_values
 from .evidence import (
     alive_graph_sites,
@@ -27,6 +29,7 @@ from .evidence import (
     describe_site,
     human_bytes,
     line_in,
+    spans_text,
     steps_text,
 )
 from .findings import make_finding, renderer, same_cause
@@ -204,14 +207,45 @@ def graph_kept_alive(trace: Trace, step: StepRecord, refresh: bool = True) -> li
         if reported and _finding_key(trace, holders[0]) in reported:
             continue
         kept = sorted({s for h in holders for s in h.steps if s not in used})
-        kept_set = set(kept)
-        live = sum(b for s, b in step.saved_alive_by_step.items() if s in kept_set)
-        if not _leaks(kept, step, _kept_before(trace, step, key), live > 0):
+        moment = kept_moment(step, kept)
+        if not _leaks(kept, step, _kept_before(trace, step, key), moment["bytes"] > 0):
             continue
-        findings.append(_kept_finding(trace, step, holders, kept, live))
+        findings.append(_kept_finding(trace, step, holders, kept, moment))
     if not step.holders:  # a named holder's walk stops at freed nodes: what lies below it is its, too
         findings.extend(_unnamed_kept(trace, step, used))
     return findings
+
+
+def kept_moment(step: StepRecord, kept: Iterable[int]) -> dict:
+    """What the graphs of the steps ``kept`` hold at the end of ``step``, counted once for every view of a
+    kept-alive finding (its message, its picture's caption and boxes, the trace): ``{"step": the step at whose
+    end it was seen, "spans": the kept steps as inclusive [first, last] spans, "nodes": their autograd nodes
+    alive, "bytes": their saved tensors' bytes alive}``, all from the step's record.
+
+    >>> step = StepRecord(index=9, source="optimizer", nodes_alive_by_step={5: 7, 6: 7, 9: 7}, saved_alive_by_step={6: 512})
+    >>> kept_moment(step, [5, 6])
+    {'step': 9, 'spans': [[5, 6]], 'nodes': 14, 'bytes': 512}
+    """
+    steps = StepSpans.of(kept)
+    return {
+        "step": step.index,
+        "spans": [[start, end - 1] for start, end in steps.spans],
+        "nodes": sum(step.nodes_alive_by_step.get(s, 0) for s in steps),
+        "bytes": sum(step.saved_alive_by_step.get(s, 0) for s in steps),
+    }
+
+
+def kept_size(moment: dict, short: bool = False) -> str:
+    """The size of a :func:`kept_moment`: '14 autograd nodes, 512 B of saved tensors' ('14 nodes, 512 B saved'
+    when ``short``); '' when it holds neither.
+
+    >>> kept_size({"nodes": 14, "bytes": 512}), kept_size({"nodes": 1, "bytes": 0}, short=True)
+    ('14 autograd nodes, 512 B of saved tensors', '1 node')
+    """
+    node, saved = ("node", "{} saved") if short else ("autograd node", "{} of saved tensors")
+    parts = [counted(moment["nodes"], node)] * bool(moment["nodes"])
+    parts += [saved.format(human_bytes(moment["bytes"]))] * bool(moment["bytes"])
+    return ", ".join(parts)
 
 
 def _finding_key(trace: Trace, holder: Holder) -> str:
@@ -221,8 +255,9 @@ def _finding_key(trace: Trace, holder: Holder) -> str:
     return site.where if site else f"{holder.scope}: {name}"
 
 
-def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: list[int], live: int) -> Finding:
+def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: list[int], moment: dict) -> Finding:
     name, site_id = _holder_key(holders[0])
+    live = moment["bytes"]
     site = trace.site(site_id)
     graph = alive_graph_sites(trace, kept)
     backwarded = name in _backwarded_names(trace, step)  # its value is backwarded: no .item() or no_grad
@@ -232,12 +267,9 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
         "key": _finding_key(trace, holders[0]),
         "sites": list(dict.fromkeys(([site.where] if site else []) + graph)),
         "steps": [step.index],
-        "kept_steps": kept,
+        "kept": moment | {"items": len(holders) if "[" in holders[0].name else None},
         "holder": name,
-        "items": len(holders) if "[" in holders[0].name else None,
         "holder_at": describe(site) if site else f"in {holders[0].scope}",
-        "bytes": live,
-        "nodes": sum(h.nodes for h in holders),
         "graph_at": graph,
         "never_backwarded": never_backwarded,
         "evaluation_at": [line.where for line in evaluation],
@@ -273,7 +305,8 @@ def _alive_in(trace: Trace, step: StepRecord, s: int) -> bool:
 def _unnamed_kept(trace: Trace, step: StepRecord, explained: set[int]) -> list[Finding]:
     candidates = set(step.saved_alive_by_step) | set(step.nodes_alive_by_step)
     kept = sorted(s for s in candidates if s < step.index and s not in explained and _alive_in(trace, step, s))
-    live = sum(step.saved_alive_by_step.get(s, 0) for s in kept)
+    moment = kept_moment(step, kept)
+    live = moment["bytes"]
     before: list[int] = []
     if 0 < step.index <= len(trace.steps):
         previous = trace.steps[step.index - 1]
@@ -286,11 +319,9 @@ def _unnamed_kept(trace: Trace, step: StepRecord, explained: set[int]) -> list[F
         "key": graph[0] if graph else None,
         "sites": graph,
         "steps": [step.index],
-        "kept_steps": kept,
+        "kept": moment | {"items": None},
         "holder": None,
         "holder_at": None,
-        "bytes": live,
-        "nodes": sum(step.nodes_alive_by_step.get(s, 0) for s in kept),
         "graph_at": graph,
         "never_backwarded": False,
         "evaluation_at": [],
@@ -306,33 +337,27 @@ def _same_holding(old: Finding, new: Finding) -> int:
     a, b = old.evidence, new.evidence
     if (a.get("holder") is None) == (b.get("holder") is None):
         return 0
-    shared = set(a.get("graph_at") or []) & set(b.get("graph_at") or [])
+    shared = bool(set(a.get("graph_at") or []) & set(b.get("graph_at") or []))
     if not shared and not (a.get("graph_at") or b.get("graph_at")):
-        shared = set(a.get("kept_steps") or []) & set(b.get("kept_steps") or [])
+        spans = b["kept"]["spans"]
+        shared = any(first <= last_b and first_b <= last for first, last in a["kept"]["spans"] for first_b, last_b in spans)
     return (2 if a.get("holder") is None else 1) if shared else 0
 
 
 @renderer("graph-kept-alive")
 def _render_kept(ev: dict) -> str:
-    end = ev["steps"][-1]
-    size = ", ".join(
-        part
-        for part in (
-            counted(ev["nodes"], "autograd node") if ev["nodes"] else "",
-            f"{human_bytes(ev['bytes'])} of saved tensors" if ev["bytes"] else "",
-        )
-        if part
-    )
+    kept = ev["kept"]  # one moment: the last step end it was seen at (the picture's caption says the same)
+    size = kept_size(kept)
     made = f" (their tensors were saved at {', '.join(ev['graph_at'])})" if ev["graph_at"] else ""
     if ev["holder"] is None:
         who = "something outside the training loop's frames (a list, an attribute, a global) keeps"
     else:
-        items = f"through {ev['items']} of its items" if ev.get("items") else ""
+        items = f"through {kept['items']} of its items" if kept.get("items") else ""
         where = "" if ev.get("parameters") else ev["holder_at"]
         detail = ", ".join(part for part in (where, items) if part)
         who = f"`{ev['holder']}`" + (f" ({detail})" if detail else "") + " keeps"
     return (
-        f"{who} the graphs of {steps_text(ev['kept_steps'])} alive at the end of step {end}"
+        f"{who} the graphs of {spans_text(kept['spans'])} alive at the end of step {kept['step']}"
         + (f": {size}" if size else "")
         + f" that no backward will use{made}"
     )

@@ -65,6 +65,7 @@ class Recorder:
         self.step = 0
         self.current = StepRecord(index=0, source="explicit")
         self.step_started = time.perf_counter()
+        self.step_started_cpu = time.process_time()
         self.step_seq = self.clock.mark()
         self.backward: BackwardRecord | None = None  # the backward running now, if any
         self.boundary_pending = False  # a freeing backward ended the step; commit at the next pack
@@ -258,6 +259,7 @@ class Recorder:
         record = self.current
         record.source = source
         record.seconds = time.perf_counter() - self.step_started
+        record.cpu_seconds = time.process_time() - self.step_started_cpu
         if self.boundary_pending:
             self.boundary_pending = False
             seq = self._pending_seq
@@ -272,6 +274,7 @@ class Recorder:
         self.current = StepRecord(index=self.step, source="explicit")
         self.step_seq = seq
         self.step_started = time.perf_counter()
+        self.step_started_cpu = time.process_time()
         self._prune()
         return record
 
@@ -377,9 +380,11 @@ class Recorder:
         self.current.backwards.append(record.id)
         self.backward = record
 
-    def end_backward(self, record: BackwardRecord, seconds: float) -> None:
-        record.seconds = seconds
+    def end_backward(self, record: BackwardRecord, seconds: float, cpu_seconds: float = 0.0) -> None:
+        """The backward ``record`` returned after ``seconds`` of wall clock and ``cpu_seconds`` of the process's CPU."""
+        record.seconds, record.cpu_seconds = seconds, cpu_seconds
         self.current.backward_seconds += seconds
+        self.current.backward_cpu_seconds += cpu_seconds
         self.backward = None
 
     def _freeze_settled(self) -> None:

@@ -1,7 +1,7 @@
 """graphwatch inside training frameworks and notebooks.
 
 Each integration is imported only when used, and needs its framework installed
-(``pip install graphwatch[lightning]``, ``[transformers]``, ``[notebook]``):
+(``pip install 'torch-graphwatch[lightning]'``, ``[transformers]``, ``[notebook]``):
 
 * :mod:`graphwatch.integrations.lightning`: ``GraphwatchCallback`` for a PyTorch Lightning ``Trainer``;
 * :mod:`graphwatch.integrations.transformers`: ``GraphwatchCallback`` for a Hugging Face ``Trainer``;

@@ -28,7 +28,7 @@ except ImportError:  # the older package name
         from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
     except ImportError as missing:
         raise ImportError(
-            "graphwatch.integrations.lightning needs PyTorch Lightning: pip install 'graphwatch[lightning]'"
+            "graphwatch.integrations.lightning needs PyTorch Lightning: pip install 'torch-graphwatch[lightning]'"
         ) from missing
 
 from . import WatchingCallback

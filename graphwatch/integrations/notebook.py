@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..options import LEVELS
+from ..rendering.notebook import register_displays
 from ..session import Session
 from . import Watched
 
@@ -128,3 +129,4 @@ def load_ipython_extension(ipython: Any) -> None:
             "in a notebook, run `%load_ext graphwatch`"
         )
     ipython.register_magic_function(graphwatch_magic, magic_kind="line_cell", magic_name="graphwatch")
+    register_displays(ipython)

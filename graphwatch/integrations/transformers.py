@@ -24,7 +24,7 @@ try:
     from transformers import TrainerCallback
 except ImportError as missing:
     raise ImportError(
-        "graphwatch.integrations.transformers needs transformers: pip install 'graphwatch[transformers]'"
+        "graphwatch.integrations.transformers needs transformers: pip install 'torch-graphwatch[transformers]'"
     ) from missing
 
 from . import WatchingCallback

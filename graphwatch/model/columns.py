@@ -73,14 +73,15 @@ STEP_COLUMNS = Columns(
     numbers={
         "index": "q", "nodes_created": "q", "saved_packed": "q", "saved_bytes_packed": "q", "saved_counted_only": "q",
         "live_activation_bytes": "q", "live_leaf_bytes": "q", "live_nodes": "q", "backward_seconds": "d",
-        "seconds": "d", "rss_bytes": "q", "cuda_allocated": "n", "cuda_reserved": "n", "optimizer_steps": "q",
-        "optimizer_site": "n", "stale_grads": "q", "detail": "b",
+        "backward_cpu_seconds": "d", "seconds": "d", "cpu_seconds": "d", "rss_bytes": "q", "cuda_allocated": "n",
+        "cuda_reserved": "n", "optimizer_steps": "q", "optimizer_site": "n", "stale_grads": "q", "detail": "b",
     },
     choices={"source": STEP_SOURCES},
     ranges=("backwards",),
     averaged=(
         "nodes_created", "saved_packed", "saved_bytes_packed", "live_activation_bytes", "live_leaf_bytes",
-        "live_nodes", "backward_seconds", "seconds", "rss_bytes", "cuda_allocated", "cuda_reserved",
+        "live_nodes", "backward_seconds", "backward_cpu_seconds", "seconds", "cpu_seconds", "rss_bytes",
+        "cuda_allocated", "cuda_reserved",
     ),
 )  # fmt: skip
 
@@ -88,11 +89,11 @@ BACKWARD_COLUMNS = Columns(
     BackwardRecord,
     numbers={
         "id": "q", "step": "q", "site": "n", "retain_graph": "b", "create_graph": "b", "nodes_reached": "q", "nodes_counted_only": "q",
-        "earlier_nodes_reached": "q", "saved_freed": "q", "bytes_freed": "q", "seconds": "d",
+        "earlier_nodes_reached": "q", "saved_freed": "q", "bytes_freed": "q", "seconds": "d", "cpu_seconds": "d",
         "graph_reused": "b", "held_bytes": "q",
     },
     choices={"api": ("backward", "grad")},
-    averaged=("nodes_reached", "saved_freed", "bytes_freed", "seconds"),
+    averaged=("nodes_reached", "saved_freed", "bytes_freed", "seconds", "cpu_seconds"),
 )  # fmt: skip
 
 

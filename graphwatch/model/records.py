@@ -26,6 +26,9 @@ from .remedies import Remedy
 
 # Where a step boundary came from.
 STEP_SOURCES = ("explicit", "optimizer", "backward", "session-end")
+_REPR_CHARS = 100  # characters of a finding's message its repr shows
+# The part of Trace.own_seconds that is counted x a measured cost, not timed (graphwatch.capture.own_time)
+OWN_ESTIMATED = "saved-tensor hooks (estimated)"
 # What a saved tensor is: a leaf that requires grad, a leaf that does not, or
 # the output of an op inside the graph.
 SAVED_KINDS = ("parameter", "input", "activation")
@@ -120,7 +123,8 @@ class BackwardRecord:
     crossings: list[tuple[int, int]] = field(default_factory=list)
     saved_freed: int = 0
     bytes_freed: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall-clock time of the engine call
+    cpu_seconds: float = 0.0  # CPU time of the process (all its threads) meanwhile: what load elsewhere cannot inflate
     error: str | None = None
     roots: list[int] = field(default_factory=list)  # NodeRecord ids of the graph's roots
     # For retain_graph=True: did a later backward of the same step run through this graph,
@@ -291,8 +295,10 @@ class StepRecord:
     nodes_alive_by_step: Mapping[int, int] = field(default_factory=dict)
     saved_alive_by_step: Mapping[int, int] = field(default_factory=dict)  # live activation bytes
     backwards: list[int] = field(default_factory=list)
-    backward_seconds: float = 0.0
-    seconds: float = 0.0
+    backward_seconds: float = 0.0  # wall clock
+    backward_cpu_seconds: float = 0.0  # CPU time of the process during them
+    seconds: float = 0.0  # wall clock, from the previous step's end
+    cpu_seconds: float = 0.0  # CPU time of the process (all its threads) in the same span
     rss_bytes: int = 0
     cuda_allocated: int | None = None
     cuda_reserved: int | None = None
@@ -307,7 +313,7 @@ class StepRecord:
         return self.live_activation_bytes + self.live_leaf_bytes
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class Finding:
     """A diagnosis: what is wrong, where, and how to fix it.
 
@@ -328,15 +334,27 @@ class Finding:
     patch: str | None = None  # a unified diff of the user's file that applies ``fix`` (analysis.patches)
     remedies: list[Remedy] = field(default_factory=list)
 
-    def _repr_html_(self) -> str:
-        """The finding as the report shows it (Jupyter's view of it)."""
-        from ..rendering.notebook import finding_html  # (rendering reads the model; this is only its view)
-
-        return finding_html(self)
+    # (Jupyter shows a finding as HTML: graphwatch.rendering.notebook registers that view with IPython, so
+    # that the model imports nothing above it)
 
     def __str__(self) -> str:
         head = f"[{self.kind}] step {self.step}: {self.message}"
         return head if self.fix in self.message else f"{head}\n  fix: {self.fix}"  # (an explanation lists its fixes)
+
+    def __repr__(self) -> str:
+        """One line: kind, severity, step and the start of the message (a debugger's or a list's view).
+
+        >>> Finding("retained-graph", "warning", 3, "the backward at a.py:4 retains its graph", "drop it")
+        <Finding retained-graph (warning) at step 3: the backward at a.py:4 retains its graph>
+        """
+        message = self.message.splitlines()[0] if self.message else ""
+        message = message if len(message) <= _REPR_CHARS else message[: _REPR_CHARS - 1] + "…"
+        patch = ", with a patch" if self.patch else ""
+        return f"<Finding {self.kind} ({self.severity}{patch}) at step {self.step}: {message}>"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's text view (a notebook's text/plain, the ``IPython`` prompt): the whole finding, its patch too."""
+        printer.text(str(self) + (f"\n  patch (patch -p0):\n{self.patch.rstrip()}" if self.patch else ""))
 
 
 @dataclass(slots=True)
@@ -374,6 +392,11 @@ class Trace:
     averaged_before: int = 0  # the step after the last such one (0: no step was averaged)
     rank: int | None = None
     world_size: int | None = None
+    # The session's own span (0.0: not recorded, e.g. a trace of an older graphwatch): wall clock, CPU time of
+    # the process, and graphwatch's own CPU time by part (see graphwatch.capture.own_time)
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    own_seconds: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("backwards", "steps"):

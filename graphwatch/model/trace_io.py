@@ -168,7 +168,7 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
     if version > VERSION:
         raise TraceFormatError(
             f"{source} has trace version {version!r}, newer than this graphwatch reads ({VERSION}); "
-            "upgrade graphwatch (pip install -U graphwatch) to read it"
+            "upgrade graphwatch (pip install -U torch-graphwatch) to read it"
         )
     trace = Trace()
     for f in dataclasses.fields(trace):

@@ -347,14 +347,16 @@ FOCUS_NODES = FOCUS_BOXES  # a focused snapshot's budget of boxes (backward node
 
 def snapshot_dot(roots: Iterable[Any], trace: Trace, step: int, *, retained: Collection[int] | None = None,
                  max_nodes: int = 300, params: Mapping[str, Any] | None = None, legend: bool = True,
-                 outputs: Mapping[str, torch.Tensor] | None = None, focus_on: Collection[int] | None = None) -> str:
+                 outputs: Mapping[str, torch.Tensor] | None = None, focus_on: Collection[int] | None = None,
+                 notes: Mapping[str, str] | None = None) -> str:
     """DOT source of a session's snapshot: the graph under the backward nodes ``roots`` at ``step``.
 
     Saved tensors are drawn (with their bytes) and the overlay always, the legend unless ``legend`` is
     False (:func:`legend_entries` lists it); ``params`` names parameters (``{"model.0.weight": tensor}``),
     as in :func:`make_dot`.  ``outputs`` (``{"total_loss": tensor}``, ``{"losses[0]": ..., "losses[1]": ...}``)
     are drawn as named outputs above their graphs, and the list or dict that holds them as one more box:
-    what holds a kept graph.  ``focus_on`` (NodeRecord ids, e.g. the stale node of a failing
+    what holds a kept graph; ``notes`` (output name -> text) is written under those outputs (what the
+    finding says each keeps).  ``focus_on`` (NodeRecord ids, e.g. the stale node of a failing
     backward; may be empty) gives the focused picture instead (:mod:`graphwatch.rendering.focus`: those
     nodes, where steps cross, and the way there from the roots, in about ``max_nodes`` boxes).
 
@@ -370,13 +372,14 @@ def snapshot_dot(roots: Iterable[Any], trace: Trace, step: int, *, retained: Col
         True
     """
     with _gc_paused():
-        graph = _snapshot_graph(roots, params, outputs)
+        graph = _snapshot_graph(roots, params, outputs, notes)
         return _finish(graph, trace, step, retained, legend, max_nodes, focus_on).source
 
 
 def snapshot_dots(roots: Iterable[Any], trace: Trace, step: int, *, retained: Collection[int] | None = None,
                   params: Mapping[str, Any] | None = None, outputs: Mapping[str, torch.Tensor] | None = None,
-                  focus_on: Collection[int] = (), max_nodes: int = 300) -> tuple[str, str]:
+                  focus_on: Collection[int] = (), max_nodes: int = 300,
+                  notes: Mapping[str, str] | None = None) -> tuple[str, str]:
     """The (whole, focused) pictures of one snapshot, as :func:`snapshot_dot` draws them (the whole one with
     its legend and at most ``max_nodes`` boxes, the focused one in :data:`FOCUS_NODES`), from one walk of the
     graph instead of two.
@@ -390,15 +393,16 @@ def snapshot_dots(roots: Iterable[Any], trace: Trace, step: int, *, retained: Co
         (True, True)
     """
     with _gc_paused():
-        graph = _snapshot_graph(roots, params, outputs)
+        graph = _snapshot_graph(roots, params, outputs, notes)
         overlaid, carried = _lifecycle(graph, trace, step, retained)
         whole = _draw(graph, overlaid, carried, True, max_nodes, None, trace).source
         return whole, _draw(graph, overlaid, carried, False, FOCUS_NODES, focus_on, trace).source
 
 
 def _snapshot_graph(roots: Iterable[Any], params: Mapping[str, Any] | None,
-                    outputs: Mapping[str, torch.Tensor] | None) -> GraphBuilder:
-    """The walked graph of a snapshot: ``outputs`` and their holders, then the graph below ``roots``."""
+                    outputs: Mapping[str, torch.Tensor] | None, notes: Mapping[str, str] | None) -> GraphBuilder:
+    """The walked graph of a snapshot: ``outputs`` (with their ``notes``) and their holders, then the graph
+    below ``roots``."""
     graph = GraphBuilder({**(params or {}), **(outputs or {})} or None, False, True, 50)
     for tensor in (outputs or {}).values():
         graph.add_output(tensor)
@@ -406,6 +410,6 @@ def _snapshot_graph(roots: Iterable[Any], params: Mapping[str, Any] | None,
     for root in roots:
         if root is not None:
             graph.add_root(root)
-    if outputs:
-        note_what_each_keeps(graph)
+    if outputs and notes:
+        note_what_each_keeps(graph, notes)
     return graph

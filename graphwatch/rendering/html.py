@@ -38,7 +38,16 @@ from .charts import NODES_COLOR, bar_chart, byte_unit, line_chart
 from .findings_html import finding_articles
 from .gallery import Picture, gallery_html, legend_html, render_pictures
 from .ranks import RANKS_CSS, is_rank_set, rank_notes, ranks_html, report_verdict
-from .wording import averaged_text, counted_only_text, early_end, marked_steps, sample_steps, seconds_text, step_values
+from .wording import (
+    averaged_text,
+    counted_only_text,
+    early_end,
+    marked_steps,
+    sample_steps,
+    seconds_text,
+    step_values,
+    time_text,
+)
 
 Section = tuple[str, Trace]
 
@@ -154,7 +163,7 @@ def _charts_html(trace: Trace) -> str:
     charts = [
         line_chart(xs, [v / divisor for v in saved], title="live saved tensors", y_label=unit, marks=marks),
         line_chart(xs, nodes, title="autograd nodes alive", y_label="nodes", color=NODES_COLOR, marks=marks),
-        bar_chart(xs, [s * 1e3 for s in backward], title="backward time", y_label="ms", marks=marks),
+        bar_chart(xs, [s * 1e3 for s in backward], title="backward time (wall clock)", y_label="ms", marks=marks),
     ]
     return '<div class="charts">' + "".join(charts) + "</div>"
 
@@ -165,7 +174,8 @@ _COLUMNS: tuple[_Column, ...] = (
     ("ended by", lambda s: s.source),
     ("nodes made", lambda s: f"{s.nodes_created:,}"),
     ("backwards", lambda s: len(s.backwards)),
-    ("backward time", lambda s: seconds_text(s.backward_seconds) if s.backwards else "–"),
+    ("backward wall clock", lambda s: seconds_text(s.backward_seconds) if s.backwards else "–"),
+    ("backward CPU", lambda s: seconds_text(s.backward_cpu_seconds) if s.backwards else "–"),
     ("live saved", lambda s: human_bytes(s.live_saved_bytes)),
     ("nodes alive", lambda s: f"{s.live_nodes:,}"),
     ("RSS", lambda s: human_bytes(s.rss_bytes) if s.rss_bytes else "–"),
@@ -177,7 +187,8 @@ _CUDA_COLUMN: _Column = (
 
 def _table_html(trace: Trace) -> str:
     marks = marked_steps(trace)
-    columns = _COLUMNS + ((_CUDA_COLUMN,) if any(v is not None for v in step_values(trace.steps, "cuda_allocated")) else ())
+    columns = tuple(c for c in _COLUMNS if trace.seconds or c[0] != "backward CPU")  # (older traces: no CPU times)
+    columns += (_CUDA_COLUMN,) if any(v is not None for v in step_values(trace.steps, "cuda_allocated")) else ()
     body = []
     for row in sample_steps(trace.steps, marks, head=10, tail=10, most=60):
         if isinstance(row, int):
@@ -229,7 +240,8 @@ def _meta_html(trace: Trace, trace_file: str) -> str:
     for notice in (averaged_text(trace), counted_only_text(trace)):
         if notice:
             notes.append(f'<p class="notice">{escape(notice)}</p>')
-    return f'<p class="meta">{" · ".join(facts)}</p>' + "".join(notes)
+    times = f'<p class="meta">{escape(time_text(trace))}</p>' if time_text(trace) else ""  # (below the facts: small)
+    return f'<p class="meta">{" · ".join(facts)}</p>' + times + "".join(notes)
 
 
 def _section_html(run: _Run, multi: bool, notes: dict[int, str], legend: str = "") -> str:

@@ -1,5 +1,9 @@
 """Summaries and findings as pieces of HTML for notebooks (Jupyter's ``_repr_html_``), in the report's look.
 
+A session shows itself (``Session._repr_html_``); a finding is a plain record of the model, which imports
+nothing above it, so its view is registered with IPython's HTML formatter here (:func:`register_displays`:
+on ``import graphwatch`` inside IPython, and by ``%load_ext graphwatch``).
+
 Example::
 
     >>> from graphwatch.model import Trace
@@ -11,6 +15,8 @@ Example::
 from __future__ import annotations
 
 import re
+import sys
+from typing import Any
 
 from ..model import Finding, Trace
 from .findings_html import finding_article, finding_articles
@@ -52,3 +58,21 @@ def finding_html(finding: Finding) -> str:
     """One finding as the report shows it, styled on its own (Jupyter's view of a finding)."""
     body = finding_article(finding, [])
     return f'<style>{_scoped_css(CSS, NOTEBOOK_SCOPE)}</style><div class="{NOTEBOOK_SCOPE}">{body}</div>'
+
+
+def register_displays(shell: Any = None) -> bool:
+    """Show findings as :func:`finding_html` in ``shell`` (an IPython shell; default: the one running, if
+    any), by IPython's HTML formatter.  True when registered; False when there is no shell.
+
+    >>> register_displays()  # plain Python: no IPython shell
+    False
+    """
+    if shell is None:
+        ipython = sys.modules.get("IPython")  # never imported here: only a running IPython matters
+        shell = ipython.get_ipython() if ipython is not None else None
+    formatters = getattr(getattr(shell, "display_formatter", None), "formatters", None)
+    html = formatters.get("text/html") if isinstance(formatters, dict) else None
+    if html is None:
+        return False
+    html.for_type(Finding, finding_html)
+    return True

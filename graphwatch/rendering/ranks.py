@@ -41,7 +41,7 @@ from rich.text import Text
 from ..analysis.evidence import human_bytes
 from ..model import Finding, StepRecord, Trace
 from .charts import sparkline
-from .terminal import ascii_safe, finding_lines
+from .terminal import ascii_safe, finding_lines, numbered_patches, patch_blocks
 from .wording import cited_sites, marked_steps, problems, sample_steps, seconds_text, step_values, verdict
 
 RANK_FOLDER = "rank{}"
@@ -290,7 +290,11 @@ class RankSummary:
         self.note = note
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield from ascii_safe(console, options, list(self._parts(options.max_width)))
+        yield from ascii_safe(console, options, self.blocks(options.max_width))
+
+    def blocks(self, max_width: int) -> list[RenderableType]:
+        """The parts in order; the patches outside the findings' box, as they are (``terminal.print_blocks``)."""
+        return list(self._parts(max_width))
 
     def _parts(self, max_width: int) -> Iterator[RenderableType]:
         text, good = rank_verdict(self.traces)
@@ -310,10 +314,14 @@ class RankSummary:
             table.add_row(*cells, sparkline(step_values(trace.steps, "live_nodes"), spark))
         shared = shared_findings(self.traces)
         if shared:
+            findings = [item.finding for item in shared]
+            patches = numbered_patches(findings)
             parts: list[RenderableType] = []
             for i, item in enumerate(shared):
-                parts += ([Text("")] if i else []) + list(finding_lines(item.finding, item.note))
+                number = patches.get(item.finding.patch or "")
+                parts += ([Text("")] if i else []) + list(finding_lines(item.finding, item.note, patch_number=number))
             yield Panel(Group(*parts), title="findings", title_align="left", border_style="blue" if good else "red")
+            yield from patch_blocks(findings, patches)
         yield table
         if self.report is not None:
             index = Path(self.report)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, cast
 
@@ -52,6 +52,7 @@ from .wording import (
     seconds_text,
     step_values,
     steps_text,
+    time_text,
     verdict,
 )
 
@@ -66,13 +67,16 @@ _ASCII = str.maketrans(
 
 # ------------------------------------------------------------------------- rich output
 def finding_lines(
-    finding: Finding, note: str = "", in_error: bool = False, patch_above: str | None = None
+    finding: Finding, note: str = "", in_error: bool = False, patch_above: str | None = None,
+    patch_number: int | None = None,
 ) -> Iterator[RenderableType]:
     """One finding as the summary shows it: kind and steps (and ``note``, e.g. ``only on rank 1``), message, fix,
     patch, lines.
 
     ``in_error``: the error that ended the run holds the explanation; one line points at it.
     ``patch_above``: the kind of a finding printed above with the same patch (it is not printed again).
+    ``patch_number``: the patch is printed below, outside any box, as that number (:func:`patch_blocks`); only
+    a line points at it.  Otherwise the patch follows, exactly as it is (:class:`Verbatim`).
 
     >>> [type(part).__name__ for part in finding_lines(Finding("retained-graph", "warning", 3, "m", "f"))]
     ['Text', 'Padding', 'Padding']
@@ -89,42 +93,124 @@ def finding_lines(
         yield Padding(Text(finding.message), (0, 0, 0, 2), expand=False)
     if not in_error and finding.fix not in finding.message:  # an explanation lists its fixes: not again
         yield Padding(Text.assemble(("fix: ", "bold green"), finding.fix), (0, 0, 0, 2), expand=False)
-    if finding.patch and patch_above:
+    if finding.patch and patch_number is not None:
+        yield Padding(Text.assemble(("patch: ", "bold green"), f"{patch_number}, printed below"), (0, 0, 0, 2), expand=False)
+    elif finding.patch and patch_above:
         yield Padding(Text.assemble(("patch: ", "bold green"), f"the one under {patch_above} above"), (0, 0, 0, 2), expand=False)
     elif finding.patch:
         yield Padding(Text("patch (patch -p0):", style="bold green"), (0, 0, 0, 2), expand=False)
-        yield Padding(diff_text(finding.patch), (0, 0, 0, 4), expand=False)
+        yield Verbatim(finding.patch)
     sites = cited_sites(finding)
     if sites:
         yield Padding(Text.assemble(("at: ", "bold"), (", ".join(sites), "cyan")), (0, 0, 0, 2), expand=False)
 
 
-def findings_lines(findings: Sequence[Finding], in_error: Callable[[Finding], bool] | None = None) -> Iterator[RenderableType]:
+def findings_lines(
+    findings: Sequence[Finding], in_error: Callable[[Finding], bool] | None = None,
+    patch_numbers: Mapping[str, int] | None = None,
+) -> Iterator[RenderableType]:
     """Each of ``findings`` by :func:`finding_lines`, a blank line between them; a patch two findings share
     (a backward-twice error and the carried graph behind it) is printed under the first only.
+    ``patch_numbers`` (patch -> its number, :func:`numbered_patches`): the patches are printed elsewhere.
 
     >>> f = Finding("retained-graph", "warning", 3, "m", "f", patch="--- a.py\\n+++ a.py\\n")
     >>> [type(part).__name__ for part in findings_lines([f, f])].count("Padding")
-    7
+    6
     """
     printed: dict[str, str] = {}  # patch -> the kind of the finding it was printed under
     for i, finding in enumerate(findings):
         if i:
             yield Text("")
-        yield from finding_lines(finding, in_error=bool(in_error and in_error(finding)), patch_above=printed.get(finding.patch or ""))
+        number = patch_numbers.get(finding.patch or "") if patch_numbers is not None else None
+        yield from finding_lines(
+            finding, in_error=bool(in_error and in_error(finding)), patch_above=printed.get(finding.patch or ""),
+            patch_number=number,
+        )
         if finding.patch:
             printed.setdefault(finding.patch, finding.kind)
 
 
-def diff_text(patch: str) -> Text:
-    """A unified diff, its added lines green and removed ones red (no wrapping: a diff line is code)."""
-    text = Text(no_wrap=True, overflow="ignore")
-    for line in patch.rstrip("\n").splitlines():
-        style = "green" if line.startswith("+") and not line.startswith("+++") else ""
-        style = "red" if line.startswith("-") and not line.startswith("---") else style
-        text.append(line + "\n", style=style or "dim")
-    text.rstrip()
-    return text
+def numbered_patches(findings: Sequence[Finding]) -> dict[str, int]:
+    """Each distinct patch of ``findings`` -> its number (1, 2, ...), in the findings' order.
+
+    >>> f = Finding("retained-graph", "warning", 3, "m", "f", patch="--- a.py\\n+++ a.py\\n")
+    >>> numbered_patches([f, f, Finding("retained-graph", "warning", 4, "m", "f")])
+    {'--- a.py\\n+++ a.py\\n': 1}
+    """
+    numbers: dict[str, int] = {}
+    for finding in findings:
+        if finding.patch and finding.patch not in numbers:
+            numbers[finding.patch] = len(numbers) + 1
+    return numbers
+
+
+def patch_blocks(findings: Sequence[Finding], numbers: Mapping[str, int]) -> Iterator[RenderableType]:
+    """The patches ``numbers`` names, each under a line that says which finding it fixes, outside any box
+    and exactly as they are (:class:`Verbatim`): copied from a terminal or piped into ``patch -p0``, they apply."""
+    for patch, number in numbers.items():
+        fixed = [f for f in findings if f.patch == patch]
+        kinds = ", ".join(dict.fromkeys(f.kind for f in fixed))
+        of = f" {number} of {len(numbers)}" if len(numbers) > 1 else ""
+        yield Text.assemble(("patch (patch -p0):", "bold green"), f"{of} the fix of {kinds}")
+        yield Verbatim(patch)
+        yield Text("")
+
+
+class Verbatim:
+    """Text printed exactly as it is, a patch: not boxed, wrapped, padded, styled or trimmed.
+
+    Rendered by rich (into a console of your own), it is one unstyled, unwrapped line per line;
+    :func:`print_blocks` writes it straight to the console's stream, byte for byte, trailing spaces
+    included (a diff's context line may end in one).
+
+    >>> import io
+    >>> from rich.console import Console
+    >>> console = Console(file=io.StringIO(), width=10, force_terminal=True)
+    >>> print_blocks(console, [Verbatim("--- a.py\\n+ a long line, longer than the console  \\n")])
+    >>> console.file.getvalue()
+    '--- a.py\\n+ a long line, longer than the console  \\n'
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text if text.endswith("\n") else text + "\n"
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for line in self.text.splitlines():
+            yield Segment(line)
+            yield Segment.line()
+
+
+class _Blocks:
+    """Some of a summary's blocks as one renderable, ASCII on a console that cannot show unicode."""
+
+    def __init__(self, parts: Sequence[RenderableType]) -> None:
+        self.parts = parts
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield from ascii_safe(console, options, self.parts)
+
+
+def print_blocks(console: Console, blocks: Sequence[RenderableType]) -> None:
+    """Print ``blocks`` in order: each :class:`Verbatim` one straight to the console's stream (past rich, and
+    past the trimming of :class:`TrimmedLines`), the others through rich."""
+    pending: list[RenderableType] = []
+    for block in [*blocks, None]:
+        if block is not None and not isinstance(block, Verbatim):
+            pending.append(block)
+            continue
+        if pending:
+            console.print(_Blocks(pending))
+            pending = []
+        if block is None:
+            break
+        stream = console.file
+        stream = stream.file if isinstance(stream, TrimmedLines) else stream
+        stream.flush()
+        try:
+            stream.write(block.text)
+        except UnicodeEncodeError:  # a stream that cannot show a character of the user's source
+            stream.write(block.text.encode("ascii", "backslashreplace").decode("ascii"))
+        stream.flush()
 
 
 def ascii_safe(console: Console, options: ConsoleOptions, parts: Sequence[RenderableType]) -> RenderResult:
@@ -151,8 +237,13 @@ class Summary:
         self.title = title
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        boxed = options.max_width < UNWRAPPED_WIDTH  # unwrapped output (no terminal): no box as wide as the log
-        yield from ascii_safe(console, options, list(self._parts(options.max_width, boxed)))
+        yield from ascii_safe(console, options, self.blocks(options.max_width))
+
+    def blocks(self, max_width: int) -> list[RenderableType]:
+        """The summary's parts in order, for a console ``max_width`` wide; its patches are :class:`Verbatim`
+        blocks, printed below the findings and outside their box (see :func:`print_blocks`)."""
+        boxed = max_width < UNWRAPPED_WIDTH  # unwrapped output (no terminal): no box as wide as the log
+        return list(self._parts(max_width, boxed))
 
     def _parts(self, max_width: int, boxed: bool = True) -> Iterator[RenderableType]:
         trace = self.trace
@@ -176,25 +267,29 @@ class Summary:
         for notice in (averaged_text(trace), counted_only_text(trace)):
             if notice:
                 yield Text(notice, style="dim")
+        patches = numbered_patches(trace.findings)
         if trace.findings and boxed:
             yield Panel(
-                Group(*self._findings()),
+                Group(*self._findings(patches)),
                 title="findings",
                 title_align="left",
                 border_style="red" if not good else "blue",
             )
         elif trace.findings:
             yield Text("findings", style="bold")
-            yield from self._findings()
+            yield from self._findings(patches)
+        yield from patch_blocks(trace.findings, patches)
         if trace.steps:
             yield self._table()
             yield self._sparklines(max_width)
+        if time_text(trace):
+            yield Text(time_text(trace), style="dim")
         if self.report is not None:
             index = Path(self.report)
             yield Text.assemble(("report: ", "bold"), str(index if index.suffix == ".html" else index / "index.html"))
 
-    def _findings(self) -> Iterator[RenderableType]:
-        yield from findings_lines(self.trace.findings, lambda finding: explained_in_error(self.trace, finding))
+    def _findings(self, patches: Mapping[str, int]) -> Iterator[RenderableType]:
+        yield from findings_lines(self.trace.findings, lambda finding: explained_in_error(self.trace, finding), patches)
 
     def _table(self) -> Table:
         steps = self.trace.steps
@@ -209,18 +304,22 @@ class Summary:
             "and each step where a finding was first seen",
             caption_justify="left",
         )
-        for name in ("step", "nodes\nmade", "backward", "live\nsaved", "nodes\nalive"):
+        cpu = bool(self.trace.seconds)  # recorded (a trace of an older graphwatch has no CPU times)
+        names = ("step", "nodes\nmade", "backward\nwall clock", *(("backward\nCPU",) * cpu), "live\nsaved", "nodes\nalive")
+        for name in names:
             table.add_column(name, justify="right", no_wrap=True)
         table.add_column("first seen", style="red", overflow="fold")
         for row in rows:
             if isinstance(row, int):
-                table.add_row("⋯", "", "", "", "", f"{counted(row, 'step')} omitted", style="dim")
+                table.add_row("⋯", *[""] * (len(names) - 1), f"{counted(row, 'step')} omitted", style="dim")
                 continue
             backward = f"{len(row.backwards)} · {seconds_text(row.backward_seconds)}" if row.backwards else "–"
+            backward_cpu = seconds_text(row.backward_cpu_seconds) if row.backwards else "–"
             table.add_row(
                 str(row.index),
                 f"{row.nodes_created:,}",
                 backward,
+                *((backward_cpu,) * cpu),
                 human_bytes(row.live_saved_bytes),
                 f"{row.live_nodes:,}",
                 marks.get(row.index, ""),
@@ -334,4 +433,5 @@ def print_summary(trace: Trace, console: Console | None = None, report: Path | N
     >>> from graphwatch.model import Trace
     >>> print_summary(Trace(), console=make_console(io.StringIO()))
     """
-    (console or make_console()).print(Summary(trace, report))
+    console = console or make_console()
+    print_blocks(console, Summary(trace, report).blocks(console.width))

@@ -16,6 +16,7 @@ from typing import Any
 from ..analysis.evidence import counted
 from ..model import Finding, StepRecord, Trace
 from ..model.columns import AVERAGE_AFTER, field_values
+from ..model.records import OWN_ESTIMATED
 
 # memory-growth cites the first and last step of its fit, not every step it saw
 _RANGE_KINDS = frozenset({"memory-growth"})
@@ -221,3 +222,75 @@ def cited_sites(finding: Finding) -> list[str]:
     ['a.py:3']
     """
     return [str(s) for s in dict.fromkeys(finding.evidence.get("sites") or []) if s != "<unknown>"]
+
+
+def session_line(trace: Trace, state: str) -> str:
+    """A session in one line (its ``repr``: a debugger's view): its state, steps and what was found.
+
+    >>> session_line(Trace(findings=[Finding("retained-graph", "warning", 3, "m", "f")]), "ended")
+    '<graphwatch.Session ended: 0 steps, 1 problem: retained-graph at step 3>'
+    """
+    found = problems(trace)
+    notes = len(trace.findings) - len(found)
+    said = f"{counted(len(found), 'problem')}: " + ", ".join(f"{f.kind} at step {f.step}" for f in found) if found else (
+        "no graph leaks"
+    )
+    said += f" ({counted(notes, 'note')})" if notes else ""
+    return f"<graphwatch.Session {state}: {counted(len(trace.steps), 'step')}, {said}>"
+
+
+def session_text(trace: Trace, state: str) -> str:
+    """A session as text (``print(gw)``, a notebook's text view): the verdict, each finding with its fix and
+    patch, and where to read more.
+
+    >>> print(session_text(Trace(findings=[Finding("retained-graph", "warning", 3, "held", "drop it")]), "ended"))
+    graphwatch: 1 problem in 0 steps (session ended)
+    [retained-graph] step 3: held
+      fix: drop it
+    gw.summary(): the per-step table; gw.report(DIR): the HTML report; gw.findings: these findings
+    """
+    text, _ = verdict([trace])
+    lines = [f"{text} (session {state})"]
+    if trace.ended_early:
+        lines.append(f"the run ended early: {early_end(trace)}")
+    for finding in trace.findings:
+        lines.append(str(finding))
+        if finding.patch:
+            lines += ["  patch (patch -p0):", finding.patch.rstrip("\n")]
+    lines.append("gw.summary(): the per-step table; gw.report(DIR): the HTML report; gw.findings: these findings")
+    return "\n".join(lines)
+
+
+def time_text(trace: Trace) -> str:
+    """How long the session took, in wall-clock and in CPU time of the process, and how much of the wall clock
+    was graphwatch's own code ("" for a trace that did not record it); when the process had a CPU for much
+    less than the wall time, it says so: slow steps then are the machine's load (or waiting), not the code.
+
+    >>> parts = {"around backwards": 0.05, "step ends": 0.12, "optimizer hooks": 0.01, OWN_ESTIMATED: 0.14}
+    >>> print(time_text(Trace(seconds=4.2, cpu_seconds=1.6, own_seconds=parts)))  # doctest: +NORMALIZE_WHITESPACE
+    time: 4.20 s wall clock, 1.60 s CPU (the process had a CPU for 38% of the wall time: a loaded machine, or
+    waiting for I/O or a GPU); graphwatch itself: about 320.00 ms (8%): 140.00 ms in saved-tensor hooks
+    (estimated), 120.00 ms at step ends, 50.00 ms around backwards, 10.00 ms in optimizer hooks
+    """
+    if not trace.seconds:
+        return ""
+    text = f"time: {seconds_text(trace.seconds)} wall clock, {seconds_text(trace.cpu_seconds)} CPU"
+    if trace.seconds > BUSY_AFTER and trace.cpu_seconds < BUSY_SHARE * trace.seconds:
+        text += (
+            f" (the process had a CPU for {trace.cpu_seconds / trace.seconds:.0%} of the wall time: a loaded "
+            "machine, or waiting for I/O or a GPU)"
+        )
+    own = trace.own_seconds
+    total = sum(own.values())
+    if not own:
+        return text
+    parts = sorted(own.items(), key=lambda part: -part[1])
+    where = ", ".join(f"{seconds_text(s)} {_OWN_PARTS.get(name, f'in {name}')}" for name, s in parts)
+    about = "about " if own.get(OWN_ESTIMATED) else ""
+    return f"{text}; graphwatch itself: {about}{seconds_text(total)} ({total / trace.seconds:.0%}): {where}"
+
+
+# The process had a CPU for less than this share of the wall time of a session longer than BUSY_AFTER
+# seconds: the summary says so.
+BUSY_SHARE, BUSY_AFTER = 0.6, 0.25
+_OWN_PARTS = {"step ends": "at step ends", "around backwards": "around backwards"}
