@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_patches import apply_patch, graphwatch_run, needs_patch_tool
+from test_patches import REPO, apply_patch, graphwatch_run, needs_patch_tool
 
 import graphwatch
 
@@ -35,6 +35,12 @@ def finding_of(trace: graphwatch.Trace, kind: str) -> graphwatch.Finding:
     found = [f for f in trace.findings if f.kind == kind]
     assert len(found) == 1, [str(f) for f in trace.findings]
     return found[0]
+
+
+def trains_like(folder: Path, reference: str) -> None:
+    """The (patched) train.py prints what ``reference``, a known-good version of it, prints."""
+    (folder / "reference.py").write_text(reference)
+    assert run_plain(folder, "train.py") == run_plain(folder, "reference.py")
 
 
 def patched_runs_clean(folder: Path, patch: str | None, script: str = "train.py") -> None:
@@ -89,8 +95,7 @@ def test_an_lstm_state_returned_by_train_step_gets_a_tuple_aware_patch_in_the_lo
     assert error.fix == carried.fix and error.patch == carried.patch
     assert "+        hidden = tuple(h.detach() for h in hidden)\n         loss, hidden = train_step(" in (carried.patch or "")
     patched_runs_clean(tmp_path, carried.patch)
-    (tmp_path / "fixed.py").write_text(TRAIN_STEP_FIXED)
-    assert run_plain(tmp_path, "train.py") == run_plain(tmp_path, "fixed.py")
+    trains_like(tmp_path, TRAIN_STEP_FIXED)
 
 
 def test_a_tensor_state_returned_by_train_step_is_detached_as_a_tensor(tmp_path: Path) -> None:
@@ -125,9 +130,8 @@ def test_a_state_that_starts_as_none_gets_a_none_safe_patch(tmp_path: Path) -> N
     assert carried.fix.startswith("`if hidden is not None: hidden = tuple(h.detach() for h in hidden)`")
     assert carried.remedies[0].edits[0].value_type == "Optional[tuple[Tensor]]"
     patched_runs_clean(tmp_path, carried.patch)  # the first step, where it is None, runs
-    fixed = STARTS_AS_NONE.replace("    opt.step()\n", "    opt.step()\n    hidden = tuple(h.detach() for h in hidden)\n")
-    (tmp_path / "fixed.py").write_text(fixed)
-    assert run_plain(tmp_path, "train.py") == run_plain(tmp_path, "fixed.py")
+    detached_after_the_step = "    opt.step()\n    hidden = tuple(h.detach() for h in hidden)\n"
+    trains_like(tmp_path, STARTS_AS_NONE.replace("    opt.step()\n", detached_after_the_step))
 
 
 STACKED = """\
@@ -160,9 +164,7 @@ def test_a_nested_state_a_list_of_per_layer_tuples_is_detached_as_it_ran(tmp_pat
     carried = finding_of(diagnose(tmp_path, STACKED), "graph-carried-across-steps")
     assert carried.fix.startswith("`states = [tuple(h.detach() for h in layer) for layer in states]`")
     patched_runs_clean(tmp_path, carried.patch)
-    fixed = STACKED.replace("    states = new\n", "    states = [(h.detach(), c.detach()) for h, c in new]\n")
-    (tmp_path / "fixed.py").write_text(fixed)
-    assert run_plain(tmp_path, "train.py") == run_plain(tmp_path, "fixed.py")
+    trains_like(tmp_path, STACKED.replace("    states = new\n", "    states = [(h.detach(), c.detach()) for h, c in new]\n"))
 
 
 LIGHTNING = """\
@@ -278,12 +280,11 @@ print(f"mean loss {total.item() / 8:.4f}")
 
 
 def test_a_module_level_loop_gets_a_patch_that_keeps_its_printout(tmp_path: Path) -> None:
-    (tmp_path / "original.py").write_text(MODULE_LEVEL)
     kept = finding_of(diagnose(tmp_path, MODULE_LEVEL), "graph-kept-alive")
     assert kept.fix == "keep a number, not the graph: `total = total + loss.item()` at train.py:14"
     assert '+print(f"mean loss {total / 8:.4f}")' in (kept.patch or "")  # total is a number now
     patched_runs_clean(tmp_path, kept.patch)
-    assert run_plain(tmp_path, "train.py") == run_plain(tmp_path, "original.py")
+    trains_like(tmp_path, MODULE_LEVEL)
 
 
 # ------------------------------------------------------------------ holders reached through objects
@@ -329,7 +330,6 @@ main()
 
 
 def test_a_moving_average_on_an_object_is_named_at_its_line_and_detached_there(tmp_path: Path) -> None:
-    (tmp_path / "original.py").write_text(POLICY)
     trace = diagnose(tmp_path, POLICY)
     kept = finding_of(trace, "graph-kept-alive")  # one finding: no second, site-less copy
     assert kept.evidence["holder"] == "self.policy.baseline" and kept.evidence["sites"][0] == "train.py:11"
@@ -339,7 +339,7 @@ def test_a_moving_average_on_an_object_is_named_at_its_line_and_detached_there(t
         "at train.py:11"
     )
     patched_runs_clean(tmp_path, kept.patch)
-    assert run_plain(tmp_path, "train.py") == run_plain(tmp_path, "original.py")  # nothing trained through it
+    trains_like(tmp_path, POLICY)  # nothing trained through it
 
 
 BUFFER = """\
@@ -372,44 +372,20 @@ for step in range(10):
 
 
 def test_a_module_buffer_updated_outside_no_grad_is_named_at_its_line(tmp_path: Path) -> None:
-    (tmp_path / "original.py").write_text(BUFFER)
     kept = finding_of(diagnose(tmp_path, BUFFER), "graph-kept-alive")
     assert kept.evidence["holder"] == "model.running" and kept.evidence["sites"][0] == "train.py:13"
     assert kept.fix.startswith("keep the value without its graph: `self.running = (0.9 * self.running")
     patched_runs_clean(tmp_path, kept.patch)
-    assert run_plain(tmp_path, "train.py") == run_plain(tmp_path, "original.py")
+    trains_like(tmp_path, BUFFER)
 
 
-EMA = """\
-import copy
-
-import torch
-from torch import nn
-
-torch.manual_seed(0)
-student = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-teacher = copy.deepcopy(student)
-for p in teacher.parameters():
-    p.requires_grad_(False)
-opt = torch.optim.SGD(student.parameters(), lr=0.01)
-for step in range(8):
-    x = torch.randn(16, 8)
-    with torch.no_grad():
-        target = teacher(x)
-    loss = (student(x) - target).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    for tp, sp in zip(teacher.parameters(), student.parameters()):
-        tp.mul_(0.99).add_(0.01 * sp)
-    print(f"{loss.item():.6f}")
-"""
+# the accuracy corpus's reproduction, printing the last loss (the teacher makes the student's target)
+EMA = (REPO / "benchmarks" / "accuracy" / "repros" / "ema_teacher_bug.py").read_text() + 'print(f"{loss.item():.6f}")\n'
 
 
 def test_an_ema_update_is_patched_where_the_precise_level_saw_its_line_and_only_there(tmp_path: Path) -> None:
     """The in-place update saves no tensor: the default level does not know its line (no patch, no guess);
     the precise level does, and the update loop goes under no_grad."""
-    (tmp_path / "original.py").write_text(EMA)
     default = finding_of(diagnose(tmp_path, EMA), "graph-kept-alive")
     assert default.fix.startswith("update `teacher`'s parameters under `with torch.no_grad():`")
     assert default.patch is None
@@ -418,10 +394,10 @@ def test_an_ema_update_is_patched_where_the_precise_level_saw_its_line_and_only_
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     precise = finding_of(graphwatch.load(tmp_path / "precise" / "trace.json"), "graph-kept-alive")
-    assert run.returncode == 0 and precise.evidence["sites"][0] == "train.py:21"
+    assert run.returncode == 0 and precise.evidence["sites"][0] == "train.py:25"
     assert "+    with torch.no_grad():\n+        for tp, sp in zip(" in (precise.patch or "")
     patched_runs_clean(tmp_path, precise.patch)
-    assert run_plain(tmp_path, "train.py") == run_plain(tmp_path, "original.py")  # the teacher is not trained
+    trains_like(tmp_path, EMA)  # the teacher is updated as before
 
 
 # ------------------------------------------------------------------ what must not be patched
