@@ -19,8 +19,10 @@ from .analysis import FINDING_KINDS
 from .decorator import configure, step
 from .errors import (
     BackwardTwiceError,
+    ExplainedError,
     GraphLeakError,
     GraphwatchError,
+    LossWithoutGraphError,
     TraceFormatError,
     UsageError,
 )
@@ -51,9 +53,11 @@ def load(path: str | Path) -> Trace:
 __all__ = [
     "FINDING_KINDS",
     "BackwardTwiceError",
+    "ExplainedError",
     "Finding",
     "GraphLeakError",
     "GraphwatchError",
+    "LossWithoutGraphError",
     "Session",
     "Trace",
     "TraceFormatError",

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-import warnings
 import weakref
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping
@@ -36,13 +35,18 @@ import torch
 
 from .analysis import FindingLog, explain_backward_twice
 from .analysis.explain import handed_off
+from .analysis.torch_errors import inplace_finding, no_graph_finding
 from .capture import Recorder, frontier, path_to, quick_walk, root_records, walk
-from .capture.carriers import find_carrier, name_carrier, reaches
+from .capture.carriers import name_carrier
+from .capture.causes import CauseFinder
 from .capture.holders import local_value, parameter_names, user_frames
+from .capture.inplace import InplaceFinder
+from .capture.no_grad import find_no_grad
 from .capture.optimizer import GradResetTracker
 from .capture.recorder import TRACKED_PER_STEP
+from .capture.saved import SavedHandle
 from .capture.step_clock import next_sequence_nr
-from .errors import BackwardTwiceError
+from .errors import BackwardTwiceError, LossWithoutGraphError, notify
 from .model import BackwardRecord, NodeRecord, Snapshot, StepRecord
 from .model.packed import PackedArray
 from .rendering.dot import snapshot_dots
@@ -52,6 +56,7 @@ CROSSING = "graph crosses steps"  # the reason of the snapshot of the first grap
 # records of every node (about 4x bare torch's memory on a 1M-node chain); it gets the quick walk instead.
 # The same bound as the tensors a step tracks one by one: past it a step is counted, not recorded.
 DRAW_SAVED_BOUND = TRACKED_PER_STEP
+_REMEMBERED = 64  # backwards whose losses and parameters reached are remembered for an error's remedies
 
 
 class BackwardWatch:
@@ -75,23 +80,31 @@ class BackwardWatch:
         self._started_at = PackedArray("q")  # per backward id: the node sequence number when it started
         # the last optimizer steps: (backwards started before it, the optimizer), to tell who trains what
         self._recent_steps: deque[tuple[int, weakref.ref]] = deque(maxlen=32)
+        # the last backwards' losses (weakly: a loss still alive at an error shows its whole graph) and the
+        # parameters each reached (``id()``s), by backward id: what an error's remedies are made from
+        self._losses: dict[int, list[weakref.ref]] = {}
+        self._reached: dict[int, frozenset[int]] = {}
+        recorder.inplace_explainer = self.explain_inplace
 
     def optimizer_stepped(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer.step()`` ran (after the backwards recorded so far)."""
         self._recent_steps.append((len(self._started_at), weakref.ref(optimizer)))
 
-    def _optimizers_between(self, first: int, last: int) -> list[torch.optim.Optimizer]:
-        """The optimizers that stepped after backward ``first`` started and before backward ``last`` did."""
-        found = []
-        for started, ref in self._recent_steps:
-            optimizer = ref()
-            if first < started <= last and optimizer is not None and optimizer not in found:
-                found.append(optimizer)
-        return found
+    def _stepped_after(self, backward: int) -> list[torch.optim.Optimizer]:
+        """The optimizers of the first optimizer step after backward ``backward`` started."""
+        after = [started for started, _ in self._recent_steps if started > backward]
+        first = min(after, default=None)
+        return [o for started, ref in self._recent_steps if started == first and (o := ref()) is not None]
 
-    def started(self, record: BackwardRecord) -> None:
-        """A backward starts (its record is the next in the trace)."""
+    def started(self, record: BackwardRecord, outputs: Iterable[Any] = ()) -> None:
+        """A backward of ``outputs`` (the tensors it starts from) starts (its record is the next in the trace)."""
         self._started_at.append(next_sequence_nr())
+        try:
+            self._losses[record.id] = [weakref.ref(t) for t in outputs if isinstance(t, torch.Tensor)]
+        except TypeError:  # a tensor type without weak references: its graph is not looked at at an error
+            self._losses[record.id] = []
+        self._losses.pop(record.id - _REMEMBERED, None)
+        self._reached.pop(record.id - _REMEMBERED, None)
 
     def walk_before(self, record: BackwardRecord, roots: list[Any], accumulate: bool) -> list[NodeRecord]:
         """Tag and count the graph the backward is about to run; return the nodes already freed."""
@@ -100,16 +113,15 @@ class BackwardWatch:
             record.retain_graph or record.create_graph or self.retained or recorder.detail_always
             or recorder.boundary_pending or self.wants_snapshot(record, False)
         ):  # fmt: skip
-            quick = quick_walk(recorder, roots, record.id, collect_params=accumulate)
+            quick = quick_walk(recorder, roots, record.id, collect_params=True)
             if quick is not None:
                 record.nodes_reached = quick.nodes_reached
                 record.nodes_counted_only = quick.nodes_counted_only
                 record.roots = root_records(recorder, roots)  # a backward-twice error compares them
-                if accumulate:
-                    self._grads.accumulated(quick.params_reached)
+                self._reached_params(record, quick.params_reached, accumulate)
                 return []
         reached: set[int] | None = set() if (record.retain_graph or self.retained) else None
-        result = walk(recorder, roots, record.id, collect_params=accumulate, reached=reached)
+        result = walk(recorder, roots, record.id, collect_params=True, reached=reached)
         record.nodes_reached = result.nodes_reached
         record.earlier_nodes_reached = result.earlier_nodes_reached
         record.earlier_steps = sorted(result.earlier_steps)
@@ -119,8 +131,7 @@ class BackwardWatch:
         if record.crossings:
             self._name_carrier(record)
         record.roots = root_records(recorder, roots)
-        if accumulate:
-            self._grads.accumulated(result.params_reached)
+        self._reached_params(record, result.params_reached, accumulate)
         if reached is not None:
             for earlier, earlier_reached in self.retained:
                 if not earlier.graph_reused and earlier_reached & reached:
@@ -131,6 +142,12 @@ class BackwardWatch:
         if self.wants_snapshot(record, crosses):
             self.snapshot(record.step, roots, CROSSING if crosses else "first backward")
         return result.freed
+
+    def _reached_params(self, record: BackwardRecord, params: list[Any], accumulate: bool) -> None:
+        """Note the parameters the backward reaches (and, for one that accumulates, count it into them)."""
+        self._reached[record.id] = frozenset(map(id, params))
+        if accumulate:
+            self._grads.accumulated(params)
 
     def _name_carrier(self, record: BackwardRecord) -> None:
         """Name the value that carried the first crossing's earlier node, while the loop's frames are here."""
@@ -149,25 +166,43 @@ class BackwardWatch:
         trace = self._recorder.trace
         stale = freed[0] if freed else None  # the light level records no saved tensors: no stale node
         path = path_to(roots, stale) if stale is not None else []
-        freeing = stale.freed_by if stale is not None else None
-        between = self._optimizers_between(freeing, record.id) if freeing is not None else []
-        handoff, detach_in_failing = None, False
-        if between and freeing is not None:
-            carrier, used = handed_off(path, self._started_at[freeing])
-            if carrier is not None and used is not None:
-                handoff = (carrier, used)
-                found = find_carrier(self._recorder, sys._getframe(2), carrier)
-                if found is not None:
-                    named, tensor = found
-                    carrier.carried_as, carrier.carried_at = named.name, named.frame_site
-                    # the optimizer between them trains what made it: the failing backward must not reach it
-                    detach_in_failing = reaches(tensor, self._recorder.optimized_parameters(between))
-        finding = explain_backward_twice(trace, record, stale, path, handoff, detach_in_failing)
+        shared, cause = None, None
+        if stale is not None and stale.freed_by is not None:
+            freeing = trace.backwards[stale.freed_by]
+            shared, _ = handed_off(path, self._started_at[freeing.id])
+            losses = [t.grad_fn for ref in self._losses.get(freeing.id, ()) if (t := ref()) is not None]
+            try:
+                finder = CauseFinder(self._recorder, sys._getframe(2), self._stepped_after)
+                cause = finder.cause(freeing, record, roots, shared, [n for n in losses if n is not None],
+                                     self._reached.get(freeing.id))
+            except Exception as error:  # looking closer must never hide the user's error
+                notify(f"graphwatch: could not look into the cause ({error!r})", stacklevel=2)
+        finding = explain_backward_twice(trace, record, stale, path, shared, cause)
         self._log.add(finding)
         self._recorder.keep_detail(record.step)
         self.snapshot(record.step, roots, "backward through a freed graph", force=True,
                       focus_on=[stale.id] if stale is not None else [])
         return BackwardTwiceError(f"{exc}\n\n{finding.message}", finding)
+
+    def explain_inplace(self, handle: SavedHandle, tensor: torch.Tensor) -> str:
+        """graphwatch's paragraph for a saved tensor changed in place (the line that changed it, and the
+        out-of-place form there), and its finding logged."""
+        recorder = self._recorder
+        backward = recorder.backward
+        losses = self._losses.get(backward.id, []) if backward is not None else []
+        roots = [t.grad_fn for ref in losses if (t := ref()) is not None]
+        cause = InplaceFinder(recorder, [r for r in roots if r is not None], sys._getframe(1)).cause(handle, tensor)
+        finding = inplace_finding(recorder.trace, cause, recorder.step)
+        self._log.add(finding)
+        recorder.keep_detail(recorder.step)
+        return finding.message
+
+    def explain_no_graph(self, record: BackwardRecord, exc: RuntimeError) -> LossWithoutGraphError:
+        """The error to raise for torch's "does not require grad and does not have a grad_fn" ``exc``."""
+        cause = find_no_grad(self._recorder, sys._getframe(2), record.site)
+        finding = no_graph_finding(self._recorder.trace, cause, record.step)
+        self._log.add(finding)
+        return LossWithoutGraphError(f"{exc}\n\n{finding.message}", finding)
 
     def settle_retained(self, current: StepRecord) -> None:
         """At a step end: what each retained graph of the step still holds in saved tensors."""
@@ -229,7 +264,7 @@ class BackwardWatch:
             dot, focus = snapshot_dots(roots, trace, step, retained=retained, params=params, outputs=outputs,
                                        focus_on=focus_on, notes=notes)
         except Exception as exc:  # a drawing must never break the user's backward
-            warnings.warn(f"graphwatch: could not draw the step {step} graph ({exc!r}); the trace is unaffected", stacklevel=2)
+            notify(f"graphwatch: could not draw the step {step} graph ({exc!r}); the trace is unaffected", stacklevel=2)
             return
         trace.snapshots.append(Snapshot(step, reason, dot, focus))
 

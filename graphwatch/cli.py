@@ -39,11 +39,12 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from . import __version__
 from .errors import TraceFormatError, UsageError
 from .model import Trace
+from .model.trace_io import save_trace_elsewhere
 from .options import LEVELS
 from .runner import (
     EXIT_INTERRUPTED,
@@ -66,8 +67,44 @@ DEFAULT_DEMO_OUT = "graphwatch-demo"
 
 def error(message: str) -> int:
     """Print ``graphwatch: error: MESSAGE`` on stderr; return the usage-error exit code."""
-    print(f"graphwatch: error: {message}", file=sys.stderr)
+    say(f"graphwatch: error: {message}")
     return EXIT_USAGE
+
+
+def say(text: str, file: TextIO | None = None) -> None:
+    """Print a line (on stderr unless ``file``) that no string in it can turn into terminal commands
+    (:func:`~graphwatch.rendering.terminal.printable`), in whatever the stream can encode; a reader that has
+    gone (a closed pipe) ends the printing, never the command."""
+    from .rendering.terminal import printable, silence_broken_pipe
+
+    stream = sys.stderr if file is None else file
+    if stream is None:  # started with the stream closed
+        return
+    line = printable(text)
+    try:
+        line.encode(stream.encoding or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        line = line.encode("ascii", "backslashreplace").decode("ascii")
+    try:
+        print(line, file=stream, flush=True)
+    except BrokenPipeError:
+        silence_broken_pipe(stream)
+
+
+def flush_streams() -> None:
+    """Flush stdout and stderr; one whose reader has gone is pointed at /dev/null (Python's own last flush
+    would otherwise fail, with exit status 120)."""
+    from .rendering.terminal import silence_broken_pipe
+
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None:
+            continue
+        try:
+            stream.flush()
+        except BrokenPipeError:
+            silence_broken_pipe(stream)
+        except (OSError, ValueError):  # closed
+            pass
 
 
 # ------------------------------------------------------------------ run
@@ -93,9 +130,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         if os.getpid() != started_in:  # a forked child of the script: its parent writes the report
             return run.exit_code
         if run.error is not None and not run.terminated:
-            print_script_exception(run.error)
-        if sys.stdout is not None:  # None when started with stdout closed (`>&-`)
-            sys.stdout.flush()
+            try:
+                print_script_exception(run.error)
+            except BrokenPipeError:  # stderr's reader has gone: the exit code still says it failed
+                flush_streams()
+        flush_streams()  # the script's output first (and a closed pipe found before the summary)
         report, failure = _write_report(run, out, args.quiet, since, lambda: guard.terminated)
         code = _run_exit_code(run, guard, failure, args.strict)
         if patch_out is not None and not run.trace.rank and not write_patches(run.trace, patch_out, args.quiet):
@@ -111,7 +150,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _write_report(
     run: ScriptRun, out: Path, quiet: bool, since: float, stop: Callable[[], bool]
 ) -> tuple[Path | None, str | None]:
-    """Write the report and print the summary: (index.html, None), or (None, why) with the summary still printed."""
+    """Write the report and print the summary: (index.html, None), or (None, why) with the summary still printed
+    and the trace saved to a temporary file (named in ``why``) instead."""
     try:
         return finish_report(run, out, summary=not quiet, since=since, stop=stop), None
     except UsageError as exc:
@@ -119,7 +159,10 @@ def _write_report(
             from .rendering.terminal import print_summary
 
             print_summary(run.trace, report=None)
-        return None, str(exc)
+        kept = save_trace_elsewhere(run.trace)
+        if kept is None:
+            return None, f"{exc}; the report could not be written (the summary above is all there is)"
+        return None, f"{exc}; the report could not be written; the trace was saved to {kept} (graphwatch report {kept} --out DIR)"
 
 
 def check_patch_out(name: str) -> Path:
@@ -179,18 +222,18 @@ def _run_exit_code(run: ScriptRun, guard: SignalGuard, failure: str | None, stri
 def _say_how_it_ended(run: ScriptRun, guard: SignalGuard, report: Path | None, failure: str | None, code: int) -> None:
     """One line on stderr for each way the run did not simply end: no report, a signal, --strict leaks."""
     if failure is not None:
-        error(f"{failure}; the report could not be written (the summary above is all there is)")
+        error(failure)
     if code == EXIT_SIGTERM:
         where = "no report was written" if report is None else (
             f"the report (marked as ended early) is at {report}" if run.trace.ended_early
             else f"it came after the script had ended; the report is complete: {report}"
         )
-        print(f"graphwatch: stopped by SIGTERM; {where}", file=sys.stderr)
+        say(f"graphwatch: stopped by SIGTERM; {where}")
     elif guard.interrupted and not run.exit_code:
-        print(f"graphwatch: interrupted while the report was written; it was finished first: {report}", file=sys.stderr)
+        say(f"graphwatch: interrupted while the report was written; it was finished first: {report}")
     elif code == EXIT_STRICT and not run.exit_code:
         kinds = ", ".join(sorted({f.kind for f in run.leaks}))
-        print(f"graphwatch: --strict: {len(run.leaks)} leak finding(s) ({kinds}); exit {EXIT_STRICT}", file=sys.stderr)
+        say(f"graphwatch: --strict: {len(run.leaks)} leak finding(s) ({kinds}); exit {EXIT_STRICT}")
 
 
 # --------------------------------------------------------------- report
@@ -213,7 +256,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         else:
             for label, trace in loaded:
                 print_blocks(console, Summary(trace, title=label if len(loaded) > 1 else None).blocks(console.width))
-    print(f"report: {report}")
+    say(f"report: {report}", sys.stdout)
     return 0
 
 
@@ -389,5 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, TraceFormatError) as exc:
         return error(str(exc))
     except KeyboardInterrupt:
-        print("graphwatch: interrupted", file=sys.stderr)
+        say("graphwatch: interrupted")
         return EXIT_INTERRUPTED
+    finally:
+        flush_streams()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
+import warnings
 from collections.abc import Collection
 from types import TracebackType
 from typing import Any
@@ -30,16 +32,25 @@ class TraceFormatError(GraphwatchError, ValueError):
     """A file given to :func:`graphwatch.load` is not a trace graphwatch can read."""
 
 
-class BackwardTwiceError(RuntimeError):
-    """torch's "backward through the graph a second time" error, explained.
+class ExplainedError(RuntimeError):
+    """One of torch's autograd errors, explained: torch's message first and unchanged, then graphwatch's.
 
-    Raised in place of torch's RuntimeError inside a session (so
-    ``except RuntimeError`` still catches it); ``finding`` holds the diagnosis.
+    Raised in place of torch's RuntimeError inside a session (so ``except RuntimeError`` still catches it);
+    ``finding`` holds the diagnosis.
     """
 
     def __init__(self, message: str, finding: object | None = None) -> None:
         super().__init__(message)
         self.finding = finding
+
+
+class BackwardTwiceError(ExplainedError):
+    """torch's "backward through the graph a second time" error, explained."""
+
+
+class LossWithoutGraphError(ExplainedError):
+    """torch's "element 0 of tensors does not require grad and does not have a grad_fn" error, explained
+    (which ``torch.no_grad()`` block or decorator made the loss without a graph)."""
 
 
 class GraphLeakError(GraphwatchError, AssertionError):
@@ -79,3 +90,22 @@ def without_own_frames(
     if kept:
         kept[-1].tb_next = None
     return kept[0] if kept else None
+
+
+def notify(message: str, category: type[Warning] = UserWarning, stacklevel: int = 2) -> None:
+    """Warn with ``message``; where warnings are turned into errors (``python -W error``), print it on stderr
+    instead.  What graphwatch has to say about itself (a picture it could not draw, a report it could not
+    write) never ends the user's run, and never takes the place of the user's own exception.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("error")
+    ...     notify("graphwatch: could not draw the step 3 graph")  # printed on stderr, not raised
+    """
+    try:
+        warnings.warn(message, category, stacklevel=stacklevel + 1)
+    except Warning:
+        try:
+            print(message, file=sys.stderr)
+        except (OSError, ValueError):  # stderr closed or gone: there is no one to tell
+            pass

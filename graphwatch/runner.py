@@ -171,9 +171,12 @@ def check_out_dir(out: str | os.PathLike[str]) -> Path:
         ...     print(error)
         cannot write the report to /dev/null/graphwatch-report: Not a directory; pass --out a folder you can write
     """
+    from .rendering.html import check_pictures_folder
+
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise UsageError(f"cannot write the report to {out}: it is a file, not a folder; pass --out a folder")
+    check_pictures_folder(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):

@@ -30,7 +30,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,6 +44,7 @@ from .analysis import (
     is_backward_twice,
     session_findings,
 )
+from .analysis.torch_errors import is_no_graph_error
 from .backwards import BackwardWatch
 from .capture import EnginePatch, Recorder, parse_engine_args
 from .capture.call_mode import CallSiteMode
@@ -54,10 +54,12 @@ from .capture.optimizer import GradResetTracker, OptimizerHooks
 from .capture.own_time import OwnTime
 from .capture.ranks import rank_and_world_size
 from .capture.saved import make_chained_hooks, make_hooks
+from .capture.source import cited_lines
 from .capture.stack_limit import claim_stack
 from .capture.transforms import hide_from_compiler, step_aside_for_disable, transforming
-from .errors import BackwardTwiceError, GraphLeakError, GraphwatchError, UsageError, without_own_frames
+from .errors import ExplainedError, GraphLeakError, GraphwatchError, UsageError, notify, without_own_frames
 from .model import BackwardRecord, Finding, StepRecord, Trace, save_trace
+from .model.trace_io import save_trace_elsewhere
 from .options import SessionOptions
 from .rendering.ranks import rank_folder
 from .signals import SignalGuard
@@ -129,6 +131,7 @@ class Session:
         self._own = OwnTime()  # the session's clocks, and graphwatch's own CPU time by part
         self._finished = False
         self._pid = os.getpid()  # a forked child that leaves the session writes and prints nothing
+        self._sigterm: SignalGuard | None = None  # stops the user's code at SIGTERM (see _start_sigterm_guard)
         self.script_globals: dict[str, Any] | None = None  # a finished script's globals (graphwatch run), searched last
 
     # ---------------------------------------------------------------- public
@@ -156,6 +159,7 @@ class Session:
         """Write ``out_dir/index.html`` (with trace.json and SVG snapshots); return the HTML path."""
         from .rendering.html import write_report
 
+        self.trace.sources = cited_lines(self.trace)  # the report shows them from the trace alone
         return write_report(self.trace, Path(out_dir))
 
     def summary(self, console: Any = None) -> None:
@@ -198,6 +202,7 @@ class Session:
         """The summary as HTML (Jupyter shows a session this way), in the report's look."""
         from .rendering.notebook import summary_html
 
+        self.trace.sources = cited_lines(self.trace)
         return summary_html(self.trace)
 
     def __repr__(self) -> str:
@@ -249,6 +254,7 @@ class Session:
             self._install()
         except BaseException:
             self._uninstall()
+            self._end_sigterm_guard()
             raise
         self.trace.rank, self.trace.world_size = rank_and_world_size()
         site = self._recorder.sites.here(2)
@@ -258,10 +264,12 @@ class Session:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         leak: GraphLeakError | None = None
+        if self._sigterm is not None:
+            self._sigterm.disarm()  # the user's block is over: a SIGTERM from now on waits for the report
         try:
             if exc_type is not None:
                 self.trace.ended_early = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
-            if isinstance(exc, (GraphwatchError, BackwardTwiceError)):  # its traceback ends at the user's call
+            if isinstance(exc, (GraphwatchError, ExplainedError)):  # its traceback ends at the user's call
                 exc.__traceback__ = without_own_frames(tb)
             found = len(self.findings)
             try:
@@ -272,9 +280,31 @@ class Session:
                 self.findings[found:] = [f for f in self.findings[found:] if f.kind not in _HOLDING_KINDS]
         finally:
             self._uninstall()
-            self._finalize(raise_leaks=exc_type is None and leak is None, failing=exc_type is not None)
+            try:
+                self._finalize(raise_leaks=exc_type is None and leak is None, failing=exc_type is not None)
+            finally:
+                self._end_sigterm_guard()
         if leak is not None and exc_type is None:
             raise leak
+
+    def _start_sigterm_guard(self) -> None:
+        """Where SIGTERM would kill the process outright (its default handler, in the main thread), stop the
+        user's code with :class:`~graphwatch.signals.Terminated` instead, so that the session still writes its
+        report and summary; :meth:`_end_sigterm_guard` then ends the process by SIGTERM, as it would have ended."""
+        wants = self.print_summary or self.out is not None
+        if wants and threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                self._sigterm = SignalGuard(signals=(signal.SIGTERM,)).__enter__()
+                self._sigterm.arm()
+
+    def _end_sigterm_guard(self) -> None:
+        guard, self._sigterm = self._sigterm, None
+        if guard is None:
+            return
+        guard.disarm()
+        guard.__exit__(None, None, None)  # SIGTERM's default handler again
+        if guard.terminated and os.getpid() == self._pid:
+            os.kill(os.getpid(), signal.SIGTERM)  # the report is written: end as SIGTERM would have ended it
 
     def _install(self) -> None:
         recorder = self._recorder
@@ -302,6 +332,7 @@ class Session:
         interrupts = SignalGuard(signals=(signal.SIGINT,)).__enter__()  # a Ctrl-C in a finalizer is not lost
         interrupts.arm()
         self._installed.append(lambda: interrupts.__exit__(None, None, None))
+        self._start_sigterm_guard()
 
     def _uninstall(self) -> None:
         global _active
@@ -336,15 +367,18 @@ class Session:
         new = [f for f in session_findings(self.trace) if self._log.add(f)]
         trace = self.trace
         add_patches(trace)
+        trace.sources = cited_lines(trace)
         trace.rank, trace.world_size = rank_and_world_size(trace.rank, trace.world_size)
         out = None if self.out is None else rank_folder(self.out, trace)  # no two ranks write one file
         if out is not None:
             try:
                 self.report(out)
             except UsageError as error:
+                kept = save_trace_elsewhere(trace)  # a run's trace is never lost with its report folder
+                where = f"the trace was saved to {kept} instead" if kept else "the trace is still in gw.trace"
                 if not failing:
-                    raise
-                warnings.warn(f"graphwatch: {error}; the trace is still in gw.trace (gw.save(path))", stacklevel=3)
+                    raise UsageError(f"{error}; {where} (graphwatch report TRACE --out DIR makes the report)") from None
+                notify(f"graphwatch: {error}; {where} (graphwatch report TRACE --out DIR makes the report)", stacklevel=3)
                 out = None
         if self.print_summary and not trace.rank:  # rank 0 (or no distributed job) prints
             from .rendering.terminal import print_summary
@@ -421,7 +455,7 @@ class Session:
             create_graph=create_graph,
         )
         freed = self._backwards.walk_before(record, roots, accumulate) if self.level != "light" else None
-        self._backwards.started(record)
+        self._backwards.started(record, t_outputs)
         recorder.begin_backward(record)
         self._own.add("around backwards", own)
         started, started_cpu = time.perf_counter(), time.process_time()
@@ -431,6 +465,8 @@ class Session:
             record.error = str(exc)
             if is_backward_twice(exc):
                 raise self._backwards.explain(record, roots, freed, exc) from None
+            if is_no_graph_error(exc):
+                raise self._backwards.explain_no_graph(record, exc) from None
             raise
         finally:
             recorder.end_backward(record, time.perf_counter() - started, time.process_time() - started_cpu)

@@ -126,6 +126,13 @@ class SignalGuard:
         """From now until exit, signals raise in the user's code (a session arms its Ctrl-C guard at once)."""
         self._armed = self._active
 
+    def disarm(self) -> None:
+        """The script is done: from now on a signal is only noted (``terminated``), so the report gets written."""
+        self._armed = False
+        self._script_done = True
+        _Unswallowable.stop()
+        self._shield_children(True)
+
     @contextmanager
     def armed(self) -> Iterator[None]:
         """Inside this block SIGTERM raises :class:`Terminated` and Ctrl-C ``KeyboardInterrupt`` in the script."""
@@ -133,10 +140,7 @@ class SignalGuard:
         try:
             yield
         finally:
-            self._armed = False
-            self._script_done = True
-            _Unswallowable.stop()
-            self._shield_children(True)
+            self.disarm()
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep

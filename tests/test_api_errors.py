@@ -141,8 +141,8 @@ def test_session_methods_without_an_active_session_say_how_to_use_them(graph):
 def test_every_public_name_is_covered():
     covered = {what.split(".")[0] for what, *_ in CASES}
     plain = {  # constants, exception classes and plain records: nothing to call with a wrong type
-        "FINDING_KINDS", "BackwardTwiceError", "Finding", "GraphLeakError", "GraphwatchError", "Trace",
-        "TraceFormatError", "UsageError", "active_session",
+        "FINDING_KINDS", "BackwardTwiceError", "ExplainedError", "Finding", "GraphLeakError", "GraphwatchError",
+        "LossWithoutGraphError", "Trace", "TraceFormatError", "UsageError", "active_session",
     }
     assert set(graphwatch.__all__) - plain <= covered, set(graphwatch.__all__) - plain - covered
     assert {"save", "report", "summary"} <= {what.split(".")[1] for what, *_ in CASES if "." in what}

@@ -199,8 +199,10 @@ def test_generator_first_gan_detaches_in_the_discriminators_loss(at: Callable[[o
         generator_first_gan(detach=False)
     finding = info.value.finding
     assert finding.evidence["pattern"] == "handoff" and finding.evidence["carrier"] == "gen_imgs"
-    assert finding.fix.startswith(f"the backward at {at(generator_first_gan, 'd-backward')} should not reach")
-    assert f"at {at(generator_first_gan, 'fed')})" in finding.fix
+    fed = at(generator_first_gan, "fed")
+    assert finding.fix.startswith("`fake_loss = bce(D(gen_imgs.detach() if detach else gen_imgs.detach()), ")
+    assert f"at {fed}: the loss of the backward at {at(generator_first_gan, 'd-backward')} must not reach" in finding.fix
+    assert [(e.kind, e.where, e.target) for e in finding.remedies[0].edits] == [("detach-use", fed, "gen_imgs")]
     with watch() as gw:
         generator_first_gan(detach=True)
     assert gw.findings == []

@@ -102,6 +102,17 @@ def shared_graph() -> None:
     e.backward()  # at: e-backward
 
 
+def shared_graph_trained() -> None:
+    """The same two losses, and one optimizer that owns everything both reach and steps after both."""
+    a = torch.rand(1, 4, requires_grad=True)
+    opt = torch.optim.SGD([a], lr=0.1)
+    c = (a**2) * 2
+    d, e = c.mean(), c.sum()
+    d.backward()  # at: trained-d-backward
+    e.backward()  # at: trained-e-backward
+    opt.step()
+
+
 def same_tensor_twice() -> None:
     w = torch.tensor([1.0], requires_grad=True)
     y = torch.mul(torch.add(w, 2.0), torch.add(w, 1))
@@ -118,7 +129,7 @@ def gan(detach: bool, steps: int = 2) -> Iterator[int]:
     for i in range(steps):
         fake = G(torch.randn(8, 4))  # at: gan-fake
         opt_d.zero_grad()
-        d_fake = D(fake.detach() if detach else fake)
+        d_fake = D(fake.detach() if detach else fake)  # at: gan-d-fake
         d_loss = bce(D(torch.randn(8, 2)), torch.ones(8, 1)) + bce(d_fake, torch.zeros(8, 1))
         d_loss.backward()  # at: gan-d-backward
         opt_d.step()
@@ -273,17 +284,29 @@ def test_backward_twice_error_explains_the_carried_hidden_state() -> None:
     assert only(gw.findings, "graph-carried-across-steps").severity == "error"
 
 
-def test_two_outputs_of_one_graph() -> None:
+def test_two_outputs_of_one_graph_trained_by_one_optimizer_may_be_summed() -> None:
     with pytest.raises(graphwatch.BackwardTwiceError) as info, watch():
-        shared_graph()
+        shared_graph_trained()
     text = str(info.value)
     assert "`d` and `e` share one graph in step 0" in text
-    one = f"1. backward once through the sum: `(d + e).backward()` in place of the backwards at {at('d-backward')}"
+    one = f"1. backward once through the sum: `(d + e).backward()` in place of the backwards at {at('trained-d-backward')}"
     assert one in text
     assert (
-        f"2. if the backwards must stay separate, `retain_graph=True` on the earlier backward at {at('d-backward')}; "
-        f"the last backward, at {at('e-backward')}, must not retain" in text
+        f"2. `retain_graph=True` on the earlier backward at {at('trained-d-backward')}; "
+        f"the last backward, at {at('trained-e-backward')}, must not retain" in text
     )
+    why = "opt owns all 1 parameters both backwards reach and steps after both, with no optimizer step between them"
+    assert [r.why.startswith(why) for r in info.value.finding.remedies] == [True, True]
+
+
+def test_two_outputs_of_one_graph_with_no_optimizer_get_no_sum_and_no_retain() -> None:
+    """Nothing tells whether both losses are meant to reach what they share: neither is offered."""
+    with pytest.raises(graphwatch.BackwardTwiceError) as info, watch():
+        shared_graph()
+    finding = info.value.finding
+    assert "`d` and `e` share one graph in step 0" in finding.message
+    assert finding.remedies == [] and "(d + e)" not in finding.message and "retain_graph=True on" not in finding.message
+    assert finding.fix.startswith("graphwatch offers no fix: no optimizer was seen")
 
 
 def test_one_tensor_backwarded_twice() -> None:
@@ -291,7 +314,9 @@ def test_one_tensor_backwarded_twice() -> None:
         same_tensor_twice()
     finding = info.value.finding
     assert finding.evidence["pattern"] == "same-tensor"
-    assert finding.fix.startswith(f"backward once: drop the second `y.backward()` at {at('y-second')}")
+    assert finding.fix.startswith(f"drop the second `y.backward()` at {at('y-second')}")
+    assert [(e.kind, e.where) for e in finding.remedies[0].edits] == [("remove-statement", at("y-second"))]
+    assert finding.remedies[0].mechanical and len(finding.remedies) == 1  # no retain_graph=True: it adds them twice
     assert f"the backward at {at('y-first')} freed its graph" in finding.message
 
 
@@ -302,7 +327,13 @@ def test_gan_without_detach_is_a_handoff_not_a_carried_graph() -> None:
     assert finding.evidence["pattern"] == "handoff"
     assert f"`fake` produced at {at('gan-fake')}" in finding.message
     assert f"the one at {at('gan-d-backward')} ran through its graph first and freed it" in finding.message
-    assert "`fake.detach()`" in finding.fix and "`D(fake.detach())`" in finding.fix
+    assert finding.fix.startswith(f"`d_fake = D(fake.detach() if detach else fake.detach())` at {at('gan-d-fake')}")
+    remedy = finding.remedies[0]
+    assert remedy.mechanical and [(e.kind, e.where, e.target) for e in remedy.edits] == [
+        ("detach-use", at("gan-d-fake"), "fake")
+    ]  # D's loss, never G's (the generator step needs fake's graph)
+    assert "opt_d, which steps after the backward at" in remedy.why and "they are opt_g's" in remedy.why
+    assert not any("retain_graph" in r.text or "+" in r.text.split("`")[1] for r in finding.remedies)
     assert [f.kind for f in gw.findings] == ["backward-through-freed-graph"]
 
 

@@ -413,7 +413,7 @@ def test_render_svg_without_dot_returns_none(monkeypatch):
 
 @needs_dot
 def test_render_svg_bad_source_raises_dot_error():
-    with pytest.raises(DotError, match="dot could not render"):
+    with pytest.raises(DotError, match="could not render the graph"):
         render_svg("digraph { a -> }")
 
 

@@ -337,21 +337,32 @@ def test_full_folder_report_and_save_raise_a_clear_error_and_training_is_unaffec
 
 def test_full_folder_as_out_fails_at_the_end_with_a_clear_error_after_training(full_folder, tmp_path):
     bare = _train()
-    with pytest.raises(graphwatch.UsageError, match="No space left on device"):
+    with pytest.raises(graphwatch.UsageError, match="No space left on device") as raised:
         with graphwatch.watch(summary=False, out=full_folder / "report") as gw:
             watched = _train()
     for name in bare:
         assert torch.equal(bare[name], watched[name]), name
     assert len(gw.trace.steps) == 5  # all recorded; the user can still save it elsewhere
     gw.save(tmp_path / "trace.json")
+    assert len(_kept_trace(str(raised.value), " instead").steps) == 5  # and it was saved elsewhere
+
+
+def _kept_trace(message: str, after: str) -> graphwatch.Trace:
+    """The trace a report that could not be written saved to a temporary file instead (the file removed)."""
+    path = Path(message.split("the trace was saved to ")[1].split(after)[0])
+    try:
+        return graphwatch.load(path)
+    finally:
+        path.unlink()
 
 
 def test_full_folder_does_not_hide_the_users_own_exception(full_folder):
     """The training failed and the report cannot be written: the user must still see their exception."""
-    with pytest.warns(UserWarning, match="No space left on device"), pytest.raises(Boom):
+    with pytest.warns(UserWarning, match="No space left on device") as warned, pytest.raises(Boom):
         with graphwatch.watch(summary=False, out=full_folder / "report"):
             _train(2)
             raise Boom("the user's error")
+    assert len(_kept_trace(str(warned[0].message), " instead").steps) == 2
 
 
 def test_graphwatch_report_into_a_full_folder_exits_2(full_folder, tmp_path, capsys):
@@ -379,6 +390,7 @@ def test_graphwatch_run_into_a_full_folder_runs_the_script_then_exits_2(full_fol
     err = capsys.readouterr().err
     assert "graphwatch: error: " in err and "No space left on device" in err and "Traceback" not in err
     assert marker.is_file()  # the training ran to its end
+    assert len(_kept_trace(err, " (graphwatch report").steps) == 3
 
 
 def test_read_only_folder_is_refused_before_training(read_only_folder):

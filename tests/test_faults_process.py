@@ -265,6 +265,9 @@ def test_an_unwritable_out_at_the_end_prints_the_summary_and_says_so(tmp_path, s
     assert "Traceback" not in done.stderr
     assert "graphwatch: no graph leaks in 3 steps" in done.stderr  # the summary
     assert sum("the report could not be written" in line for line in done.stderr.splitlines()) == 1
+    kept = Path(done.stderr.split("the trace was saved to ")[1].split(" (graphwatch report")[0])  # not lost
+    assert len(graphwatch.load(kept).steps) == 3
+    kept.unlink()
 
 
 FORKS = """\

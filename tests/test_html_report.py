@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import doctest
+import hashlib
 import json
 import os
 import re
@@ -17,7 +19,7 @@ import pytest
 import torch
 
 import graphwatch
-from graphwatch.model import CallSite, Finding, Snapshot, StepRecord, Trace
+from graphwatch.model import CallSite, Finding, Snapshot, SourceLines, StepRecord, Trace
 from graphwatch.rendering import gallery, html
 from graphwatch.rendering.html import write_report
 from graphwatch.rendering.svg import DOT_MISSING_NOTICE, DotError, dot_available
@@ -170,12 +172,14 @@ def test_user_text_is_escaped(tmp_path: Path) -> None:
     assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;&amp;" in page
 
 
-def test_source_found_relative_to_the_runs_folder(tmp_path: Path) -> None:
-    (tmp_path / "train.py").write_text("x = 1\ny = 2\nh = cell(x, h)\nz = 3\n")
+def test_source_shown_is_the_lines_the_trace_holds(tmp_path: Path) -> None:
+    """Excerpts come from the lines the trace stored when it was recorded; the file on disk is not read."""
+    (tmp_path / "train.py").write_text("this file on disk is not what the run read\n" * 5)
     trace = Trace(
         options={"cwd": str(tmp_path)},
         steps=[StepRecord(index=0, source="explicit")],
         findings=[Finding("retained-graph", "warning", 0, "m", "f", {"sites": ["train.py:3", "gone.py:9", "train.py:1"]})],
+        sources=[SourceLines("train.py", 1, ["x = 1\n", "y = 2\n", "h = cell(x, h)\n", "z = 3\n"])],
     )
     page = write_report(trace, tmp_path / "out").read_text()
     assert page.count('<figure class="source">') == 1  # nearby lines of one file share an excerpt
@@ -183,7 +187,8 @@ def test_source_found_relative_to_the_runs_folder(tmp_path: Path) -> None:
     assert '<span class="cited"><span class="ln">3</span>h = cell(x, h)</span>' in page
     assert '<span class="cited"><span class="ln">1</span>x = 1</span>' in page
     assert '<span class="ctx"><span class="ln">2</span>y = 2</span>' in page
-    assert "also cited (source not found): gone.py:9" in page
+    assert "also cited (source not in the trace): gone.py:9" in page
+    assert "on disk" not in page
 
 
 def test_step_table_rows_and_cuda_column(kept_alive: Trace, tmp_path: Path) -> None:
@@ -297,6 +302,15 @@ def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def with_test_script(page: str, script: str) -> str:
+    """``page`` with the test's ``script`` run at its end: added to the page's Content-Security-Policy, which
+    lets only the page's own script run (the test of that policy is in tests/test_hostile_reports.py)."""
+    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    assert page.count("script-src ") == 1
+    page = page.replace("script-src ", f"script-src 'sha256-{digest}' ")
+    return page.replace("</body>", f"<script>{script}</script></body>")
+
+
 def console_messages(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if ":CONSOLE" in line]
 
@@ -408,7 +422,7 @@ def test_a_patch_is_shown_with_a_copy_button_that_works(report: Path, tmp_path: 
     page = report.read_text()
     assert '<div class="patch">' in page and "total_loss += loss.item()" in page
     clicked = tmp_path / "clicked.html"
-    clicked.write_text(page.replace("</body>", "<script>document.querySelector('button.copy').click()</script></body>"))
+    clicked.write_text(with_test_script(page, "document.querySelector('button.copy').click()"))
     done = chromium("--virtual-time-budget=3000", "--dump-dom", clicked.as_uri(), profile=tmp_path / "profile")
     assert console_messages(done.stderr) == []
     assert re.search(r'<button type="button" class="copy">(copied|select the text to copy)</button>', done.stdout)
@@ -475,12 +489,12 @@ def test_a_kept_alive_finding_has_a_picture_of_its_holder_and_what_it_keeps(tmp_
     assert "kept alive by `total_loss` at the end of step 4: the graphs of steps 0..3" in page
 
 
-MEASURE = """<script>
+MEASURE = """
 document.body.setAttribute('data-measured', JSON.stringify([...document.querySelectorAll('figure.snapshot')].map(
   f => [f.querySelector('svg').getBoundingClientRect().width, f.getBoundingClientRect().width,
         f.querySelectorAll('svg g.node').length,
         Math.min(...[...f.querySelectorAll('svg g.node text')].map(t => t.getBoundingClientRect().height))])));
-</script></body>"""
+"""
 READABLE = 9  # CSS pixels: the height of a node's line of text on screen, at the least
 
 
@@ -497,7 +511,7 @@ def test_focused_snapshots_fill_their_card_in_chromium(example: str, tmp_path: P
         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     page = tmp_path / "measured.html"
-    page.write_text((out / "index.html").read_text().replace("</body>", MEASURE))
+    page.write_text(with_test_script((out / "index.html").read_text(), MEASURE))
     done = chromium("--window-size=1280,2000", "--dump-dom", page.as_uri(), profile=tmp_path / "profile")
     attribute = re.search(r'data-measured="([^"]*)"', done.stdout)
     assert attribute is not None, done.stderr[-2000:]

@@ -71,3 +71,125 @@ def test_an_inplace_change_by_the_user_keeps_the_plain_hint() -> None:
         y.add_(1)
         text = message(lambda: y.sum().backward())
     assert text.startswith(INPLACE) and "Something changed it in place after autograd saved it" in text
+
+
+# ------------------------------------------------------------- the line that changed the tensor
+class MaskedAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.query = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        att = (self.query(x) @ x.transpose(-1, -2)).softmax(-1)  # at: att-saved
+        att[:, :, 0] = 0  # at: att-masked
+        return att @ x
+
+
+class ReluThenDropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.act = nn.ReLU()
+        self.drop = nn.Dropout(0.1, inplace=True)  # at: dropout-built
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.act(self.fc(x)))  # at: dropout-runs
+
+
+class SigmoidThenRelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Sequential(
+            nn.Linear(4, 4),
+            nn.Sigmoid(),
+            nn.ReLU(inplace=True),  # at: relu-built
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gate(x)  # at: relu-runs
+
+
+class MaskedView(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = self.fc(x).exp()
+        half = wide[..., :4]
+        y = half.sin()
+        half[..., 0] = 0  # at: view-masked
+        return y.sum(-1, keepdim=True) * wide
+
+
+def train(model: nn.Module, steps: int = 2) -> None:
+    torch.manual_seed(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(2, 3, 4)).pow(2).mean().backward()
+        opt.step()
+
+
+def explained(model: nn.Module) -> tuple[str, graphwatch.Session]:
+    """The error's text (torch's own, unchanged, first: checked against a bare run) and the session."""
+    bare = message(lambda: train(model))
+    with graphwatch.watch(summary=False, snapshots="off") as gw:
+        text = message(lambda: train(model))
+    assert text.startswith(bare + "\n\ngraphwatch: the tensor was saved at ")
+    return text, gw
+
+
+def finding_of(gw: graphwatch.Session) -> object:
+    [finding] = [f for f in gw.findings if f.kind == "modified-in-place"]
+    return finding
+
+
+def test_a_masked_attention_names_the_setitem_and_clones_before_it(at: object) -> None:
+    text, gw = explained(MaskedAttention())
+    assert f"saved at {at(MaskedAttention.forward, 'att-saved')}" in text  # type: ignore[operator]
+    assert f"then changed in place at {at(MaskedAttention.forward, 'att-masked')}" in text  # type: ignore[operator]
+    finding = finding_of(gw)
+    [remedy] = finding.remedies  # type: ignore[attr-defined]
+    assert remedy.mechanical and remedy.text.startswith("`att = att.clone(); att[:, :, 0] = 0` at ")
+    assert [(e.kind, e.where, e.target) for e in remedy.edits] == [
+        ("out-of-place", at(MaskedAttention.forward, "att-masked"), "att")  # type: ignore[operator]
+    ]
+
+
+def test_a_dropout_built_inplace_after_a_relu_is_patched_where_it_is_built(at: object) -> None:
+    text, gw = explained(ReluThenDropout())
+    assert f"then changed in place at {at(ReluThenDropout.forward, 'dropout-runs')}" in text  # type: ignore[operator]
+    assert f"`self.drop`, an nn.Dropout built with inplace=True at {at(ReluThenDropout.__init__, 'dropout-built')}" in text  # type: ignore[operator]
+    [remedy] = finding_of(gw).remedies  # type: ignore[attr-defined]
+    assert remedy.mechanical and remedy.text.startswith("`self.drop = nn.Dropout(0.1, inplace=False)` at ")
+    assert [e.where for e in remedy.edits] == [at(ReluThenDropout.__init__, "dropout-built")]  # type: ignore[operator]
+
+
+def test_a_relu_built_inplace_after_a_sigmoid_in_a_sequential_is_patched_where_it_is_built(at: object) -> None:
+    text, gw = explained(SigmoidThenRelu())
+    assert f"then changed in place at {at(SigmoidThenRelu.forward, 'relu-runs')}" in text  # type: ignore[operator]
+    assert "`self.gate.2`, an nn.ReLU built with inplace=True" in text
+    [remedy] = finding_of(gw).remedies  # type: ignore[attr-defined]
+    assert remedy.text.startswith("`nn.ReLU(inplace=False),` at ")
+    assert [e.where for e in remedy.edits] == [at(SigmoidThenRelu.__init__, "relu-built")]  # type: ignore[operator]
+
+
+def test_a_setitem_on_a_view_is_named_without_a_patch(at: object) -> None:
+    """Cloning a view before the change would leave its base unchanged: the line is named, no patch."""
+    text, gw = explained(MaskedView())
+    assert f"then changed in place at {at(MaskedView.forward, 'view-masked')}" in text  # type: ignore[operator]
+    assert not any(r.mechanical or r.edits for r in finding_of(gw).remedies)  # type: ignore[attr-defined]
+
+
+def test_a_parameter_updated_in_place_is_named_without_an_out_of_place_patch() -> None:
+    w = torch.randn(3, requires_grad=True)
+    with graphwatch.watch(summary=False, snapshots="off") as gw:
+        y = (w * w).sum()
+        with torch.no_grad():
+            w.add_(1)
+        with pytest.raises(RuntimeError) as raised:
+            y.backward()
+    text = str(raised.value)
+    assert "then changed in place at " in text and "(`w.add_(1)`)" in text
+    assert not any(r.edits for r in finding_of(gw).remedies)  # type: ignore[attr-defined]

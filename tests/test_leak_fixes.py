@@ -244,6 +244,8 @@ def test_a_kept_tensor_of_many_elements_is_detached_not_turned_into_a_number(tmp
     assert "32 elements" in kept.fix and "32 elements" in kept.remedies[0].why
     assert all(".item()" not in r.text.split("(`.item()` would raise")[0] for r in kept.remedies)
     assert [(e.kind, e.target) for r in kept.remedies for e in r.edits] == [("detach-use", "logits")]
+    assert "+        history.append(logits.detach())  # keep (for plotting)\n" in (kept.patch or "")
+    patched_runs_clean(tmp_path, kept.patch)
 
 
 def test_a_kept_tensor_of_one_element_becomes_a_number_and_the_comment_stays(tmp_path: Path) -> None:

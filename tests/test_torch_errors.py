@@ -97,6 +97,13 @@ def backward_twice() -> None:
     y.backward()
 
 
+def loss_under_no_grad() -> None:
+    model = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        loss = model(torch.randn(4, 3)).pow(2).mean()
+        loss.backward()
+
+
 @torch.jit.script
 def forked_exp(x: torch.Tensor) -> torch.Tensor:
     future = torch.jit._fork(torch.exp, x)
@@ -119,6 +126,7 @@ PROGRAMS = [
     changed_under_anomaly_detection,
     backward_twice,
     backward_twice_through_a_torchscript_fork,
+    loss_under_no_grad,
 ]
 
 

@@ -96,7 +96,7 @@ def _detach_made(carrier: NodeRecord, site: CallSite | None, name: str | None, t
     edits: list[Edit] = []
     where = site.where if site is not None else "the line that makes it"
     if site is not None and name:
-        edit = Edit("detach-made", site.file, site.line, name, value_type=carrier.carried_type or "")
+        edit = Edit("detach-made", site.file, site.line, name, value_type=carrier.carried_type or "other")
         edited = edited_statement(edit, site.source)
         if edited is not None:
             edits, where = [edit], f"{site.where}, `{edited}`"

@@ -37,6 +37,8 @@ FINDING_KINDS = (
     "graph-kept-alive",
     "memory-growth",
     "missing-zero-grad",
+    "modified-in-place",  # torch's in-place error, explained (analysis/torch_errors.py)
+    "loss-without-graph",  # torch's "does not require grad" error, explained (analysis/torch_errors.py)
 )
 # Kinds that mean a graph outlives the step that made it: a strict session fails on them.
 LEAK_KINDS = frozenset({"graph-carried-across-steps", "retained-graph", "graph-kept-alive", "memory-growth"})

@@ -2,11 +2,13 @@
 
 Given the failing backward, the first stale node it reached (whose saved
 tensors an earlier backward freed) and the path to it, say which node, which
-backward freed it, how the graph reaches it, and the fixes, best first.  Five
+backward freed it, how the graph reaches it, and the fixes, best first (made
+from what graphwatch saw: :mod:`~graphwatch.analysis.error_remedies`).  Six
 shapes of the bug get their own words and fixes:
 
 - ``same-tensor``: one tensor backwarded twice in a step (``y.backward(); y.backward()``);
-- ``same-step``: two outputs of one graph (``d.backward(); e.backward()``);
+- ``same-step``: two outputs of one graph (``d.backward(); e.backward()``), or a tensor both reach;
+- ``grad``: an ``autograd.grad`` freed the graph a later backward needs (force matching);
 - ``recurrent``: a loop feeds a tensor into the next step without ``.detach()`` (an RNN state);
 - ``cached``: a tensor made in one step is kept and reused (a cache of a parameter's function);
 - ``handoff``: two different backwards across an optimizer step share a graph (a GAN's D and G steps).
@@ -20,15 +22,18 @@ Example::
 
 from __future__ import annotations
 
-from ..model import BackwardRecord, CallSite, Finding, NodeRecord, Remedy, Trace
+from itertools import pairwise
+
+from ..model import BackwardRecord, Finding, NodeRecord, Remedy, Trace
+from ..model.causes import BackwardCause
 from .carried_fixes import carried_remedies
+from .error_remedies import RemedyMaker
 from .evidence import (
     backward_name,
     carried_pattern,
     carrier_line,
     describe,
     describe_site,
-    line_in,
     same_line,
     step_name,
 )
@@ -40,18 +45,6 @@ _MARKER = "backward through the graph a second time"
 def is_backward_twice(error: BaseException) -> bool:
     """True for torch's error about backwarding through a freed graph."""
     return isinstance(error, RuntimeError) and _MARKER in str(error)
-
-
-def _pattern(
-    trace: Trace, backward: BackwardRecord, freeing: BackwardRecord | None, carrier: NodeRecord | None, handoff: bool
-) -> str:
-    if handoff:
-        return "handoff"
-    if carrier is None:
-        same_roots = freeing is not None and freeing.roots and freeing.roots == backward.roots
-        return "same-tensor" if same_roots else "same-step"
-    site, _ = carrier_line(trace, carrier)
-    return carried_pattern(trace, carrier, site, backward)
 
 
 def _crossing(
@@ -80,54 +73,23 @@ def handed_off(path: list[NodeRecord], before_seq: int) -> tuple[NodeRecord | No
     return path[index], path[index - 1]
 
 
-def _feeding_line(
-    trace: Trace, path: list[NodeRecord], used: NodeRecord | None, backward: BackwardRecord
-) -> CallSite | None:
-    """The loop's line that feeds the tensor in: of the nearest node from ``used`` towards the root whose line
-    was seen (not taken from a neighbour), its frame in the function that runs the failing backward."""
-    site = trace.site(backward.site)
-    if used is None or site is None:
-        return None
-    index = next((i for i, node in enumerate(path) if node is used), 0)
-    exact = next((n for n in reversed(path[: index + 1]) if not n.site_inferred and n.site is not None), used)
-    return line_in(trace, exact.site, {(site.file, site.function)}) if exact.site is not None else None
-
-
-def _fixes(pattern: str, names: dict[str, str]) -> list[str]:
-    """The ranked fixes for one shape of the bug; ``names`` fills in the user's own words."""
-    retain_earlier = (
-        "`retain_graph=True` on the earlier backward at {freeing_where}; the last backward, at {backward_where}, "
-        "must not retain"
-    )
-    not_retain = (
-        "not `retain_graph=True` at {freeing_where}: the graph would then grow with every step, and every "
+def _not_retain(names: dict[str, str]) -> Remedy:
+    """The last row of a graph carried across steps, after the carried state's own remedies
+    (:func:`~graphwatch.analysis.carried_fixes.carried_remedies`)."""
+    return Remedy(
+        f"not `retain_graph=True` at {names['freeing_where']}: the graph would then grow with every step, and every "
         "backward would be slower than the last"
     )
-    table = {
-        "same-tensor": [
-            "backward once: drop the second `{second}.backward()` at {backward_where} (it would add the same "
-            "gradients to `.grad` again)",
-            "if you mean to backward twice, " + retain_earlier,
-        ],
-        "same-step": [
-            "backward once through the sum: `({first} + {second}).backward()` in place of the backwards at "
-            "{freeing_where} and {backward_where}",
-            "if the backwards must stay separate, " + retain_earlier,
-        ],
-        "carried": [not_retain],  # after the carried state's own remedies (analysis.carried_fixes)
-        "handoff": [
-            "the backward at {detach_where} should not reach what made {carrier_text} (a GAN's discriminator "
-            "step): detach it in that loss, `{carrier}.detach()` where the loss of that backward uses it (as in "
-            "`D({carrier}.detach())`, at {used_outer})",
-            "if both backwards need that graph, " + retain_earlier,
-            "or recompute {carrier_text} before the backward at {backward_where}",
-        ],
-    }
-    return [fix.format(**names) for fix in table[pattern]]
 
 
-def _how(pattern: str, names: dict[str, str]) -> str:
+def _how(pattern: str, names: dict[str, str], shared_named: bool = False) -> str:
+    if pattern == "same-step" and shared_named:
+        pattern = "shared"
     table = {
+        "shared": "{carrier_text} made at {carrier_at} is reached by two backwards in {step}: the one at "
+        "{freeing_where} ran through its graph first and freed it; the one at {backward_where} needs it again.",
+        "grad": "the `torch.autograd.grad` at {freeing_where} ran through the graph ({carrier_text}) without "
+        "keeping it, and the backward at {backward_where} ({step}) runs through it again{fed}.",
         "same-tensor": "`{second}` is backwarded twice in {step}: the backward at {freeing_where} freed its graph, "
         "and the one at {backward_where} needs it again.",
         "same-step": "`{first}` and `{second}` share one graph in {step}: the backward at {freeing_where} freed the "
@@ -144,24 +106,65 @@ def _how(pattern: str, names: dict[str, str]) -> str:
     return table[pattern].format(**names)
 
 
+def _pattern_of(
+    trace: Trace, backward: BackwardRecord, freeing: BackwardRecord | None, carrier: NodeRecord | None,
+    cause: BackwardCause,
+) -> str:
+    """The shape of the bug: the carried rows when a tensor crosses steps (unless a loss crossed into another
+    optimizer's graph), else what the two backwards are."""
+    if carrier is not None and not cause.cuts:
+        site, _ = carrier_line(trace, carrier)
+        return carried_pattern(trace, carrier, site, backward)
+    if freeing is not None and freeing.api == "grad":
+        return "grad"
+    if freeing is not None and freeing.roots and freeing.roots == backward.roots:
+        return "same-tensor"
+    if cause.cuts or cause.stepped_between:
+        return "handoff"
+    return "same-step"
+
+
+def _remedies(pattern: str, maker: RemedyMaker | None) -> list[Remedy]:
+    """The remedies, best first, of a graph not carried across steps: what the cause supports."""
+    if maker is None:
+        return []
+    found: list[Remedy | None] = [maker.cuts(), maker.create_graph()]
+    if pattern == "same-tensor":
+        found.append(maker.remove_second())
+    found.append(maker.detach_made())
+    remedies = [r for r in found if r is not None]
+    return remedies or maker.together(sum_ok=pattern == "same-step")
+
+
+def _shared_names(trace: Trace, cause: BackwardCause, names: dict[str, str]) -> None:
+    """Name the shared tensor as the frames hold it, with the line that ran and assigned it."""
+    if cause.shared is None:
+        return
+    site = trace.site(cause.shared_at)
+    names["carrier"], names["carrier_text"] = cause.shared, f"`{cause.shared}`"
+    if site is not None:
+        names["carrier_at"], names["carrier_where"] = describe(site), site.where
+
+
 def explain_backward_twice(
     trace: Trace,
     backward: BackwardRecord,
     stale: NodeRecord | None,
     path: list[NodeRecord],
-    handoff: tuple[NodeRecord, NodeRecord] | None = None,
-    detach_in_failing: bool = False,
+    shared: NodeRecord | None = None,
+    cause: BackwardCause | None = None,
 ) -> Finding:
     """The finding for a failed backward; its ``message`` is what the error says after torch's text.
 
-    ``handoff``: (the tensor's node, the node using it) when an ``optimizer.step()`` ran between the backward
-    that freed ``stale`` and this one, and the graph was handed from one to the other through that tensor
-    (a GAN's D and G losses sharing ``fake``), in one step or across two; see :func:`handed_off`.
-    ``detach_in_failing``: the optimizer that stepped between them trains what made the shared tensor (G's
-    step came first): the failing backward's loss is the one to detach it in, not the freeing one's.
+    ``shared``: the first node on the path made before the freeing backward started (the tensor handed
+    from one loss to the other: a GAN's ``fake``, a critic's gap); ``cause``: what graphwatch saw about
+    the optimizers, the parameters each loss reaches and the shared tensor
+    (:class:`~graphwatch.model.causes.BackwardCause`); the remedies are made from it.
     """
     where = trace.where(backward.site)
     if stale is None:
+        fix = ("detach tensors kept from an earlier iteration (`x = x.detach()`), or pass retain_graph=True to the "
+               "earlier backward if both backwards truly need the graph")
         return Finding(
             KIND,
             "error",
@@ -169,24 +172,22 @@ def explain_backward_twice(
             f"graphwatch: the backward at {describe_site(trace, backward.site)} reached a graph whose saved tensors "
             "were freed before graphwatch saw them (made before the session, or under saved-tensor hooks it cannot "
             "see, or at level='light')",
-            "detach tensors kept from an earlier iteration (`x = x.detach()`), or pass retain_graph=True to the "
-            "earlier backward if both backwards truly need the graph",
+            fix,
             {"key": where, "sites": [where], "steps": [backward.step], "pattern": None, "fixes": []},
         )
+    cause = cause or BackwardCause()
     freeing = trace.backwards[stale.freed_by] if stale.freed_by is not None else None
     carrier, used = _crossing(path, stale, backward)
-    handed = handoff is not None and freeing is not None and not same_line(trace, freeing.site, backward.site)
-    if handed and carrier is None and handoff is not None:
-        carrier, used = handoff
-    pattern = _pattern(trace, backward, freeing, carrier, handed and carrier is not None)
+    across = carrier is not None
+    if carrier is None and shared is not None:
+        carrier, used = shared, next((a for a, b in pairwise(path) if b is shared), None)
+    pattern = _pattern_of(trace, backward, freeing, carrier if across else None, cause)
     carrier_site, carrier_name = carrier_line(trace, carrier) if carrier else (None, None)
     used_site = trace.site(used.site) if used is not None else None
-    used_outer = _feeding_line(trace, path, used, backward)
     names = {
         "step": step_name(path[0].step if path and carrier is None else backward.step),
         "backward_where": where,
         "freeing_where": trace.where(freeing.site) if freeing else "the earlier backward",
-        "detach_where": where if detach_in_failing or not freeing else trace.where(freeing.site),
         "first": backward_name(trace, freeing, "loss_a") if freeing else "loss_a",
         "second": backward_name(trace, backward, "loss_b"),
         "carrier": carrier_name or "the tensor",
@@ -195,32 +196,44 @@ def explain_backward_twice(
         "carrier_where": carrier_site.where if carrier_site else "the line that makes it",
         "carrier_step": step_name(carrier.step) if carrier else "",
         "used_where": used_site.where if used_site else where,
-        "used_outer": used_outer.where if used_outer else where,
         "used": f" (it is used at {describe(used_site)})" if used_site and used_site is not carrier_site else "",
+        "fed": f" (its loss is made from `{cause.grad_result}`, that call's result)" if cause.grad_result else "",
     }
+    if not across:
+        _shared_names(trace, cause, names)
+    if carrier is None and cause.cuts and cause.cuts[0].name:  # the whole failing loss is older: name the cut
+        cut_site = trace.site(cause.cuts[0].made_at)
+        names.update(carrier_text=f"`{cause.cuts[0].name}`", carrier_at=describe(cut_site),
+                     carrier_step=step_name(backward.step))
+    if freeing is not None and same_line(trace, freeing.site, backward.site):
+        names["backward_where"] += " (the same line, run again)"
+    maker = RemedyMaker(trace, cause, freeing, backward) if freeing is not None else None
+    if pattern in ("recurrent", "cached") and carrier is not None:
+        remedies = [*carried_remedies(trace, carrier, backward, names["used_where"]), _not_retain(names)]
+    else:
+        remedies = _remedies(pattern, maker)
+    fixes = [remedy.text for remedy in remedies]
     freed = (
         f"the backward at {describe_site(trace, freeing.site)} ({step_name(freeing.step)}, "
         f"retain_graph={freeing.retain_graph}) had already freed"
         if freeing
         else "something had already freed"
     )
-    if pattern in ("recurrent", "cached") and carrier is not None:
-        remedies = carried_remedies(trace, carrier, backward, names["used_where"])
-        remedies += [Remedy(text) for text in _fixes("carried", names)]
-    else:
-        remedies = [Remedy(text) for text in _fixes(pattern, names)]
-    fixes = [remedy.text for remedy in remedies]
     lines = [
         f"graphwatch: the backward at {describe_site(trace, backward.site)} ({step_name(backward.step)}) reached "
         f"{stale.op}, created at {describe_site(trace, stale.site)} in {step_name(stale.step)}, whose saved "
         f"tensors {freed}.",
-        _how(pattern, names),
-        "Fixes, best first:",
-        *(f"  {i}. {fix}" for i, fix in enumerate(fixes, 1)),
+        _how(pattern, names, shared_named=cause.shared is not None and not across),
     ]
+    if fixes:
+        lines += ["Fixes, best first:", *(f"  {i}. {fix}" for i, fix in enumerate(fixes, 1))]
+    fix = fixes[0] if fixes else (maker.no_fix() if maker else "graphwatch offers no fix")
+    if not fixes:
+        lines.append(fix)
     sites = [where, trace.where(stale.site)]
     sites += [w for w in (names["freeing_where"] if freeing else None, carrier_site and carrier_site.where) if w]
-    sites += [s.where for s in (used_site, used_outer) if s is not None]
+    sites += [s.where for s in (used_site,) if s is not None]
+    sites += [e.where for r in remedies for e in r.edits]
     evidence = {
         "key": f"{where} -> {trace.where(stale.site)}",
         "sites": list(dict.fromkeys(sites)),
@@ -232,11 +245,15 @@ def explain_backward_twice(
         "freeing_at": trace.where(freeing.site) if freeing else None,
         "freeing_step": freeing.step if freeing else None,
         "freeing_retain_graph": freeing.retain_graph if freeing else None,
-        "carrier": carrier_name,
-        "carrier_at": carrier_site.where if carrier_site else None,
+        "carrier": names["carrier"] if carrier is not None else None,
+        "carrier_at": names["carrier_where"] if carrier is not None and carrier_site is not None else None,
         "carrier_node": None if carrier is None else carrier.id,
         "pattern": pattern,
         "fixes": fixes,
+        "optimizers": {trace.where(trace.backwards[i].site): n for i, n in cause.optimizers.items() if n},
+        "cuts": [{"name": c.name, "used_at": trace.where(c.used_at) if c.used_at is not None else None,
+                  "optimizer": c.optimizer, "owner": c.owner} for c in cause.cuts],
+        "one_owner": cause.one_owner,
         "path": [node.id for node in path],
     }
-    return Finding(KIND, "error", backward.step, "\n".join(lines), fixes[0], evidence, remedies=remedies)
+    return Finding(KIND, "error", backward.step, "\n".join(lines), fix, evidence, remedies=remedies)

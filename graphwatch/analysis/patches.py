@@ -57,7 +57,7 @@ def patch_of(edits: Iterable[Edit], cwd: str) -> str | None:
     for file, file_edits in by_file.items():
         path = Path(file) if Path(file).is_absolute() else Path(cwd, file)
         try:
-            source = path.read_text()
+            source = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             return None
         edited = apply_edits(source, file_edits)

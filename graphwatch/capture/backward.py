@@ -29,7 +29,7 @@ from typing import Any
 import torch.autograd
 import torch.autograd.graph
 
-from ..errors import BackwardTwiceError, GraphwatchError
+from ..errors import ExplainedError, GraphwatchError
 
 Run = Callable[..., Any]
 Observer = Callable[[Run, Any, tuple, dict], Any]
@@ -57,7 +57,7 @@ class EnginePatch:
             __tracebackhide__ = True  # pytest: the user's frames end at their backward call
             try:
                 return self._observer(original, t_outputs, args, kwargs)
-            except (GraphwatchError, BackwardTwiceError) as error:  # graphwatch's: its traceback starts here
+            except (GraphwatchError, ExplainedError) as error:  # graphwatch's: its traceback starts here
                 raise error.with_traceback(None) from None
 
         for module in _MODULES:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import CodeType, FrameType
@@ -337,3 +338,50 @@ def _assignment_line(frame: FrameType, name: str) -> int | None:
     in_loop = [n for n in lines if any(loop.lineno <= n <= (loop.end_lineno or 0) for loop in loops)]
     before = [n for n in lines if n <= here]
     return max(in_loop) if in_loop else (max(before) if before else None)
+
+
+def holders_of(start: FrameType | None, node: Any, limit: int = 8, budget: int = 20_000) -> list[tuple[str, str | None]]:
+    """(name, attribute) of each value the innermost ``limit`` user frames reach that is a tensor whose
+    ``grad_fn`` is ``node``: variables, items of lists, tuples and dicts, and attributes of modules (of all
+    their submodules) and of objects of the user's own classes, a few levels deep (``model.style_3.target``,
+    ``self.policy.baseline``); ``attribute`` is the last attribute's name (None for a plain variable).
+    Looked at once per error, at most ``budget`` values."""
+    found: dict[str, str | None] = {}
+    seen: set[int] = set()
+    queue: deque[tuple[str, Any, int, str | None]] = deque()
+    for frame in list(user_frames(start))[:limit]:
+        names = (*frame.f_code.co_varnames, *frame.f_code.co_cellvars, *frame.f_code.co_freevars)
+        queue.extend((name, local_value(frame, name), 0, None) for name in dict.fromkeys(names))
+        queue.extend((name, value, 0, None) for name, value in list(frame.f_globals.items()) if not name.startswith("__"))
+    while queue and budget > 0:
+        label, value, depth, attr = queue.popleft()
+        budget -= 1
+        if value is None or id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, torch.Tensor):
+            if value.grad_fn is node:
+                found.setdefault(label, attr)
+        elif depth < 3:
+            queue.extend((f"{label}{sub}", item, depth + 1, key) for sub, item, key in _members(value))
+    return list(found.items())
+
+
+def _members(value: Any) -> Iterator[tuple[str, Any, str | None]]:
+    """(how to spell the member after its owner's name, the member, its attribute name) of a container, a
+    module or an object of the user's own class."""
+    if isinstance(value, (list, tuple)):
+        yield from ((f"[{i}]", item, None) for i, item in enumerate(value[:_CONTAINER_LIMIT]))
+    elif isinstance(value, dict):
+        yield from ((f"[{k!r}]", item, None) for k, item in list(value.items())[:_CONTAINER_LIMIT])
+    elif isinstance(value, torch.nn.Module):
+        for prefix, module in value.named_modules():
+            for attr, item in vars(module).items():
+                if not attr.startswith("_") and not isinstance(item, torch.nn.Module):
+                    yield (f".{prefix}.{attr}" if prefix else f".{attr}"), item, attr
+            for attr, item in module._buffers.items():
+                yield (f".{prefix}.{attr}" if prefix else f".{attr}"), item, attr
+    elif _of_a_user_class(value) and hasattr(value, "__dict__") and not isinstance(value, type):
+        for attr, item in list(vars(value).items())[:_CONTAINER_LIMIT]:
+            if not attr.startswith("__"):
+                yield f".{attr}", item, attr

@@ -93,6 +93,9 @@ class Recorder:
         # id(optimizer) -> (weak ref to it, site of its last step() call, step index then): what changed
         # parameters in place, for the "modified by an inplace operation" hint
         self._optimizer_steps: dict[int, tuple[weakref.ref, int | None, int]] = {}
+        # explains a failed version check (the session's: it finds the line that changed the tensor); its text
+        # follows torch's message
+        self.inplace_explainer: Callable[[SavedHandle, torch.Tensor], str | None] | None = None
 
     # --------------------------------------------------------------- nodes
     def node_born(self, step: int, count: int = 1) -> None:
@@ -347,6 +350,28 @@ class Recorder:
                 continue
             if any(p.data_ptr() == handle.storage[0] for g in optimizer.param_groups for p in g["params"]):
                 return self._optimizer_hint(site, handle)
+        return None
+
+    def explain_inplace(self, handle: SavedHandle, tensor: torch.Tensor) -> str | None:
+        """graphwatch's paragraph about a saved tensor changed in place (None: the plain hint)."""
+        if self.inplace_explainer is None:
+            return None
+        try:
+            return self.inplace_explainer(handle, tensor)
+        except Exception:  # looking closer must never hide torch's error
+            return None
+
+    def later_saves_of(self, handle: SavedHandle) -> int | None:
+        """The site of the first save, after ``handle``'s, of the same storage at a newer version: an in-place
+        op that saved its result (``relu_``) ran there."""
+        if handle.storage is None:
+            return None
+        for ref in self._fresh:
+            other = ref()
+            if other is not None and other is not handle and other.storage == handle.storage and other.step == handle.step:
+                alias = other.alias
+                if alias is not None and other.version > handle.version and other.site is not None:
+                    return other.site
         return None
 
     def _optimizer_hint(self, site: int | None, handle: SavedHandle) -> str:

@@ -308,7 +308,8 @@ def register_user_hooks(handle: SavedHandle, pack_hook: PackHook, unpack_hook: U
 
 
 def inplace_message(recorder: Recorder, handle: SavedHandle, tensor: torch.Tensor | None = None) -> str:
-    """torch's "modified by an inplace operation" message, unchanged, then the line that saved the tensor."""
+    """torch's "modified by an inplace operation" message, unchanged, then the line that saved the tensor and,
+    where graphwatch finds it, the line that changed it (:meth:`Recorder.explain_inplace`)."""
     alias = handle.alias if tensor is None else tensor
     if handle.output_of is not None:
         name, number = handle.output_of
@@ -325,8 +326,9 @@ def inplace_message(recorder: Recorder, handle: SavedHandle, tensor: torch.Tenso
         then=handle.version,
         hint=_TORCH_ANOMALY_HINT if torch.is_anomaly_enabled() else _TORCH_INPLACE_HINT,
     )
-    return text + _GRAPHWATCH_INPLACE.format(
-        where=recorder.trace.where(handle.site),
-        step=handle.step,
-        hint=recorder.inplace_hint(handle) or _INPLACE_HINT,  # an optimizer.step() is named as the cause
-    )
+    hint = recorder.inplace_hint(handle)  # an optimizer.step() is named as the cause
+    explained = recorder.explain_inplace(handle, alias) if hint is None else None  # the line that changed it
+    if explained:
+        return f"{text}\n\n{explained}"
+    return text + _GRAPHWATCH_INPLACE.format(where=recorder.trace.where(handle.site), step=handle.step,
+                                             hint=hint or _INPLACE_HINT)

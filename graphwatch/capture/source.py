@@ -23,6 +23,10 @@ import os
 from collections.abc import Iterator
 from types import CodeType
 
+from ..cells import cell_lines
+from ..model import SourceLines, Trace
+from ..model.source_lines import CONTEXT_LINES, MAX_LINE_CHARS, parse_where
+
 
 def dotted_name(node: ast.expr) -> str | None:
     """``a.b.c`` for a chain of attributes on a name, else None."""
@@ -120,3 +124,49 @@ def _flat(targets: list[ast.expr]) -> Iterator[ast.expr]:
             stack.extend(target.elts)
         else:
             yield target
+
+
+def cited_lines(trace: Trace) -> list[SourceLines]:
+    """The lines the trace's findings cite (``evidence["sites"]``), with :data:`CONTEXT_LINES` either side,
+    read now from the run's own files: what a report made from the trace shows, so that rendering it reads
+    nothing from the disk of whoever renders it.
+
+    Only files the run's code ran in (the trace's call sites) are read; a relative name is looked up under
+    the folder the session started in.  Lines longer than :data:`MAX_LINE_CHARS` are stored cut.
+    """
+    ran = {site.file for site in trace.sites}
+    wanted: dict[str, set[int]] = {}
+    for finding in trace.findings:
+        for where in finding.evidence.get("sites") or []:
+            parsed = parse_where(str(where))
+            if parsed is not None and parsed[0] in ran:
+                wanted.setdefault(parsed[0], set()).add(parsed[1])
+    root = str(trace.options.get("cwd") or os.getcwd())
+    blocks = []
+    for file, cited in wanted.items():
+        text = _file_lines(file, root)
+        spans: list[list[int]] = []
+        for line in sorted(n for n in cited if n <= len(text)):
+            first, last = max(1, line - CONTEXT_LINES), min(len(text), line + CONTEXT_LINES)
+            if spans and first <= spans[-1][1] + 1:
+                spans[-1][1] = last
+            else:
+                spans.append([first, last])
+        blocks += [SourceLines(file, first, [_cut(t) for t in text[first - 1 : last]]) for first, last in spans]
+    return blocks
+
+
+def _cut(line: str) -> str:
+    body = line.rstrip("\r\n")
+    return line if len(body) <= MAX_LINE_CHARS else body[: MAX_LINE_CHARS - 1] + "…" + line[len(body) :]
+
+
+def _file_lines(file: str, root: str) -> list[str]:
+    """The lines of a file as a call site names it (relative to ``root``, absolute, a notebook cell or a
+    pseudo-file such as ``<stdin>`` that only :mod:`linecache` knows)."""
+    if file.startswith("<"):
+        return linecache.getlines(file)
+    path = file if os.path.isabs(file) else os.path.join(root, file)
+    if os.path.isfile(path):
+        return linecache.getlines(path)
+    return cell_lines(file) or linecache.getlines(file)

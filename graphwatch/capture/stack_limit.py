@@ -34,9 +34,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import threading
-import warnings
 from collections.abc import Callable
 from typing import ClassVar
+
+from ..errors import notify
 
 try:
     import resource
@@ -109,7 +110,7 @@ def _nothing() -> None:
 
 
 def _too_little(why: str) -> tuple[str, Callable[[], None]]:
-    warnings.warn(
+    notify(
         f"graphwatch: {why}, and freeing a deep graph whose nodes graphwatch touched needs {WANTED >> 20} MiB; "
         "watching at level='light' (backwards and steps only) so that it cannot crash the program. "
         "Enter the session in the main thread (and `ulimit -Hs unlimited`) for the full diagnosis.",

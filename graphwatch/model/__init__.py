@@ -16,6 +16,7 @@ from .records import (
     Trace,
 )
 from .remedies import EDIT_KINDS, VALUE_TYPES, Edit, Remedy
+from .source_lines import SourceLines
 from .trace_io import (
     FORMAT,
     VERSION,
@@ -42,6 +43,7 @@ __all__ = [
     "Remedy",
     "SavedRecord",
     "Snapshot",
+    "SourceLines",
     "StepRecord",
     "StepSpans",
     "StepTable",

@@ -25,14 +25,42 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from .columns import Columns, RecordList, field_values
 from .packed import NONE_CODE
 
 MAX_RECORDS = 10**8  # more steps or backwards than any trace holds: a damaged count
+BASE_RECORDS = 2**16  # records any trace file may claim, however small (see Budget.of)
+BYTES_PER_RECORD = 16  # the least a step or backward of a real run costs its trace file
+BASE_OBJECTS = 2**12  # records kept whole (with detail: ~1 KB each in memory) any trace file may hold ...
+BYTES_PER_OBJECT = 32  # ... and beyond that, one per this many bytes of the file
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How many step or backward records a trace file can hold, and how many of them kept whole (as objects).
+
+    Each record a session writes costs the file at least :data:`BYTES_PER_RECORD` bytes (its times and sizes
+    differ from step to step, so they are written out), and one kept whole (a step with detail: holders,
+    tables) far more; a file claiming more, beyond :data:`BASE_RECORDS` (:data:`BASE_OBJECTS`), is damaged or
+    forged, and would make a reader allocate for what is not there.
+
+    >>> Budget.of(3_000) == Budget(BASE_RECORDS, BASE_OBJECTS), Budget.of(200 * 2**20)
+    (True, Budget(records=13107200, objects=6553600))
+    """
+
+    records: int = MAX_RECORDS
+    objects: int = MAX_RECORDS
+
+    @classmethod
+    def of(cls, file_bytes: int) -> Budget:
+        return cls(max(BASE_RECORDS, file_bytes // BYTES_PER_RECORD), max(BASE_OBJECTS, file_bytes // BYTES_PER_OBJECT))
 LARGEST = 2**53  # beyond this a number cannot be a count, a size or an id of a real run
 SITE_FIELDS = ("site", "optimizer_site")
 ID_FIELDS = ("id", "step", "index", "seq", "backward", "node", "freed_by", "died_step", *SITE_FIELDS)
@@ -77,41 +105,39 @@ def records_from_json_columns(
     range_limit: int = MAX_RECORDS,
     sites: int = MAX_RECORDS,
     objects_where: str | None = None,
+    budget: Budget = Budget(),
 ) -> RecordList[Any]:
     """The RecordList of :func:`to_json_columns` output; ValueError or TypeError naming what is damaged.
 
     ``build(row)`` makes (and checks) one record from a dict of its fields: it
     is called for the records with extra fields only, unless the columns are
     not those ``columns`` describes (an older or damaged trace), when every
-    record is built.  ``range_limit``: a ``ranges`` field (a step's backwards)
-    names ids below it; ``sites``: how many call sites the trace has;
-    ``objects_where``: a bool field whose records stay objects where it is
-    true (a step's ``detail``, as a session keeps them).
+    record is built (and stored in columns as soon as it is).  ``range_limit``:
+    a ``ranges`` field (a step's backwards) names ids below it, each id once;
+    ``sites``: how many call sites the trace has; ``objects_where``: a bool
+    field whose records stay objects where it is true (a step's ``detail``, as
+    a session keeps them); ``budget``: how many records (and records kept whole)
+    the file can hold, checked before anything is allocated for them.  A column
+    written as ``{"all": v}`` or ``{"from": a}`` is never spelled out as a
+    list: memory stays proportional to the file, not to what it claims.
     """
-    count, values, extra = _decoded(data, columns, range_limit)
+    count, values, extra = _decoded(data, columns, range_limit, budget.records)
     fields = {f.name: f for f in dataclasses.fields(columns.cls)}
     layout = {*columns.numbers, *columns.choices, *(f"{n}.{part}" for n in columns.ranges for part in ("first", "count"))}
     missing = [n for n in layout if n not in values and _default(fields[n.split(".")[0]]) is dataclasses.MISSING]
     if missing or any(name in fields and name not in layout for name in values):  # not our layout: record by record
-        rows = [{name: values[name][i] for name in values if name in fields} for i in range(count)]
-        for name in columns.ranges:
-            for i, row in enumerate(rows):
-                first, n = values.get(f"{name}.first", [0] * count)[i], values.get(f"{name}.count", [0] * count)[i]
-                row[name] = list(range(first, first + n))
-        for i, fields_of_i in extra.items():
-            rows[i].update(fields_of_i)
-        return RecordList(columns, [build(row) for row in rows])
+        return _record_by_record(count, values, extra, columns, build, objects_where, budget.objects)
     for name in layout - values.keys():  # a column an older trace did not write: its default
-        values[name] = [_default(fields[name.split(".")[0]])] * count
+        values[name] = Repeated(_default(fields[name.split(".")[0]]), count)
     objects = dict.fromkeys(extra)
     if objects_where is not None:
-        objects.update((i, None) for i, value in enumerate(values[objects_where]) if value is True)
+        objects.update((i, None) for i in _positions(values[objects_where], lambda value: value is True))
     for name, allowed in columns.choices.items():
-        for i, value in enumerate(values[name]):
+        for value in _distinct(values[name]):
             if not isinstance(value, str):
                 raise TypeError(f"{columns.cls.__name__} field {name!r} is {_shown(value)}, expected str")
-            if value not in allowed:
-                objects[i] = None  # a value the columns cannot hold: the record stays an object
+        objects.update((i, None) for i in _positions(values[name], functools.partial(_outside, allowed)))
+    _check_objects(len(objects), count, budget.objects)
     for i in objects:
         row = {name: values[name][i] for name in values if name in fields}
         for name in columns.ranges:
@@ -119,22 +145,132 @@ def records_from_json_columns(
             row[name] = list(range(first, first + n))
         objects[i] = build({**row, **extra.get(i, {})})
     objects = dict(sorted(objects.items()))
-    frozen = [i for i in range(count) if i not in objects] if objects else None
-    stored: dict[str, list[Any]] = {}
+    stored: dict[str, Iterable[Any]] = {}
     for name in layout:
-        column = values[name] if frozen is None else [values[name][i] for i in frozen]
+        column = _without(values[name], objects)
         code = columns.numbers.get(name)
         if code is not None:
             _check_column(columns.cls.__name__, name, code, column, sites)
-            column = [NONE_CODE if v is None else v for v in column] if code == "n" else column
+            column = _mapped(column, lambda v: NONE_CODE if v is None else v) if code == "n" else column
         elif name in columns.choices:
-            column = [columns.choices[name].index(v) for v in column]
+            column = _mapped(column, columns.choices[name].index)
         stored[name] = column
     key = next(iter(columns.numbers))  # the record's own number: index, id
-    for position, value in zip(frozen if frozen is not None else range(count), stored[key]):
-        if value != position:
-            raise ValueError(f"{columns.cls.__name__} {position} field {key!r} is {value!r}, expected {position}")
+    _check_own_numbers(columns.cls.__name__, key, values[key], objects)
     return RecordList.from_columns(columns, count, stored, objects)
+
+
+def _check_objects(objects: int, count: int, most: int) -> None:
+    """A ValueError when more records would be built as objects (about 1 KB each) than the file can hold."""
+    if objects > most:
+        raise ValueError(f"{objects:,} of the {count:,} records carry detail, more than a file of this size holds")
+
+
+def _record_by_record(
+    count: int, values: dict[str, Sequence[Any]], extra: dict[int, dict], columns: Columns,
+    build: Callable[[dict], Any], objects_where: str | None, most: int,
+) -> RecordList[Any]:
+    """Every record built (and checked) from its row, then stored in columns unless ``objects_where`` is true."""
+    fields = {f.name for f in dataclasses.fields(columns.cls)}
+    records: RecordList[Any] = RecordList(columns)
+    kept = 0
+    for i in range(count):
+        row = {name: values[name][i] for name in values if name in fields}
+        for name in columns.ranges:
+            first = values[f"{name}.first"][i] if f"{name}.first" in values else 0
+            n = values[f"{name}.count"][i] if f"{name}.count" in values else 0
+            row[name] = list(range(first, first + n))
+        row.update(extra.get(i, {}))
+        records.append(build(row))
+        if (objects_where is not None and row.get(objects_where) is True) or not records.freeze(i):
+            kept += 1
+            _check_objects(kept, count, most)
+    return records
+
+
+class Repeated(Sequence[Any]):
+    """``count`` times ``value``, as a column ``{"all": value}`` reads, without a list of them.
+
+    >>> column = Repeated(0.5, 3)
+    >>> len(column), column[2], list(column)
+    (3, 0.5, [0.5, 0.5, 0.5])
+    """
+
+    __slots__ = ("length", "value")
+
+    def __init__(self, value: Any, count: int) -> None:
+        self.value, self.length = value, count
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: Any) -> Any:
+        if not isinstance(index, int) or not -self.length <= index < self.length:
+            raise IndexError("column index out of range")
+        return self.value
+
+    def __iter__(self) -> Iterator[Any]:
+        return repeat(self.value, self.length)
+
+
+def _outside(allowed: tuple[str, ...], value: Any) -> bool:
+    return value not in allowed
+
+
+def _distinct(column: Sequence[Any]) -> Iterable[Any]:
+    """The values to check of a column: the one value of a repeated one or the two ends of a count."""
+    if isinstance(column, Repeated):
+        return [column.value] if column.length else []
+    if isinstance(column, range):
+        return [column[0], column[-1]] if column else []
+    return column
+
+
+def _positions(column: Sequence[Any], test: Callable[[Any], bool]) -> Iterable[int]:
+    """The indices of the values that pass ``test``."""
+    if isinstance(column, Repeated):
+        return range(column.length) if column.length and test(column.value) else ()
+    return (i for i, value in enumerate(column) if test(value))
+
+
+def _without(column: Sequence[Any], objects: dict[int, Any]) -> Sequence[Any] | Iterable[Any]:
+    """The column's values of the records stored in columns (all but ``objects``), lazily where it is compact."""
+    if not objects:
+        return column
+    if isinstance(column, Repeated):
+        return Repeated(column.value, column.length - len(objects))
+    if isinstance(column, range):
+        return _Lazy(lambda: (v for i, v in enumerate(column) if i not in objects))
+    return [v for i, v in enumerate(column) if i not in objects]
+
+
+def _mapped(column: Sequence[Any] | Iterable[Any], how: Callable[[Any], Any]) -> Sequence[Any] | Iterable[Any]:
+    if isinstance(column, Repeated):
+        return Repeated(how(column.value), column.length)
+    if isinstance(column, (list, range)):
+        return [how(v) for v in column]
+    return _Lazy(lambda: (how(v) for v in column))
+
+
+class _Lazy(Iterable[Any]):
+    """Values made again on each pass (a compact column less some records), never held as a list."""
+
+    def __init__(self, values: Callable[[], Iterator[Any]]) -> None:
+        self._values = values
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._values()
+
+
+def _check_own_numbers(record: str, key: str, column: Sequence[Any], objects: dict[int, Any]) -> None:
+    """Each record's own number (a step's ``index``, a backward's ``id``) is its position."""
+    if isinstance(column, range) and column.start == 0:
+        return
+    if isinstance(column, Repeated) and column.length <= 1 and column.value == 0:
+        return
+    for position, value in enumerate(column):
+        if value != position and position not in objects:
+            raise ValueError(f"{record} {position} field {key!r} is {value!r}, expected {position}")
 
 
 def _default(field: dataclasses.Field) -> Any:
@@ -148,9 +284,10 @@ def _default(field: dataclasses.Field) -> Any:
 _EXPECTED = {"q": "int", "n": "int | None", "d": "float", "b": "bool"}
 
 
-def _check_column(record: str, name: str, code: str, column: list[Any], sites: int) -> None:
+def _check_column(record: str, name: str, code: str, column: Iterable[Any], sites: int) -> None:
     """A TypeError or ValueError naming the field when a value is not of its type or out of range."""
-    for value in column:
+    low = 0 if name in ID_FIELDS else -LARGEST
+    for value in _distinct(column):  # type: ignore[arg-type]  # (a lazy column is read value by value)
         if code == "b":
             ok = type(value) is bool
         elif code == "d":
@@ -159,11 +296,8 @@ def _check_column(record: str, name: str, code: str, column: list[Any], sites: i
             ok = type(value) is int or (code == "n" and value is None)
         if not ok:
             raise TypeError(f"{record} field {name!r} is {_shown(value)}, expected {_EXPECTED[code]}")
-    if code == "b":
-        return
-    numbers = [v for v in column if v is not None]
-    low = 0 if name in ID_FIELDS else -LARGEST
-    for value in numbers:
+        if code == "b" or value is None:
+            continue
         if not (math.isfinite(value) and low <= value <= LARGEST):
             raise ValueError(f"{record} field {name!r} is {value!r}, out of range")
         if name in SITE_FIELDS and value >= sites:
@@ -175,22 +309,33 @@ def _shown(value: Any) -> str:
     return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
-def _decoded(data: Any, columns: Columns, range_limit: int) -> tuple[int, dict[str, list[Any]], dict[int, dict]]:
+def _decoded(
+    data: Any, columns: Columns, range_limit: int, most: int
+) -> tuple[int, dict[str, Sequence[Any]], dict[int, dict]]:
     """(count, each column's values, each extra entry by record); ValueError naming what is damaged."""
     if not isinstance(data, dict) or not isinstance(data.get("count"), int) or not isinstance(data.get("columns"), dict):
         raise ValueError("expected an object with 'count' and 'columns'")
     count, encoded = data["count"], data["columns"]
     if isinstance(count, bool) or not 0 <= count <= MAX_RECORDS:
         raise ValueError(f"'count' is {count!r}, not a number of records")
+    if count > most:
+        raise ValueError(f"'count' claims {count:,} records, more than a file of this size can hold ({most:,})")
+    for name, column in encoded.items():  # every length checked before any column is read
+        if isinstance(column, list) and len(column) != count:
+            raise ValueError(f"column {name!r} has {len(column)} values for {count} records")
     values = {name: _decode(column, count, name) for name, column in encoded.items()}
     for name in columns.ranges:
-        firsts = values.setdefault(f"{name}.first", [0] * count)
-        counts = values.setdefault(f"{name}.count", [0] * count)
+        firsts = values.setdefault(f"{name}.first", Repeated(0, count))
+        counts = values.setdefault(f"{name}.count", Repeated(0, count))
+        named = 0
         for first, n in zip(firsts, counts):
             if type(first) is not int or type(n) is not int:
                 raise ValueError(f"column {name!r} should hold whole numbers")
             if first < 0 or n < 0 or first + n > range_limit:
                 raise ValueError(f"column {name!r} names ids {first} to {first + n - 1}, outside 0 to {range_limit - 1}")
+            named += n
+            if named > range_limit:  # each id belongs to one record: no two ranges share one
+                raise ValueError(f"column {name!r} names {named:,} ids or more, of {range_limit:,}")
     extra = data.get("extra", [])
     if not isinstance(extra, list):
         raise ValueError("'extra' should be a list")
@@ -213,13 +358,11 @@ def _encode(column: list) -> Any:
     return column
 
 
-def _decode(column: Any, count: int, name: str) -> list:
+def _decode(column: Any, count: int, name: str) -> Sequence[Any]:
     if isinstance(column, list):
-        if len(column) != count:
-            raise ValueError(f"column {name!r} has {len(column)} values for {count} records")
         return column
     if isinstance(column, dict) and "all" in column:
-        return [column["all"]] * count
-    if isinstance(column, dict) and isinstance(column.get("from"), int):
-        return list(range(column["from"], column["from"] + count))
+        return Repeated(column["all"], count)
+    if isinstance(column, dict) and type(column.get("from")) is int and abs(column["from"]) <= LARGEST:
+        return range(column["from"], column["from"] + count)
     raise ValueError(f"column {name!r} should be a list, {{'all': value}} or {{'from': number}}")

@@ -26,7 +26,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 from typing import Any, Generic, TypeVar, overload
@@ -213,11 +213,11 @@ class RecordList(Sequence, Generic[R]):
 
     @classmethod
     def from_columns(
-        cls, columns: Columns, count: int, values: dict[str, list[Any]], objects: dict[int, Any]
+        cls, columns: Columns, count: int, values: Mapping[str, Iterable[Any]], objects: dict[int, Any]
     ) -> RecordList[Any]:
         """``count`` records: ``objects`` at their indices, every other one frozen from ``values``, a list per
-        column (numbers, choices and ``name.first``/``name.count`` of ranges) of what the columns store (None
-        as its code, a choice as its index), one value per frozen record in order."""
+        column (numbers, choices and ``name.first``/``name.count`` of ranges; any iterable) of what the columns
+        store (None as its code, a choice as its index), one value per frozen record in order."""
         records: RecordList[Any] = cls(columns)
         for name, column in records._arrays.items():
             column.extend(values[name])

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from .remedies import Remedy
+from .source_lines import SourceLines
 
 # Where a step boundary came from.
 STEP_SOURCES = ("explicit", "optimizer", "backward", "session-end")
@@ -386,6 +387,7 @@ class Trace:
     steps: list[StepRecord] = field(default_factory=lambda: _record_list("steps"))
     findings: list[Finding] = field(default_factory=list)
     snapshots: list[Snapshot] = field(default_factory=list)
+    sources: list[SourceLines] = field(default_factory=list)  # the lines findings cite, read when recorded
     untracked_saved: int = 0  # tensors saved under user hooks we could not see
     ended_early: str | None = None  # why the run stopped before the session ended
     averaged_from: int = 0  # first step whose times and sizes read as span means (long runs: model.packed)

@@ -99,7 +99,7 @@ def check_ranges(trace: Trace) -> None:
             if getattr(record, key) != position:
                 raise ValueError(f"{name}[{position}] field {key!r} is {getattr(record, key)!r}, expected {position}")
     tables = [*trace.sites, *trace.nodes.values(), *trace.saved.values(), *(r for _, r in steps + backwards)]
-    every: list[Any] = [*tables, *trace.findings, *trace.snapshots]
+    every: list[Any] = [*tables, *trace.findings, *trace.snapshots, *trace.sources]
     for record in every:
         for f in dataclasses.fields(record):
             _check_number(f.name, getattr(record, f.name), type(record).__name__)
@@ -111,6 +111,9 @@ def check_ranges(trace: Trace) -> None:
             raise ValueError(f"StepRecord field 'backwards' names backwards {step.backwards} of {len(trace.backwards)}")
     for finding in trace.findings:
         _check_evidence(finding.evidence)
+    for block in trace.sources:
+        if block.first < 1:
+            raise ValueError(f"SourceLines field 'first' is {block.first!r}, expected a line number (1 or more)")
     _check_number("untracked_saved", trace.untracked_saved, "the trace's")
     first, stop = trace.averaged_from, trace.averaged_before
     if not 0 <= first <= stop <= max(len(trace.steps), first):

@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -23,6 +24,7 @@ from typing import Any
 from ..errors import TraceFormatError, UsageError
 from .column_json import (
     MAX_RECORDS,
+    Budget,
     records_from_json_columns,
     to_json_columns,
 )
@@ -41,13 +43,17 @@ from .records import (
     Trace,
 )
 from .remedies import Edit, Remedy
+from .source_lines import SourceLines
 from .trace_checks import check_fields, check_ranges, loose_records
 
 FORMAT = "graphwatch-trace"
 # 2: steps and backwards as columns (version 1 traces, a list of objects each, still load)
 # 3: a finding's patch and a snapshot's focused picture (version 1 and 2 traces still load, without them)
 # 4: a finding's remedies, as data (earlier traces load with none)
-VERSION = 4
+# 5: the source lines findings cite (earlier traces load with none: their reports show no excerpts)
+VERSION = 5
+# Fields every version wrote: a trace without one of them is damaged, not empty.
+_REQUIRED = ("sites", "nodes", "saved", "backwards", "steps", "findings", "snapshots")
 
 _LIST_FIELDS: dict[str, type] = {
     "sites": CallSite,
@@ -55,6 +61,7 @@ _LIST_FIELDS: dict[str, type] = {
     "steps": StepRecord,
     "findings": Finding,
     "snapshots": Snapshot,
+    "sources": SourceLines,
 }
 _DICT_FIELDS: dict[str, type] = {"nodes": NodeRecord, "saved": SavedRecord}
 # Records held inside records: (field, record type) per type.
@@ -153,8 +160,13 @@ def _record(cls: type, row: Any) -> Any:
     return record
 
 
-def trace_from_dict(data: Any, source: str = "trace") -> Trace:
-    """Rebuild a :class:`Trace` from :func:`trace_to_dict` output, checking format and version."""
+def trace_from_dict(data: Any, source: str = "trace", file_bytes: int | None = None) -> Trace:
+    """Rebuild a :class:`Trace` from :func:`trace_to_dict` output, checking format, version and every field.
+
+    ``file_bytes``: the size of the file ``data`` was read from; the numbers of steps and backwards it
+    claims are checked against it (:class:`~graphwatch.model.column_json.Budget`) before anything is
+    allocated for them.
+    """
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise TraceFormatError(
             f"{source} is not a graphwatch trace (no \"format\": \"{FORMAT}\" field); "
@@ -170,6 +182,12 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
             f"{source} has trace version {version!r}, newer than this graphwatch reads ({VERSION}); "
             "upgrade graphwatch (pip install -U torch-graphwatch) to read it"
         )
+    missing = [name for name in _REQUIRED if name not in data]
+    if missing:
+        raise TraceFormatError(
+            f"{source} has no {' or '.join(map(repr, missing))} field; the trace file is damaged - record the run again"
+        )
+    budget = Budget() if file_bytes is None else Budget.of(file_bytes)
     trace = Trace()
     for f in dataclasses.fields(trace):
         if f.name not in data:
@@ -181,7 +199,7 @@ def trace_from_dict(data: Any, source: str = "trace") -> Trace:
             try:
                 value = records_from_json_columns(
                     value, TRACE_COLUMNS[f.name], build, range_limit=limit, sites=len(trace.sites),
-                    objects_where="detail" if f.name == "steps" else None,
+                    objects_where="detail" if f.name == "steps" else None, budget=budget,
                 )
             except TraceFormatError:
                 raise
@@ -230,6 +248,29 @@ def _rows(value: Any, name: str, source: str) -> list[dict]:
 def save_trace(trace: Trace, path: str | os.PathLike) -> None:
     """Write ``trace`` to ``path`` as JSON, atomically: a reader sees the old file or the whole new one."""
     write_atomically(Path(path), json.dumps(trace_to_dict(trace), separators=(",", ":")))
+
+
+def save_trace_elsewhere(trace: Trace) -> Path | None:
+    """Save ``trace`` to a new file in the system's temporary folder: where the trace of a run goes when its
+    report folder cannot be written (full, gone, read-only).  None when that fails too.
+
+    >>> from graphwatch.model import Trace
+    >>> path = save_trace_elsewhere(Trace(torch_version="2.13.0"))
+    >>> path.name.startswith("graphwatch-trace-"), load_trace(path).torch_version
+    (True, '2.13.0')
+    """
+    try:
+        fd, name = tempfile.mkstemp(prefix="graphwatch-trace-", suffix=".json")
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(trace_to_dict(trace), separators=(",", ":")))
+    except (OSError, ValueError, TypeError):
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        return None
+    return Path(name)
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -287,4 +328,4 @@ def load_trace(path: str | os.PathLike) -> Trace:
         raise TraceFormatError(
             f"{path} nests JSON too deeply to be a graphwatch trace: the file is corrupted; record the run again"
         ) from None
-    return trace_from_dict(data, str(path))
+    return trace_from_dict(data, str(path), file_bytes=len(text))

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from html import escape
+
+from .visible import html_attr
 
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
 SPARK_ASCII = "_.-=+*#@"  # the same ramp for consoles that cannot show unicode
@@ -124,11 +125,11 @@ class _Frame:
     def axes(self, title: str, y_label: str, x_label: str) -> list[str]:
         bottom = _TOP + self.plot_h
         parts = [
-            f'<text class="chart-title" x="{_LEFT}" y="18">{escape(title)}</text>',
+            f'<text class="chart-title" x="{_LEFT}" y="18">{html_attr(title)}</text>',
             f'<text class="axis-label" x="{_LEFT + self.plot_w / 2:.1f}" y="{_HEIGHT - 6}" '
-            f'text-anchor="middle">{escape(x_label)}</text>',
+            f'text-anchor="middle">{html_attr(x_label)}</text>',
             f'<text class="axis-label" transform="translate(14 {_TOP + self.plot_h / 2:.1f}) rotate(-90)" '
-            f'text-anchor="middle">{escape(y_label)}</text>',
+            f'text-anchor="middle">{html_attr(y_label)}</text>',
         ]
         for tick in self.y_ticks:
             y = self.y(tick)
@@ -153,7 +154,7 @@ class _Frame:
                 continue
             x = self.x(step)
             parts.append(
-                f'<g class="mark"><title>{escape(f"step {step}: {note}")}</title>'
+                f'<g class="mark"><title>{html_attr(f"step {step}: {note}")}</title>'
                 f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{_TOP}" y2="{_TOP + self.plot_h}" stroke="{MARK_COLOR}" '
                 f'stroke-dasharray="3 3"/><path d="M{x - 4:.1f},{_TOP - 6} h8 l-4,6 z" fill="{MARK_COLOR}"/></g>'
             )
@@ -172,7 +173,7 @@ def _bucketed(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], li
 def _svg(title: str, parts: Iterable[str]) -> str:
     return (
         f'<svg class="chart" viewBox="0 0 {_WIDTH} {_HEIGHT}" width="{_WIDTH}" height="{_HEIGHT}" role="img" '
-        f'aria-label="{escape(title)}">' + "".join(parts) + "</svg>"
+        f'aria-label="{html_attr(title)}">' + "".join(parts) + "</svg>"
     )
 
 
@@ -238,7 +239,7 @@ def bar_chart(
         top = frame.y(y)
         bars.append(
             f'<rect x="{frame.x(x) - width / 2:.1f}" y="{min(top, base):.1f}" width="{width:.1f}" '
-            f'height="{abs(base - top):.1f}" fill="{color}"><title>{escape(f"{x_label} {x:g}: {y:g} {y_label}")}'
+            f'height="{abs(base - top):.1f}" fill="{color}"><title>{html_attr(f"{x_label} {x:g}: {y:g} {y_label}")}'
             "</title></rect>"
         )
     return _svg(title, frame.axes(title, y_label, x_label) + bars + frame.marks(marks or {}))

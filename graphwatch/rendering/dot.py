@@ -48,6 +48,7 @@ from .graph_items import (
     tensor_label,
 )
 from .kept import add_holders, note_what_each_keeps
+from .visible import visible
 
 _HEAD = 40  # nodes nearest the outputs kept when a large graph is summarised
 _IMPORTANT = 40  # at most this many crossing / freed-frontier nodes kept besides
@@ -184,8 +185,8 @@ def _emit(graph: GraphBuilder, rep: list[int], carried: dict[int, dict], overlai
         if rep[index] == index:
             names[index] = f"n{len(names)}"
             label = item.label if item.value is None else tensor_label(item, overlaid and item.role == SAVED)
-            attrs = {**({"fillcolor": item.fill} if item.fill else {}), **(item.attrs or {})}
-            dot.node(names[index], label, **attrs, **_tooltip(item, label, trace))
+            attrs = {**({"fillcolor": item.fill} if item.fill else {}), **(item.attrs or {}), **_tooltip(item, label, trace)}
+            dot.node(names[index], dot_text(label), **_texts(attrs))
     merged: set[tuple[str, str]] = set()  # edges between boxes that draw several items: each drawn once
     for k, (tail, head, attrs) in enumerate([(c, p, {}) for c, p in graph.flow] + graph.links):
         remapped = rep[tail] != tail or rep[head] != head
@@ -201,12 +202,32 @@ def _emit(graph: GraphBuilder, rep: list[int], carried: dict[int, dict], overlai
         if trace is not None and "tooltip" not in edge:
             tail_op, head_op = items[tail].op or items[tail].label.split("\n")[0] or "tensor", items[head].op or "tensor"
             edge = {**edge, "tooltip": f"{tail_op} → {head_op}"}
-        dot.edge(*pair, **edge)
+        dot.edge(*pair, **_texts(edge))
     if legend:
         _add_legend(dot, summarised=any(item.collapsed for item in items))
     size = max(12, len(dot.body) * 0.15)  # torchviz's sizing: grows with the number of statements
     dot.graph_attr["size"] = f"{size},{size}"
     return dot
+
+
+_TEXT_ATTRIBUTES = frozenset({"label", "tooltip", "xlabel"})
+
+
+def dot_text(text: str) -> str:
+    """``text`` (a name, a line, a file name: anything the user's code spells) as a DOT string that shows it as
+    it is: hidden characters made visible (:func:`~graphwatch.rendering.visible.visible`: ESC would make the
+    SVG ill-formed), backslashes doubled (DOT reads ``\\"``, ``\\l`` and a final ``\\`` as its own), never an
+    HTML-like label (``<...>``).
+
+    >>> import graphviz
+    >>> graphviz.quoting.quote(dot_text('held\\\\')), graphviz.quoting.quote(dot_text("<b>x</b>"))
+    ('"held\\\\\\\\"', '"<b>x</b>"')
+    """
+    return graphviz.nohtml(visible(text).replace("\\", "\\\\"))
+
+
+def _texts(attrs: Mapping[str, str]) -> dict[str, str]:
+    return {key: dot_text(value) if key in _TEXT_ATTRIBUTES else value for key, value in attrs.items()}
 
 
 def legend_entries(summarised: bool = True) -> list[tuple[str, dict[str, str]]]:

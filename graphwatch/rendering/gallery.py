@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from html import escape
 
 from ..model import Snapshot, Trace
 from .dot import legend_entries
 from .svg import DOT_MISSING_NOTICE, DotError, render_svg
+from .visible import html_attr, html_text
 
 
 def code_spans(text: str) -> str:
-    """Escape ``text`` and show its `backticked` parts as code."""
-    return re.sub(r"`([^`\n]+)`", r"<code>\1</code>", escape(text))
+    """Escape ``text`` (hidden characters marked, :func:`~graphwatch.rendering.visible.html_text`) and show its
+    `backticked` parts as code."""
+    return re.sub(r"`([^`\n]+)`", r"<code>\1</code>", html_text(text))
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +46,18 @@ def scoped_ids(svg: str, prefix: str) -> str:
     return re.sub(r'(href="#|url\(#)([^")]+)', lambda m: f"{m[1]}{prefix}{m[2]}", svg)
 
 
+MAX_PICTURES = 48  # snapshots drawn per run (a session takes 12 at most, besides one per error)
+MAX_SHOWN_DOT = 20_000  # characters of an undrawn snapshot's DOT shown in the page
+
+
 def render_pictures(trace: Trace, slug: str) -> list[Picture]:
+    """Each snapshot of ``trace`` drawn (the first :data:`MAX_PICTURES`), or why it is not."""
     pictures = []
     for i, snap in enumerate(trace.snapshots):
         file = f"{slug}-step{snap.step}-{i}.svg"
+        if i >= MAX_PICTURES:
+            pictures.append(Picture(snap, file, None, f"not drawn: a report draws the first {MAX_PICTURES} snapshots"))
+            continue
         try:
             full = render_svg(snap.dot)
             focus = render_svg(snap.focus) if snap.focus and full is not None else None
@@ -66,15 +75,16 @@ def gallery_html(pictures: list[Picture], slug: str) -> str:
     figures = []
     for i, picture in enumerate(pictures):
         snap = picture.snapshot
-        caption = escape(f"step {snap.step} — {snap.reason}")
+        caption = html_attr(f"step {snap.step} — {snap.reason}")
         if picture.svg is None:
-            failed = f'<p class="notice">{escape(picture.error)}</p>' if picture.error else ""
-            body = f"{failed}<details><summary>DOT source</summary><pre>{escape(snap.dot)}</pre></details>"
+            failed = f'<p class="notice">{html_attr(picture.error)}</p>' if picture.error else ""
+            dot = snap.dot if len(snap.dot) <= MAX_SHOWN_DOT else snap.dot[:MAX_SHOWN_DOT] + "\n… (cut)"
+            body = f"{failed}<details><summary>DOT source</summary><pre>{html_text(dot)}</pre></details>"
         else:
             shown = picture.focus or picture.svg
             body = f'<div class="svgbox">{scoped_ids(shown, f"{slug}-{i}-")}</div>'
             what = "the whole graph" if picture.focus else "open the SVG"
-            caption += f' · <a href="snapshots/{escape(picture.file)}">{what}</a>'
+            caption += f' · <a href="snapshots/{html_attr(picture.file)}">{what}</a>'
         figures.append(f'<figure class="snapshot">{body}<figcaption>{caption}</figcaption></figure>')
     return notice + '<div class="gallery">' + "".join(figures) + "</div>"
 
@@ -98,5 +108,5 @@ def legend_html() -> str:
             style.append("border:3px double #000")
         if attrs.get("shape") == "plaintext":
             style = [f"color:{_CSS_COLOURS.get(attrs.get('fontcolor', ''), '#c00')};border:none;background:none"]
-        entries.append(f'<span style="{";".join(style)}">{escape(" ".join(text.split()))}</span>')
+        entries.append(f'<span style="{";".join(style)}">{html_attr(" ".join(text.split()))}</span>')
     return f'<div class="legend"><strong>Legend</strong>{"".join(entries)}</div>'

@@ -1,14 +1,19 @@
 """The HTML report: one self-contained page that opens offline, plus trace.json and the snapshot SVGs.
 
-The page has inline CSS and inline SVG only (no script, no web font, no
-remote resource): the verdict first, then per run (one run, or one section
+The page has inline CSS and inline SVG only (no web font, no remote resource,
+one script of its own: a patch's copy button, the only one its
+Content-Security-Policy lets run): the verdict first, then per run (one run, or one section
 per labelled trace for the demo or the ranks of a distributed job) each
 finding with the source lines it cites, per-step charts of live saved bytes,
 nodes alive and backward time, the per-step table and the snapshot gallery.
 The ranks of one job (:func:`~graphwatch.rendering.ranks.is_rank_set`) get an
 "across ranks" section first, and findings seen on only some ranks are marked.
-Every user-derived string is HTML-escaped.  Files are written atomically and
-``index.html`` last, so a crash never leaves a half-written page.
+Every user-derived string is HTML-escaped, its hidden characters made visible
+(:mod:`graphwatch.rendering.visible`); the pictures are drawn from filtered DOT
+and cleaned SVG (:mod:`graphwatch.rendering.svg`).  Files are written
+atomically and ``index.html`` last, so a crash never leaves a half-written
+page.  A report deletes only the snapshots an earlier report wrote and recorded
+in the folder's manifest (:data:`MANIFEST`), and never writes through a link.
 
 Example::
 
@@ -23,12 +28,14 @@ Example::
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
+import json
 import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from html import escape
 from pathlib import Path
 
 from ..analysis.evidence import counted, human_bytes
@@ -38,10 +45,11 @@ from .charts import NODES_COLOR, bar_chart, byte_unit, line_chart
 from .findings_html import finding_articles
 from .gallery import Picture, gallery_html, legend_html, render_pictures
 from .ranks import RANKS_CSS, is_rank_set, rank_notes, ranks_html, report_verdict
+from .visible import html_attr
 from .wording import (
     averaged_text,
     counted_only_text,
-    early_end,
+    ending_text,
     marked_steps,
     sample_steps,
     seconds_text,
@@ -60,6 +68,13 @@ COPY_SCRIPT = (
     "if(navigator.clipboard){navigator.clipboard.writeText(t).then(function(){b.textContent='copied'},"
     "function(){b.textContent='select the text to copy'})}})})"
 )
+# What the page may do: its own styles and the copy script above; nothing loaded, no other script, no form.
+CONTENT_POLICY = (
+    "default-src 'none'; style-src 'unsafe-inline'; "
+    f"script-src 'sha256-{base64.b64encode(hashlib.sha256(COPY_SCRIPT.encode()).digest()).decode()}'; "
+    "base-uri 'none'; form-action 'none'"
+)
+MANIFEST = "report-files.json"  # the snapshots a report wrote: the only files a later report deletes
 CSS = """
 :root{--ink:#1f2328;--muted:#59636e;--line:#d8dee4;--bg:#f6f8fa;--red:#d62728;--redbg:#fdecea;
 --amber:#b35c00;--amberbg:#fff4e5;--green:#4a6b1f;--greenbg:#eef7e4;--orange:#e8890c;--blue:#4f8fb8}
@@ -104,6 +119,8 @@ border-radius:4px;padding:1px 7px}
 .patch-same{margin:8px 0;font-size:13px}
 .patch .add{color:#116329;background:#dafbe1}.patch .del{color:#82071e;background:#ffebe9}.patch .hunk{color:#57606a}
 .unread{color:var(--muted);font-size:13px}
+.hidden-char{color:#82071e;background:#ffebe9;border:1px solid #ff8182;border-radius:3px;padding:0 2px}
+.patch-warning{margin:0 0 0 auto;color:var(--red);font-weight:600}
 figure{margin:10px 0}
 .source figcaption{font:600 12px ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;color:var(--muted)}
 .source pre{margin:2px 0 0;background:#fafbfc;border:1px solid var(--line);border-radius:6px;padding:6px 0;
@@ -198,10 +215,10 @@ def _table_html(trace: Trace) -> str:
         cells = [value(row) for _, value in columns] + [marks.get(row.index, "")]
         body.append(
             ('<tr class="marked">' if row.index in marks else "<tr>")
-            + "".join(f"<td>{escape(str(c))}</td>" for c in cells)
+            + "".join(f"<td>{html_attr(str(c))}</td>" for c in cells)
             + "</tr>"
         )
-    head = "".join(f"<th>{escape(name)}</th>" for name, _ in columns) + "<th>first seen</th>"
+    head = "".join(f"<th>{html_attr(name)}</th>" for name, _ in columns) + "<th>first seen</th>"
     return (
         f'<div class="table-wrap"><table class="steps"><thead><tr>{head}</tr></thead>'
         f'<tbody>{"".join(body)}</tbody></table></div>'
@@ -216,7 +233,7 @@ def _verdict_html(traces: Sequence[Trace], tag: str = "div", headline: tuple[str
     text, good = headline or report_verdict(traces)
     if tag != "h1":
         text = text.removeprefix("graphwatch: ")
-    return f'<{tag} class="verdict {"good" if good else "bad"}">{escape(text)}</{tag}>'
+    return f'<{tag} class="verdict {"good" if good else "bad"}">{html_attr(text)}</{tag}>'
 
 
 def _meta_html(trace: Trace, trace_file: str) -> str:
@@ -227,11 +244,12 @@ def _meta_html(trace: Trace, trace_file: str) -> str:
     ]
     if trace.rank is not None:
         facts.append(f"rank {trace.rank}" + (f" of {trace.world_size}" if trace.world_size else ""))
-    link = [f'trace: <a href="{escape(trace_file)}">{escape(trace_file)}</a>'] if trace_file else []
-    facts = [escape(f) for f in facts if f] + link
+    link = [f'trace: <a href="{html_attr(trace_file)}">{html_attr(trace_file)}</a>'] if trace_file else []
+    facts = [html_attr(f) for f in facts if f] + link
     notes = []
-    if trace.ended_early:
-        notes.append(f'<p class="ended">The run ended early: {escape(early_end(trace))}</p>')
+    ending = ending_text(trace)
+    if ending:
+        notes.append(f'<p class="ended">{html_attr(ending[0].upper() + ending[1:])}</p>')
     if trace.untracked_saved:
         notes.append(
             f'<p class="notice">{counted(trace.untracked_saved, "saved tensor")} went through saved-tensor hooks '
@@ -239,22 +257,21 @@ def _meta_html(trace: Trace, trace_file: str) -> str:
         )
     for notice in (averaged_text(trace), counted_only_text(trace)):
         if notice:
-            notes.append(f'<p class="notice">{escape(notice)}</p>')
-    times = f'<p class="meta">{escape(time_text(trace))}</p>' if time_text(trace) else ""  # (below the facts: small)
+            notes.append(f'<p class="notice">{html_attr(notice)}</p>')
+    times = f'<p class="meta">{html_attr(time_text(trace))}</p>' if time_text(trace) else ""  # (below the facts: small)
     return f'<p class="meta">{" · ".join(facts)}</p>' + times + "".join(notes)
 
 
 def _section_html(run: _Run, multi: bool, notes: dict[int, str], legend: str = "") -> str:
     trace = run.trace
-    roots = [str(trace.options["cwd"])] if trace.options.get("cwd") else []
     parts = [f'<section class="run" id="{run.slug}">']
     if run.label:
-        parts.append(f"<h2>{escape(run.label)}</h2>")
+        parts.append(f"<h2>{html_attr(run.label)}</h2>")
     if multi:
         parts.append(_verdict_html([trace]))
     parts.append(_meta_html(trace, run.trace_file))
     parts.append("<h3>Findings</h3>")
-    parts += finding_articles(trace.findings, roots, notes) or ['<p class="empty">No findings.</p>']
+    parts += finding_articles(trace.findings, trace.sources, notes) or ['<p class="empty">No findings.</p>']
     parts.append("<h3>Per step</h3>")
     if trace.steps:
         parts += [_charts_html(trace), _table_html(trace)]
@@ -266,7 +283,7 @@ def _section_html(run: _Run, multi: bool, notes: dict[int, str], legend: str = "
 
 def _contents_html(runs: Sequence[_Run], heading: str) -> str:
     items = "".join(
-        f'<li><a href="#{run.slug}">{escape(run.label)}</a> {_verdict_html([run.trace], "span")}</li>' for run in runs
+        f'<li><a href="#{run.slug}">{html_attr(run.label)}</a> {_verdict_html([run.trace], "span")}</li>' for run in runs
     )
     return f'<nav class="contents"><h2>{heading}</h2><ul>{items}</ul></nav>'
 
@@ -285,9 +302,10 @@ def _page(runs: Sequence[_Run], headline: tuple[str, bool] | None = None) -> str
     body += [_section_html(run, multi, notes, legend if run is first else "") for run in runs]
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{CONTENT_POLICY}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{escape((headline or report_verdict(traces))[0])}</title><style>{CSS}{RANKS_CSS if ranks else ''}</style></head>"
-        f'<body><main>{"".join(body)}</main><footer>graphwatch {escape(__version__)}</footer>'
+        f"<title>{html_attr((headline or report_verdict(traces))[0])}</title><style>{CSS}{RANKS_CSS if ranks else ''}</style></head>"
+        f'<body><main>{"".join(body)}</main><footer>graphwatch {html_attr(__version__)}</footer>'
         f"<script>{COPY_SCRIPT}</script></body></html>\n"
     )
 
@@ -301,7 +319,30 @@ def _sections(traces: Trace | Sequence[Section]) -> list[Section]:
     return sections
 
 
+def check_pictures_folder(out_dir: Path) -> None:
+    """A :class:`~graphwatch.UsageError` when ``out_dir/snapshots`` is a link or not a folder: a report writes
+    (and deletes) only inside its own folder, never through a link to somewhere else.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> (folder / "snapshots").symlink_to(tempfile.mkdtemp())
+    >>> check_pictures_folder(folder)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    graphwatch.errors.UsageError: cannot write the report to ...: its snapshots folder is a link ...
+    """
+    pictures = out_dir / "snapshots"
+    if pictures.is_symlink():
+        raise UsageError(
+            f"cannot write the report to {out_dir}: its snapshots folder is a link (to {os.readlink(pictures)}), and "
+            "graphwatch writes only inside the report folder; remove the link or pass another folder"
+        )
+    if pictures.exists() and not pictures.is_dir():
+        raise UsageError(f"cannot write the report to {out_dir}: {pictures} is a file; move it or pass another folder")
+
+
 def _prepare_folder(out_dir: Path) -> None:
+    check_pictures_folder(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "snapshots").mkdir(exist_ok=True)
@@ -322,10 +363,11 @@ def write_report(
     ``trace.json``) or a list of ``(label, trace)`` pairs, one report section
     each (their JSON goes to ``trace-<label>.json``).  ``headline`` (text,
     good news) replaces the verdict over the traces at the top.  Snapshots an
-    earlier report left in ``out_dir/snapshots`` are removed once the new
-    report is complete; nothing else there is touched (a trace JSON may be
-    what this report was made from).  Raises :class:`~graphwatch.UsageError`
-    when ``out_dir`` cannot be written.
+    earlier report wrote to ``out_dir/snapshots`` (as its manifest,
+    :data:`MANIFEST`, lists them) are removed once the new report is complete;
+    nothing else there is touched: not the user's own files, not a trace JSON
+    this report may be made from.  Raises :class:`~graphwatch.UsageError` when
+    ``out_dir`` cannot be written or its ``snapshots`` folder is a link.
     """
     out_dir = Path(out_dir)
     sections = _sections(traces)
@@ -335,23 +377,43 @@ def write_report(
         slug = _slug(label, i)
         file = "trace.json" if isinstance(traces, Trace) else f"trace-{slug}.json"
         runs.append(_Run(label, trace, slug, render_pictures(trace, slug), file))
-    written = {out_dir / "index.html"}
+    earlier = _listed(out_dir)
+    pictures = [f"snapshots/{p.file}" for run in runs for p in run.pictures if p.svg is not None]
+    _write_manifest(out_dir, sorted(set(earlier) | set(pictures)))  # listed before written: a crash leaves none unlisted
     for picture in (p for run in runs for p in run.pictures):
         if picture.svg is not None:
             write_atomically(out_dir / "snapshots" / picture.file, picture.svg)
-            written.add(out_dir / "snapshots" / picture.file)
     for run in runs:
         save_trace(run.trace, out_dir / run.trace_file)
-        written.add(out_dir / run.trace_file)
     index = out_dir / "index.html"
     write_atomically(index, _page(runs, headline))
-    _remove_stale(out_dir, written)
+    for name in set(earlier) - set(pictures):
+        _remove_snapshot(out_dir, name)
+    _write_manifest(out_dir, pictures)
     return index
 
 
-def _remove_stale(out_dir: Path, written: set[Path]) -> None:
-    """Remove the snapshots an earlier report wrote to ``out_dir`` and this one did not."""
-    for path in (out_dir / "snapshots").glob("*.svg"):
-        if path not in written and path.is_file():
-            with contextlib.suppress(OSError):
-                path.unlink()
+_SNAPSHOT_NAME = re.compile(r"snapshots/[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.svg")
+
+
+def _listed(out_dir: Path) -> list[str]:
+    """The snapshot files an earlier report wrote to ``out_dir``, as its manifest lists them ([] without one)."""
+    try:
+        data = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    files = data.get("files") if isinstance(data, dict) else None
+    return [f for f in files if isinstance(f, str) and _SNAPSHOT_NAME.fullmatch(f)] if isinstance(files, list) else []
+
+
+def _write_manifest(out_dir: Path, files: list[str]) -> None:
+    write_atomically(out_dir / MANIFEST, json.dumps({"format": "graphwatch-report-files", "files": files}, indent=1))
+
+
+def _remove_snapshot(out_dir: Path, name: str) -> None:
+    """Remove ``out_dir/name`` (a snapshot an earlier report wrote) if it is still a plain file there."""
+    path = out_dir / name
+    with contextlib.suppress(OSError):
+        if path.parent.is_symlink() or path.is_symlink() or not path.is_file():
+            return
+        path.unlink()

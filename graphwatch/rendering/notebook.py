@@ -46,8 +46,7 @@ def summary_html(trace: Trace) -> str:
     >>> "graphwatch: no steps recorded" in summary_html(Trace())
     True
     """
-    roots = [str(trace.options["cwd"])] if trace.options.get("cwd") else []
-    findings = "".join(finding_articles(trace.findings, roots))
+    findings = "".join(finding_articles(trace.findings, trace.sources))
     return (
         f"<style>{_scoped_css(CSS, NOTEBOOK_SCOPE)}</style>"
         f'<div class="{NOTEBOOK_SCOPE}">{_verdict_html([trace], "h1")}{_meta_html(trace, "")}{findings}</div>'
@@ -56,7 +55,7 @@ def summary_html(trace: Trace) -> str:
 
 def finding_html(finding: Finding) -> str:
     """One finding as the report shows it, styled on its own (Jupyter's view of a finding)."""
-    body = finding_article(finding, [])
+    body = finding_article(finding, [])  # a finding alone holds no source lines: the trace does
     return f'<style>{_scoped_css(CSS, NOTEBOOK_SCOPE)}</style><div class="{NOTEBOOK_SCOPE}">{body}</div>'
 
 

@@ -29,7 +29,6 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from html import escape
 from pathlib import Path
 
 from rich import box
@@ -42,6 +41,7 @@ from ..analysis.evidence import human_bytes
 from ..model import Finding, StepRecord, Trace
 from .charts import sparkline
 from .terminal import ascii_safe, finding_lines, numbered_patches, patch_blocks
+from .visible import html_attr
 from .wording import cited_sites, marked_steps, problems, sample_steps, seconds_text, step_values, verdict
 
 RANK_FOLDER = "rank{}"
@@ -208,7 +208,7 @@ def _step_table_html(traces: Sequence[Trace]) -> str:
     width = 2 + len(metrics) * len(traces)
     head = (
         '<tr><th rowspan="2">step</th>'
-        + "".join(f'<th colspan="{len(traces)}">{escape(name)}</th>' for name, _ in metrics)
+        + "".join(f'<th colspan="{len(traces)}">{html_attr(name)}</th>' for name, _ in metrics)
         + '<th rowspan="2">first seen</th></tr><tr>'
         + "".join(f"<th>rank {t.rank}</th>" for _ in metrics for t in traces)
         + "</tr>"
@@ -224,7 +224,7 @@ def _step_table_html(traces: Sequence[Trace]) -> str:
         cells.append(marks.get(row.index, ""))
         body.append(
             ('<tr class="marked">' if row.index in marks else "<tr>")
-            + "".join(f"<td>{escape(c)}</td>" for c in cells)
+            + "".join(f"<td>{html_attr(c)}</td>" for c in cells)
             + "</tr>"
         )
     return (
@@ -240,17 +240,17 @@ def ranks_html(traces: Sequence[Trace], anchors: Sequence[str]) -> str:
     anchor = {t.rank: a for t, a in zip(traces, anchors)}
     traces = _by_rank(traces)
     rows = "".join(
-        "<tr>" + "".join(f"<td>{escape(c)}</td>" for c in RankRow.of(t).cells()) + "</tr>" for t in traces
+        "<tr>" + "".join(f"<td>{html_attr(c)}</td>" for c in RankRow.of(t).cells()) + "</tr>" for t in traces
     )
-    head = "".join(f"<th>{escape(name)}</th>" for name in RANK_COLUMNS)
+    head = "".join(f"<th>{html_attr(name)}</th>" for name in RANK_COLUMNS)
     items = []
     for shared in shared_findings(traces):
         f = shared.finding
-        links = ", ".join(f'<a href="#{escape(anchor[r])}">rank {r}</a>' for r in shared.ranks)
-        note = f'<span class="ranks">{escape(shared.note)}</span>' if shared.note else "on every rank"
+        links = ", ".join(f'<a href="#{html_attr(anchor[r])}">rank {r}</a>' for r in shared.ranks)
+        note = f'<span class="ranks">{html_attr(shared.note)}</span>' if shared.note else "on every rank"
         sites = ", ".join(cited_sites(f))
         items.append(
-            f'<li><code class="kind">{escape(f.kind)}</code> {note}{" at <code>" + escape(sites) + "</code>" if sites else ""}'
+            f'<li><code class="kind">{html_attr(f.kind)}</code> {note}{" at <code>" + html_attr(sites) + "</code>" if sites else ""}'
             f" — {links}</li>"
         )
     missing = _missing(traces)
@@ -258,7 +258,7 @@ def ranks_html(traces: Sequence[Trace], anchors: Sequence[str]) -> str:
         '<section class="run" id="ranks"><h2>Across ranks</h2>'
         f'<p class="meta">{len(traces)} ranks of a job of {traces[0].world_size} processes; a problem is counted once '
         "however many ranks show it, and marked when only some do.</p>"
-        + (f'<p class="notice">{escape(missing)}</p>' if missing else "")
+        + (f'<p class="notice">{html_attr(missing)}</p>' if missing else "")
         + f'<div class="table-wrap"><table class="steps ranked"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody>'
         "</table></div><h3>Problems</h3>"
         + (f'<ul class="across">{"".join(items)}</ul>' if items else '<p class="empty">No findings on any rank.</p>')

@@ -1,40 +1,33 @@
-"""Read the source lines a finding cites, with a few lines of context around each.
+"""The source lines a finding cites, with a few lines of context around each, from the trace alone.
 
 Findings cite lines as ``"file:line"`` strings (``evidence["sites"]``).  The
-file part is the path as the run saw it: relative to the run's working folder
-when the file lies below it.  :func:`read_excerpt` looks for it under each of
-the folders it is given (then as is, then in :mod:`linecache`, where a Jupyter
-kernel keeps its cells), and returns ``None`` for files that are gone, for
-lines past their end and for pseudo-files such as ``<stdin>`` whose text is no
-longer in :mod:`linecache`.
+lines themselves were stored in the trace when it was recorded
+(:class:`~graphwatch.model.SourceLines`, read by
+:func:`graphwatch.capture.source.cited_lines`): rendering a trace reads
+nothing from the disk of whoever renders it, so a trace that cites
+``/etc/passwd:1`` shows no line of it.  A citation whose lines the trace does
+not hold (an older trace, a file the run could not read) has no excerpt.
 
 Example::
 
-    >>> import os, tempfile
-    >>> folder = tempfile.mkdtemp()
-    >>> with open(os.path.join(folder, "train.py"), "w") as fh:
-    ...     _ = fh.write("a = 1\\nb = 2\\nc = 3\\nd = 4\\n")
-    >>> excerpt = read_excerpt("train.py:3", context=1, roots=[folder])
+    >>> from graphwatch.model import SourceLines
+    >>> stored = [SourceLines("train.py", 1, ["a = 1\\n", "b = 2\\n", "c = 3\\n", "d = 4\\n"])]
+    >>> excerpt = read_excerpt("train.py:3", stored, context=1)
     >>> excerpt.where, list(excerpt.numbered())
     ('train.py:3', [(2, 'b = 2'), (3, 'c = 3'), (4, 'd = 4')])
-    >>> excerpt.merged(read_excerpt("train.py:1", context=0, roots=[folder])).where
+    >>> excerpt.merged(read_excerpt("train.py:1", stored, context=0)).where
     'train.py:1, 3'
-    >>> read_excerpt("missing.py:3", roots=[folder]) is None
+    >>> read_excerpt("/etc/passwd:1", stored) is None
     True
 """
 
 from __future__ import annotations
 
-import linecache
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from ..cells import cell_lines
-from ..model import Finding
-
-CONTEXT_LINES = 3
+from ..model import Finding, SourceLines
+from ..model.source_lines import CONTEXT_LINES, parse_where
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,58 +71,34 @@ class SourceExcerpt:
         return SourceExcerpt(self.file, cited, first, tuple(text[n] for n in range(first, max(text) + 1)))
 
 
-def parse_where(where: str) -> tuple[str, int] | None:
-    """``"dir/train.py:18"`` -> ``("dir/train.py", 18)``; None when it names no line.
-
-    >>> parse_where("C:/x/train.py:7"), parse_where("<unknown>")
-    (('C:/x/train.py', 7), None)
-    """
-    file, sep, line = where.rpartition(":")
-    if not sep or not file or not line.isdigit() or int(line) < 1:
-        return None
-    return file, int(line)
-
-
-def _source_lines(file: str, roots: Sequence[str | os.PathLike]) -> list[str]:
-    if file.startswith("<"):  # <stdin>, <string>, notebook cells: only linecache may still know them
-        return linecache.getlines(file)
-    path = Path(file)
-    candidates = [path] if path.is_absolute() else [Path(root) / path for root in roots] + [path]
-    for candidate in candidates:
-        if candidate.is_file():
-            return linecache.getlines(str(candidate.resolve()))
-    return cell_lines(file) or linecache.getlines(file)  # a notebook cell (In[3]): no file, linecache has it
-
-
-def read_excerpt(
-    where: str, context: int = CONTEXT_LINES, roots: Sequence[str | os.PathLike] = ()
-) -> SourceExcerpt | None:
-    """The cited line of ``where`` (``"file:line"``) with ``context`` lines either side, or None."""
+def read_excerpt(where: str, stored: Sequence[SourceLines], context: int = CONTEXT_LINES) -> SourceExcerpt | None:
+    """The cited line of ``where`` (``"file:line"``) with up to ``context`` lines either side, from the
+    ``stored`` lines of a trace; None when they do not hold it."""
     parsed = parse_where(where)
     if parsed is None:
         return None
     file, line = parsed
-    lines = _source_lines(file, roots)
-    if line > len(lines):
+    block = next((b for b in stored if b.file == file and b.text(line) is not None), None)
+    if block is None:
         return None
-    first = max(1, line - context)
-    return SourceExcerpt(file, (line,), first, tuple(lines[first - 1 : line + context]))
+    first, last = max(block.first, line - context), min(block.last, line + context)
+    return SourceExcerpt(file, (line,), first, tuple(block.lines[first - block.first : last - block.first + 1]))
 
 
 def cited_excerpts(
-    finding: Finding, context: int = CONTEXT_LINES, roots: Sequence[str | os.PathLike] = ()
+    finding: Finding, stored: Sequence[SourceLines], context: int = CONTEXT_LINES
 ) -> list[SourceExcerpt]:
-    """The lines a finding cites (``evidence["sites"]``) that can still be read, in the order cited.
+    """The lines a finding cites (``evidence["sites"]``) that the trace holds, in the order cited.
 
     Citations close together in one file share an excerpt.
 
     >>> finding = Finding("retained-graph", "warning", 0, "m", "f", {"sites": ["<unknown>", "gone.py:3"]})
-    >>> cited_excerpts(finding)
+    >>> cited_excerpts(finding, [])
     []
     """
     excerpts: list[SourceExcerpt] = []
     for where in dict.fromkeys(finding.evidence.get("sites") or []):
-        excerpt = read_excerpt(str(where), context, roots)
+        excerpt = read_excerpt(str(where), stored, context)
         if excerpt is None:
             continue
         near = next((i for i, shown in enumerate(excerpts) if shown.joins(excerpt)), None)

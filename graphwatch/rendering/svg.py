@@ -4,6 +4,12 @@
 Python package: :func:`render_svg` returns None when it is missing, and
 callers print :data:`DOT_MISSING_NOTICE` once instead of a picture.
 
+The DOT may come from a trace someone else recorded: :func:`render_svg` draws
+only what :func:`~graphwatch.rendering.dot_filter.filter_dot` keeps of it, and
+:func:`clean_svg` writes Graphviz's SVG again from an allow-list of elements and
+attributes (no link, no script, no style, no reference outside the picture),
+so that what is inlined in a report is a drawing and nothing else.
+
 Example::
 
     >>> from graphwatch.rendering.svg import dot_available, render_svg
@@ -17,8 +23,12 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from html import escape
+from xml.etree import ElementTree
 
 from ..errors import GraphwatchError
+from .dot_filter import UnsafeDot, filter_dot
+from .visible import visible
 
 DOT_MISSING_NOTICE = (
     "graph pictures need Graphviz's `dot` program, which is not installed: "
@@ -36,17 +46,22 @@ def dot_available() -> bool:
 
 
 def render_svg(dot_source: str, timeout: float = 30) -> str | None:
-    """The SVG of ``dot_source`` without its XML prolog and doctype, or None if ``dot`` is missing.
+    """The SVG of ``dot_source`` (what :func:`~graphwatch.rendering.dot_filter.filter_dot` keeps of it) as
+    :func:`clean_svg` writes it, or None if ``dot`` is missing.
 
-    Raises :class:`DotError` when ``dot`` rejects the source or runs longer
-    than ``timeout`` seconds (a huge graph: draw it with ``max_nodes``).
+    Raises :class:`DotError` when the source is not the kind of DOT graphwatch writes, when ``dot`` rejects it
+    or runs longer than ``timeout`` seconds (a huge graph: draw it with ``max_nodes``).
     """
     program = shutil.which("dot")
     if program is None:
         return None
     try:
+        source = filter_dot(dot_source)
+    except UnsafeDot as exc:
+        raise DotError(f"could not render the graph: {exc}") from None
+    try:
         done = subprocess.run(
-            [program, "-Tsvg"], input=dot_source.encode(), capture_output=True, timeout=timeout, check=False
+            [program, "-Tsvg"], input=source.encode("utf-8"), capture_output=True, timeout=timeout, check=False
         )
     except subprocess.TimeoutExpired as exc:
         raise DotError(f"dot took longer than {timeout:g} s to lay out the graph; draw fewer nodes") from exc
@@ -54,8 +69,72 @@ def render_svg(dot_source: str, timeout: float = 30) -> str | None:
     start = svg.find("<svg")
     if done.returncode != 0 or start < 0:
         message = done.stderr.decode("utf-8", errors="replace").strip() or f"exit status {done.returncode}"
-        raise DotError(f"dot could not render the graph: {message}")
-    return readable_titles(svg[start:])
+        raise DotError(f"dot could not render the graph: {visible(message)}")
+    return readable_titles(clean_svg(svg[start:]))
+
+
+_SVG, _XLINK = "{http://www.w3.org/2000/svg}", "{http://www.w3.org/1999/xlink}"
+_ELEMENTS = frozenset({"svg", "g", "title", "polygon", "polyline", "path", "ellipse", "text", "a"})
+_COLOUR = re.compile(r"#[0-9A-Fa-f]{3,8}|[A-Za-z]{1,30}")
+_PLAIN_ATTRIBUTES = frozenset({
+    "id", "class", "width", "height", "viewBox", "transform", "points", "d", "cx", "cy", "rx", "ry", "x", "y",
+    "stroke-width", "stroke-dasharray", "stroke-opacity", "fill-opacity", "text-anchor", "font-family", "font-size",
+    "font-weight", "font-style", "text-decoration", "preserveAspectRatio",
+})  # fmt: skip
+_COLOUR_ATTRIBUTES = frozenset({"fill", "stroke"})
+
+
+def clean_svg(svg: str) -> str:
+    """Graphviz's SVG written again from an allow-list: its shapes, text and hover titles (``xlink:title``),
+    nothing else (no ``href``, ``style``, event handler, script or foreign element; a colour is a colour).
+
+    >>> clean_svg('<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink">'
+    ...           '<a xlink:href="javascript:alert(1)" xlink:title="x"><text onclick="alert(2)">hi</text></a>'
+    ...           '<script>alert(3)</script></svg>')
+    '<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink"><a xlink:title="x"><text>hi</text></a></svg>'
+    """
+    try:
+        root = ElementTree.fromstring(svg)
+    except ElementTree.ParseError as exc:
+        raise DotError(f"dot wrote an SVG that does not parse ({exc}); the picture is left out") from None
+    if root.tag != _SVG + "svg":
+        raise DotError("dot wrote something other than an SVG; the picture is left out")
+    out: list[str] = []
+    _write(root, out, top=True)
+    return "".join(out)
+
+
+def _write(element: ElementTree.Element, out: list[str], top: bool = False) -> None:
+    tag = element.tag[len(_SVG) :] if isinstance(element.tag, str) and element.tag.startswith(_SVG) else None
+    if tag in _ELEMENTS:
+        attributes = [
+            f' {name}="{escape(visible(value))}"'
+            for key, value in element.attrib.items()
+            if (name := _allowed(key, value)) is not None
+        ]
+        if top:
+            attributes.append(f' xmlns="{_SVG[1:-1]}" xmlns:xlink="{_XLINK[1:-1]}"')
+        out.append(f"<{tag}{''.join(attributes)}")
+        if element.text or len(element):
+            out.append(">" + escape(visible(element.text or ""), quote=False))
+            for child in element:
+                _write(child, out)
+            out.append(f"</{tag}>")
+        else:
+            out.append("/>")
+    if element.tail and not top:
+        out.append(escape(visible(element.tail), quote=False))
+
+
+def _allowed(key: str, value: str) -> str | None:
+    """The name to write an attribute under, or None to leave it out."""
+    if key == _XLINK + "title":
+        return "xlink:title"
+    if key in _PLAIN_ATTRIBUTES:
+        return key
+    if key in _COLOUR_ATTRIBUTES and _COLOUR.fullmatch(value):
+        return key
+    return None
 
 
 _TITLED = re.compile(r'<title>[^<]*</title>(\s*<g id="a_[^"]*"><a xlink:title="([^"]*)">)')

@@ -40,11 +40,12 @@ from rich.text import Text
 from ..analysis.evidence import counted, human_bytes
 from ..model import Finding, Trace
 from .charts import SPARK_ASCII, SPARK_BLOCKS, sparkline
+from .visible import patch_warning, visible
 from .wording import (
     averaged_text,
     cited_sites,
     counted_only_text,
-    early_end,
+    ending_text,
     explained_in_error,
     finding_steps,
     marked_steps,
@@ -83,26 +84,32 @@ def finding_lines(
     """
     mark = _SEVERITY_MARK.get(finding.severity, "●")
     yield Text.assemble(
-        (f"{mark} {finding.kind}", _SEVERITY_STYLE.get(finding.severity, "bold")),
-        (f"  {note}", "bold magenta") if note else "",
+        (f"{mark} {printable(finding.kind)}", _SEVERITY_STYLE.get(finding.severity, "bold")),
+        (f"  {printable(note)}", "bold magenta") if note else "",
         (f"  {steps_text(finding_steps(finding))}", "dim"),
     )
     if in_error:
         yield Padding(Text("explained, with its fixes, in the error that ended the run (its traceback)"), (0, 0, 0, 2), expand=False)
     else:
-        yield Padding(Text(finding.message), (0, 0, 0, 2), expand=False)
+        yield Padding(Text(printable(finding.message)), (0, 0, 0, 2), expand=False)
     if not in_error and finding.fix not in finding.message:  # an explanation lists its fixes: not again
-        yield Padding(Text.assemble(("fix: ", "bold green"), finding.fix), (0, 0, 0, 2), expand=False)
-    if finding.patch and patch_number is not None:
+        yield Padding(Text.assemble(("fix: ", "bold green"), printable(finding.fix)), (0, 0, 0, 2), expand=False)
+    warning = patch_warning(finding.patch) if finding.patch else None
+    if finding.patch and warning is not None:  # never offered for copying: shown marked, in the box
+        head = f"patch, not for copying: {warning}; it is shown marked:"
+        yield Padding(Text(head, style="bold red"), (0, 0, 0, 2), expand=False)
+        yield Padding(diff_text(finding.patch), (0, 0, 0, 4), expand=False)
+    elif finding.patch and patch_number is not None:
         yield Padding(Text.assemble(("patch: ", "bold green"), f"{patch_number}, printed below"), (0, 0, 0, 2), expand=False)
     elif finding.patch and patch_above:
-        yield Padding(Text.assemble(("patch: ", "bold green"), f"the one under {patch_above} above"), (0, 0, 0, 2), expand=False)
+        above = f"the one under {printable(patch_above)} above"
+        yield Padding(Text.assemble(("patch: ", "bold green"), above), (0, 0, 0, 2), expand=False)
     elif finding.patch:
         yield Padding(Text("patch (patch -p0):", style="bold green"), (0, 0, 0, 2), expand=False)
         yield Verbatim(finding.patch)
     sites = cited_sites(finding)
     if sites:
-        yield Padding(Text.assemble(("at: ", "bold"), (", ".join(sites), "cyan")), (0, 0, 0, 2), expand=False)
+        yield Padding(Text.assemble(("at: ", "bold"), (printable(", ".join(sites)), "cyan")), (0, 0, 0, 2), expand=False)
 
 
 def findings_lines(
@@ -131,7 +138,8 @@ def findings_lines(
 
 
 def numbered_patches(findings: Sequence[Finding]) -> dict[str, int]:
-    """Each distinct patch of ``findings`` -> its number (1, 2, ...), in the findings' order.
+    """Each distinct patch of ``findings`` that may be offered for copying -> its number (1, 2, ...), in the
+    findings' order (a patch holding hidden or reordering characters is shown marked under its finding).
 
     >>> f = Finding("retained-graph", "warning", 3, "m", "f", patch="--- a.py\\n+++ a.py\\n")
     >>> numbered_patches([f, f, Finding("retained-graph", "warning", 4, "m", "f")])
@@ -139,7 +147,7 @@ def numbered_patches(findings: Sequence[Finding]) -> dict[str, int]:
     """
     numbers: dict[str, int] = {}
     for finding in findings:
-        if finding.patch and finding.patch not in numbers:
+        if finding.patch and finding.patch not in numbers and patch_warning(finding.patch) is None:
             numbers[finding.patch] = len(numbers) + 1
     return numbers
 
@@ -151,7 +159,7 @@ def patch_blocks(findings: Sequence[Finding], numbers: Mapping[str, int]) -> Ite
         fixed = [f for f in findings if f.patch == patch]
         kinds = ", ".join(dict.fromkeys(f.kind for f in fixed))
         of = f" {number} of {len(numbers)}" if len(numbers) > 1 else ""
-        yield Text.assemble(("patch (patch -p0):", "bold green"), f"{of} the fix of {kinds}")
+        yield Text.assemble(("patch (patch -p0):", "bold green"), f"{of} the fix of {printable(kinds)}")
         yield Verbatim(patch)
         yield Text("")
 
@@ -213,13 +221,36 @@ def print_blocks(console: Console, blocks: Sequence[RenderableType]) -> None:
         stream.flush()
 
 
+def diff_text(patch: str) -> Text:
+    """A unified diff, its added lines green and removed ones red (no wrapping: a diff line is code)."""
+    text = Text(no_wrap=True, overflow="ignore")
+    for line in patch.rstrip("\n").splitlines():
+        style = "green" if line.startswith("+") and not line.startswith("+++") else ""
+        style = "red" if line.startswith("-") and not line.startswith("---") else style
+        text.append(printable(line) + "\n", style=style or "dim")
+    text.rstrip()
+    return text
+
+
+def printable(text: str) -> str:
+    """``text`` from a trace (a name, a message, a patch line) as a terminal may show it: every control,
+    bidirectional or invisible character written as ``\\u{hex}``, so that no string a trace holds can move
+    the cursor, set the terminal's title or reorder a line (:func:`~graphwatch.rendering.visible.visible`).
+
+    >>> printable("loss\\x1b]0;pwned\\x07")
+    'loss\\\\u{1b}]0;pwned\\\\u{7}'
+    """
+    return visible(text)
+
+
 def ascii_safe(console: Console, options: ConsoleOptions, parts: Sequence[RenderableType]) -> RenderResult:
-    """Render ``parts``; on a console that cannot encode unicode, as ASCII (rich already draws boxes in ASCII there)."""
-    if not options.ascii_only:
-        yield from parts
-        return
+    """Render ``parts`` with no control character left in their text (whatever escaped :func:`printable` is
+    made visible here); on a console that cannot encode unicode, as ASCII (rich already draws boxes in ASCII
+    there)."""
     for segment in console.render(Group(*parts), options):
-        text = segment.text.translate(_ASCII).encode("ascii", "replace").decode("ascii")
+        text = segment.text if segment.control else printable(segment.text)
+        if options.ascii_only:
+            text = text.translate(_ASCII).encode("ascii", "replace").decode("ascii")
         yield Segment(text, segment.style, segment.control)
 
 
@@ -252,12 +283,13 @@ class Summary:
         one_of_ranks = self.title is None and (trace.world_size or 1) > 1
         title = f"rank {trace.rank} of {trace.world_size}" if one_of_ranks else self.title
         if title:
-            line.append(f"  ({title})", style="dim")
+            line.append(f"  ({printable(title)})", style="dim")
         yield line
         if one_of_ranks:
             yield Text(other_ranks_hint(self.report), style="dim")
-        if trace.ended_early:
-            yield Text(f"the run ended early: {early_end(trace)}", style="yellow")
+        ending = ending_text(trace)
+        if ending:
+            yield Text(printable(ending), style="yellow")
         if trace.untracked_saved:
             yield Text(
                 f"{counted(trace.untracked_saved, 'saved tensor')} went through hooks graphwatch cannot see "
@@ -322,7 +354,7 @@ class Summary:
                 *((backward_cpu,) * cpu),
                 human_bytes(row.live_saved_bytes),
                 f"{row.live_nodes:,}",
-                marks.get(row.index, ""),
+                printable(marks.get(row.index, "")),
             )
         return table
 
@@ -402,6 +434,30 @@ class TrimmedLines:
         return getattr(self.file, name)
 
 
+class _Console(Console):
+    """A console that, when its reader has gone (``graphwatch run train.py 2>&1 | head -1``), stops printing
+    and lets the program go on: rich's own exits with status 1, which would replace the script's exit code."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        silence_broken_pipe(self.file)
+
+
+def silence_broken_pipe(stream: object) -> None:
+    """Point ``stream``'s file descriptor at ``/dev/null`` (its reader has gone): what is still buffered for
+    it, and Python's last flush at exit, then go nowhere instead of failing (exit status 120) or printing a
+    traceback."""
+    try:
+        fileno = stream.fileno()  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fileno)
+    finally:
+        os.close(devnull)
+
+
 def make_console(file: IO[str] | None = None) -> Console:
     """A console for the summary: standard error by default; no colour codes when ``NO_COLOR`` is set; not
     hard-wrapped, and lines not padded with spaces, when it writes to no terminal (``COLUMNS`` may set a width).
@@ -411,7 +467,7 @@ def make_console(file: IO[str] | None = None) -> Console:
     >>> console.is_terminal, console.width
     (False, 1000)
     """
-    console = Console(
+    console = _Console(
         file=file,
         stderr=file is None,
         color_system=None if os.environ.get("NO_COLOR") else "auto",

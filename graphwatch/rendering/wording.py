@@ -205,6 +205,22 @@ def early_end(trace: Trace) -> str:
     return ended_early_text(reason)
 
 
+def ending_text(trace: Trace) -> str | None:
+    """How the run ended when it did not simply finish, in one line: ``the run ended early: ...``, or, for a
+    script that ended itself with ``sys.exit(n)`` (its own decision, not an accident), just that.
+
+    >>> ending_text(Trace(ended_early="SystemExit: 7")), ending_text(Trace(ended_early="KeyboardInterrupt"))
+    ('the script ended itself with sys.exit(7)', 'the run ended early: KeyboardInterrupt')
+    """
+    reason = trace.ended_early
+    if not reason:
+        return None
+    name, _, code = reason.partition(": ")
+    if name == "SystemExit":
+        return f"the script ended itself with sys.exit({code})"
+    return f"the run ended early: {early_end(trace)}"
+
+
 def explained_in_error(trace: Trace, finding: Finding) -> bool:
     """Whether the error that ended the run already carries this finding's whole explanation (a
     :class:`~graphwatch.BackwardTwiceError`): the summary then points at it instead of printing it twice.
@@ -251,8 +267,9 @@ def session_text(trace: Trace, state: str) -> str:
     """
     text, _ = verdict([trace])
     lines = [f"{text} (session {state})"]
-    if trace.ended_early:
-        lines.append(f"the run ended early: {early_end(trace)}")
+    ending = ending_text(trace)
+    if ending:
+        lines.append(ending)
     for finding in trace.findings:
         lines.append(str(finding))
         if finding.patch:

@@ -167,8 +167,9 @@ def detach_state(tree: SourceTree, edit: Edit) -> str | None:
 
 @codemod("detach-made")
 def detach_made(tree: SourceTree, edit: Edit) -> str | None:
-    """``target = value`` on ``edit.line`` becomes ``target = value.detach()`` (a tensor's only)."""
-    if edit.value_type != "Tensor":
+    """``target = value`` on ``edit.line`` becomes ``target = value.detach()`` (a tensor's only: an edit that
+    names no type is one for a tensor)."""
+    if edit.value_type not in ("", "Tensor"):
         return None
     statements = tree.holding(edit.line, cst.SimpleStatementLine)
     if not statements or len(statements[-1].body) != 1:

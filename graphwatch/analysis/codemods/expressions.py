@@ -50,6 +50,19 @@ def dotted(node: cst.CSTNode) -> str | None:
     return None
 
 
+def binds_torch(module: cst.Module) -> bool:
+    """Whether the file's top level binds the name ``torch`` (``import torch``, ``import torch.nn``)."""
+    for statement in module.body:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, cst.Import) and any(
+                    alias.asname is None and cst.Module([]).code_for_node(alias.name).split(".")[0] == "torch"
+                    for alias in small.names
+                ):
+                    return True
+    return False
+
+
 def statement_starting(tree: SourceTree, line: int, alone: bool = True) -> cst.SimpleStatementLine | None:
     """The simple statement line (possibly running over several lines) that starts on ``line``, holding one
     statement (or, not ``alone``, several: ``loss.backward(); losses.append(loss)``); None for anything else."""
@@ -60,9 +73,9 @@ def statement_starting(tree: SourceTree, line: int, alone: bool = True) -> cst.S
 
 
 def edited_statement(edit: Edit, source: str) -> str | None:
-    """The statement ``source`` (one line of code, as a trace cites it) as ``edit`` leaves it, without its
-    comment; None when the edit cannot be made there.  The fix sentence shows this, so that what the user
-    reads is what the patch does.
+    """The line of code ``source`` (as a trace cites it) as ``edit`` leaves it, without its comment (its
+    statements joined by ``; ``); None when the edit cannot be made there or has no codemod.  A fix sentence
+    shows this, so that what the user reads is what the patch does.
 
     >>> edited_statement(Edit("item", "t.py", 1, "loss"), "losses.append(loss)  # keep (for plotting)")
     'losses.append(loss.item())'
@@ -75,7 +88,10 @@ def edited_statement(edit: Edit, source: str) -> str | None:
     edited = make(tree, replace(edit, line=1)) if make is not None else None
     if edited is None:
         return None
-    body = cst.parse_module(edited).body
-    if len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine):
-        return None
-    return cst.Module([]).code_for_node(body[0].with_changes(trailing_whitespace=cst.TrailingWhitespace())).strip()
+    code = cst.Module([]).code_for_node
+    return "; ".join(
+        "; ".join(code(small).strip() for small in statement.body)
+        if isinstance(statement, cst.SimpleStatementLine)
+        else code(statement).strip()
+        for statement in cst.parse_module(edited).body
+    )

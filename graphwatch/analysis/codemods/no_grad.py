@@ -27,23 +27,10 @@ import libcst as cst
 
 from ...model import Edit
 from . import SourceTree, codemod
-from .expressions import statement_starting
+from .expressions import binds_torch, statement_starting
 
 _TRAINING_CALL = re.compile(r"\.backward\(|\.step\(|zero_grad|autograd\.grad|\.train\(")
 _LOOPS = (cst.For, cst.While)
-
-
-def binds_torch(module: cst.Module) -> bool:
-    """Whether the file's top level binds the name ``torch`` (``import torch``, ``import torch.nn``)."""
-    for statement in module.body:
-        if isinstance(statement, cst.SimpleStatementLine):
-            for small in statement.body:
-                if isinstance(small, cst.Import) and any(
-                    alias.asname is None and cst.Module([]).code_for_node(alias.name).split(".")[0] == "torch"
-                    for alias in small.names
-                ):
-                    return True
-    return False
 
 
 def _only_evaluates(tree: SourceTree, loop: cst.BaseCompoundStatement, training: list[int], defined: set[str]) -> bool:

@@ -1,0 +1,171 @@
+"""Codemods for the fixes of a backward through a freed graph and of a loss made without a graph: a tensor
+detached where one loss uses it, ``create_graph=True`` on an ``autograd.grad``, a second backward removed,
+statements put under ``torch.enable_grad()``.
+
+Each refuses (None) where the line is not what the edit expects: the tensor is not used there exactly once,
+there is no ``autograd.grad`` call, the statement is not a backward, the lines are not whole statements of
+one block.
+
+Example::
+
+    >>> from graphwatch.analysis.codemods import apply_edits
+    >>> from graphwatch.model import Edit
+    >>> print(apply_edits("output = netD(fake)  # D on fakes\\n", [Edit("detach-use", "t.py", 1, "fake")]), end="")
+    output = netD(fake.detach())  # D on fakes
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import libcst as cst
+
+from ...model import Edit
+from . import SourceTree, codemod
+from .expressions import binds_torch
+from .expressions import dotted as _dotted
+
+
+def _statement_holding(tree: SourceTree, line: int) -> cst.SimpleStatementLine | None:
+    """The simple statement line (on one line or several) that holds ``line``."""
+    found = tree.holding(line, cst.SimpleStatementLine)
+    return found[-1] if found else None
+
+
+class _Uses(cst.CSTVisitor):
+    """The loads of the dotted name ``target`` in a statement: not an assignment's target, not a keyword's
+    name, not an attribute's own name (``fake`` in ``self.fake``), not one already ``.detach()``-ed."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.found: list[cst.BaseExpression] = []
+        self._not_uses: set[int] = set()
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
+        return False  # ``fake = ...``: a store
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:
+            self._not_uses.add(id(node.keyword))
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        self._not_uses.add(id(node.attr))
+        if node.attr.value == "detach":
+            self._not_uses.add(id(node.value))
+        if id(node) not in self._not_uses and _dotted(node) == self.target:
+            self.found.append(node)
+            return False
+        return True
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if id(node) not in self._not_uses and node.value == self.target:
+            self.found.append(node)
+
+
+def _detached(expression: cst.BaseExpression) -> cst.Call:
+    return cst.Call(func=cst.Attribute(value=expression, attr=cst.Name("detach")))
+
+
+@codemod("detach-use")
+def detach_use(tree: SourceTree, edit: Edit) -> str | None:
+    """``target`` -> ``target.detach()`` where the statement on ``edit.line`` uses it; only where it uses it
+    once (two uses: which one must not reach what made it is not for a patch to guess)."""
+    statement = _statement_holding(tree, edit.line)
+    if statement is None or not edit.target:
+        return None
+    uses = _Uses(edit.target)
+    statement.visit(uses)
+    if len(uses.found) != 1:
+        return None
+    return tree.replaced(uses.found[0], _detached(uses.found[0]))
+
+
+def _is_autograd_grad(call: cst.Call) -> bool:
+    name = _dotted(call.func)
+    return name in ("torch.autograd.grad", "autograd.grad", "grad")
+
+
+@codemod("create-graph")
+def create_graph(tree: SourceTree, edit: Edit) -> str | None:
+    """``create_graph=True`` on the one ``torch.autograd.grad(...)`` call of the statement on ``edit.line``
+    (a ``create_graph=False`` there becomes True)."""
+    statement = _statement_holding(tree, edit.line)
+    if statement is None:
+        return None
+    calls = [c for c in tree.nodes(cst.Call) if _is_autograd_grad(c) and _inside(tree, c, statement)]
+    if len(calls) != 1:
+        return None
+    call = calls[0]
+    if any(a.star == "**" for a in call.args):  # create_graph may be in the mapping: no guess
+        return None
+    keyword = next((a for a in call.args if a.keyword is not None and a.keyword.value == "create_graph"), None)
+    args = list(call.args)
+    if keyword is not None:
+        args = [a.with_changes(value=cst.Name("True")) if a is keyword else a for a in args]
+    else:
+        tight = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+        added = cst.Arg(value=cst.Name("True"), keyword=cst.Name("create_graph"), equal=tight)
+        if args and isinstance(args[-1].comma, cst.Comma):  # a trailing comma stays last
+            added = added.with_changes(comma=args[-1].comma)
+            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        args.append(added)
+    new = call.with_changes(args=args)
+    return tree.replaced(call, new)
+
+
+def _inside(tree: SourceTree, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
+    inner, around = tree.span(node), tree.span(outer)
+    return (around.start.line, around.start.column) <= (inner.start.line, inner.start.column) and (
+        (inner.end.line, inner.end.column) <= (around.end.line, around.end.column)
+    )
+
+
+def _is_backward_call(expression: cst.BaseExpression) -> bool:
+    if not isinstance(expression, cst.Call):
+        return False
+    name = _dotted(expression.func) or ""
+    return name.endswith(".backward") or (isinstance(expression.func, cst.Attribute) and expression.func.attr.value == "backward")
+
+
+@codemod("remove-statement")
+def remove_statement(tree: SourceTree, edit: Edit) -> str | None:
+    """The statement on ``edit.line`` removed: only a statement that is one backward call on a line of its
+    own (``pass`` takes its place when it is the only statement of its block)."""
+    statement = tree.statement_at(edit.line)
+    if statement is None or len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    if not isinstance(small, cst.Expr) or not _is_backward_call(small.value):
+        return None
+    blocks = [b for b in tree.nodes(cst.IndentedBlock) if any(s is statement for s in b.body)]
+    if blocks and len(blocks[0].body) == 1:
+        return tree.replaced(statement, statement.with_changes(body=[cst.Pass()]))
+    return tree.replaced(statement, cst.RemoveFromParent())
+
+
+@codemod("enable-grad")
+def enable_grad(tree: SourceTree, edit: Edit) -> str | None:
+    """The statements from ``edit.line`` to ``edit.until`` (whole statements of one block) put under
+    ``with torch.enable_grad():``; the file must ``import torch``."""
+    last = edit.until if edit.until is not None else edit.line
+    if not binds_torch(tree.module) or last < edit.line:
+        return None
+    blocks: list[cst.IndentedBlock | cst.Module] = [*tree.nodes(cst.IndentedBlock), tree.module]
+    for block in blocks:
+        body = list(block.body)
+        first = next((i for i, s in enumerate(body) if tree.span(s).start.line == edit.line), None)
+        end = next((i for i, s in enumerate(body) if tree.span(s).end.line == last), None)
+        if first is None or end is None or end < first:
+            continue
+        head = cast(cst.SimpleStatementLine, body[first])  # (every statement has leading lines)
+        moved = [head.with_changes(leading_lines=()), *body[first + 1 : end + 1]]
+        wrapped = cst.With(
+            items=[cst.WithItem(cst.Call(cst.Attribute(cst.Name("torch"), cst.Name("enable_grad"))))],
+            body=cst.IndentedBlock(body=moved),
+            leading_lines=head.leading_lines,
+        )
+        new_body = [*body[:first], wrapped, *body[end + 1 :]]
+        if isinstance(block, cst.Module):
+            return block.with_changes(body=new_body).code
+        return tree.replaced(block, block.with_changes(body=new_body))
+    return None

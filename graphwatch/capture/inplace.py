@@ -1,0 +1,309 @@
+"""Which line changed a saved tensor in place, found when torch's "modified by an inplace operation" error is
+raised (graphwatch runs torch's version check itself under saved-tensor hooks: ``capture/saved.py``).
+
+Sources, best first:
+
+- the in-place op's node: a saved *input* is kept itself, so its ``grad_fn`` now is the node of the op that
+  changed it; a saved *output*'s node has, among the nodes consuming that output, the in-place op's as the
+  newest (every use after the change goes through it).  Its line is the one its own saved tensors were
+  packed at (exact when the op saves any), read from the step clock by its sequence number;
+- a later save of the same storage at a newer version (``relu_`` saves its result): the line of that pack;
+- for an op that saves nothing (``att[:, :, 0, :] = 0`` makes a ``CopySlices``), the one in-place statement
+  of the function between the last line that ran before the op and the line that used its result.
+
+A module built with ``inplace=True`` (``nn.Dropout(p, inplace=True)``, ``nn.ReLU(inplace=True)`` in a
+``Sequential``) is found from the module objects the frames reach, through the class whose method ran the
+line and the attribute it calls, and named with the line of ``__init__`` (or of the function) that built it.
+
+Example::
+
+    >>> from graphwatch.capture.inplace import inplace_statement
+    >>> import ast
+    >>> [inplace_statement(s) for s in ast.parse("att[:, 0] = 0\\nx.relu_()\\ny = x + 1\\nx += 2").body]
+    ['att', 'x', None, 'x']
+"""
+
+from __future__ import annotations
+
+import ast
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..model import CallSite
+from ..model.causes import InplaceCause
+from .causes import _VIEWS
+from .graph_walk import _node_type, _saved_data, node_record
+from .holders import user_frames
+from .ownership import named_values, resolve
+from .source import dotted_name, module_node
+
+if TYPE_CHECKING:
+    from .recorder import Recorder
+    from .saved import SavedHandle
+
+_LIMIT = 200_000
+
+
+def inplace_statement(statement: ast.stmt) -> str | None:
+    """The name a statement changes in place: ``t[...] = v``, ``t.op_(...)``, ``t += v``; else None."""
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Subscript):
+        return dotted_name(statement.targets[0].value)
+    if isinstance(statement, ast.AugAssign):
+        return dotted_name(statement.target)
+    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+        func = statement.value.func
+        if isinstance(func, ast.Attribute) and func.attr.endswith("_") and not func.attr.startswith("_"):
+            return dotted_name(func.value)
+    return None
+
+
+def _statement(site: CallSite) -> ast.stmt | None:
+    try:
+        body = ast.parse(site.source).body if site.source else []
+    except SyntaxError:
+        return None
+    return body[0] if len(body) == 1 else None
+
+
+def _graph(roots: list[Any]) -> tuple[dict[Any, list[Any]], list[Any]]:
+    """(node -> [(parent, input number)] consuming it, every node) of the graph below ``roots``."""
+    parents: dict[Any, list[Any]] = {}
+    seen: list[Any] = []
+    stack = [root for root in roots if root is not None]
+    visited: set[Any] = set()
+    while stack and len(visited) < _LIMIT:
+        node = stack.pop()
+        if node in visited:
+            continue
+        visited.add(node)
+        seen.append(node)
+        for child, number in node.next_functions:
+            if child is not None:
+                parents.setdefault(child, []).append((node, number))
+                stack.append(child)
+    return parents, seen
+
+
+class InplaceFinder:
+    """Finds the :class:`~graphwatch.model.causes.InplaceCause` of one failed version check."""
+
+    def __init__(self, recorder: Recorder, roots: list[Any], start: FrameType | None) -> None:
+        self.recorder = recorder
+        self.trace = recorder.trace
+        self.parents, self.nodes = _graph(roots)
+        self.frames = list(user_frames(start))[:8]
+
+    def cause(self, handle: SavedHandle, tensor: torch.Tensor) -> InplaceCause:
+        cause = InplaceCause(handle.site, handle.step)
+        saving = next((n for n in self.nodes if any(d is handle for d in _saved_data(n, _node_type(n)))), None)
+        changer = self._changing_node(handle, tensor, saving)
+        if changer is not None:
+            cause.op = changer.name()
+            line = self._node_line(changer)
+            if self._changes_here(line):  # the op saved a tensor there, and the line changes one in place
+                cause.changed_at, cause.found_by = line, "node"
+            else:  # the clock's line is the last op before it that saved: look between that and what used it
+                cause.changed_at = self._statement_between(line, self._users_lines(changer))
+        elif handle.site is not None:  # (a leaf changed under no_grad: no node; after the line that saved it)
+            cause.changed_at = self._statement_between(handle.site, [])
+        cause.found_by = cause.found_by or ("source" if cause.changed_at is not None else "")
+        if cause.changed_at is None:
+            later = self.recorder.later_saves_of(handle)
+            if self._changes_here(later):
+                cause.changed_at, cause.found_by = later, "save"
+        site = self.trace.site(cause.changed_at)
+        if site is not None:
+            self._what_changed(cause, site, tensor, handle)
+        return cause
+
+    # ------------------------------------------------------------------ the node
+    def _changing_node(self, handle: SavedHandle, tensor: torch.Tensor, saving: Any) -> Any:
+        first = saving._sequence_nr() if saving is not None else -1
+        if handle.is_input:
+            node = tensor.grad_fn
+            kids = [c for c, _ in node.next_functions if c is not None] if node is not None else []
+            if len(kids) == 1 and "CopySlices" in kids[0].name():  # a view changed in place: its grad_fn is made
+                node = kids[0]  # when read; the change itself is its base's CopySlices
+            return node if node is not None and node._sequence_nr() > first else None
+        if saving is None or handle.output_of is None:
+            return None
+        number = handle.output_of[1]
+        consumers = [p for p, n in self.parents.get(saving, []) if n == number and p._sequence_nr() > first]
+        return max(consumers, key=lambda p: p._sequence_nr(), default=None)
+
+    def _node_line(self, node: Any) -> int | None:
+        """The line that made ``node``: its record's, else the clock's at its sequence number (its own line if
+        it saved a tensor, else the last one before it that did)."""
+        record = node_record(node)
+        if record is not None and record.site is not None and not record.site_inferred:
+            return record.site
+        return self.recorder.clock.site_of(node._sequence_nr())
+
+    def _changes_here(self, site_id: int | None) -> bool:
+        """Whether the statement at ``site_id`` changes a tensor in place: in-place syntax, or a call of a
+        module the frames reach that is (or holds) one built with ``inplace=True``."""
+        site = self.trace.site(site_id)
+        statement = _statement(site) if site is not None else None
+        if statement is None or site is None:
+            return False
+        if inplace_statement(statement) is not None or _passes_inplace(statement):
+            return True
+        probe = InplaceCause(None, 0)
+        self._module(probe, site, statement)
+        return probe.module is not None
+
+    def _users_lines(self, node: Any, limit: int = 64) -> list[int]:
+        """The lines of the nearest nodes above ``node`` (using its result) whose line is their own."""
+        queue, lines = [p for p, _ in self.parents.get(node, [])], []
+        seen: set[Any] = set()
+        while queue and len(seen) < limit:
+            user = queue.pop(0)
+            if user in seen:
+                continue
+            seen.add(user)
+            site = self._node_line(user)
+            if site is not None and any(True for _ in _saved_data(user, _node_type(user))):
+                lines.append(site)
+            else:
+                queue.extend(p for p, _ in self.parents.get(user, []))
+        return lines
+
+    def _statement_between(self, before: int | None, users: list[int]) -> int | None:
+        """The one in-place statement of the function that ran ``before`` (a line that ran before the change),
+        after that line and up to the first of ``users`` (lines that ran after it) in that function, else up
+        to the running backward's line there."""
+        first = self.trace.site(before)
+        backward = self.recorder.backward
+        after = [self.trace.site(s) for s in users] + [self.trace.site(backward.site) if backward else None]
+        last = next((s for s in after if s is not None and first is not None and s.file == first.file
+                     and s.function == first.function and s.line >= first.line), None)  # fmt: skip
+        if first is None or last is None:
+            return None
+        tree = module_node(_filename(first))
+        found = [s for s in ast.walk(tree) if isinstance(s, ast.stmt) and not hasattr(s, "body")
+                 and first.line < s.lineno <= last.line and inplace_statement(s)] if tree else []  # fmt: skip
+        if len(found) != 1:
+            return None
+        return self.recorder.sites.from_file(_filename(first), found[0].lineno)
+
+    # ------------------------------------------------------------------ the statement
+    def _what_changed(self, cause: InplaceCause, site: CallSite, tensor: torch.Tensor, handle: SavedHandle) -> None:
+        """The tensor's name on the line, or the module built with inplace=True that ran there; and whether
+        the out-of-place form is safe (the changed tensor is no view of another whose values must change)."""
+        statement = _statement(site)
+        made_by_view = handle.output_of is not None and any(v in handle.output_of[0] for v in _VIEWS)
+        is_view = tensor._base is not None if handle.is_input else made_by_view
+        name = inplace_statement(statement) if statement is not None else None
+        if name is not None or (statement is not None and _passes_inplace(statement)):
+            # a leaf changed in place is a parameter's update (or an input's): making it out of place would
+            # rebind the name to a new tensor; that is never the fix
+            cause.target, cause.safe = name or "", not is_view and not handle.leaf
+            return
+        if statement is not None:
+            self._module(cause, site, statement)
+
+    def _module(self, cause: InplaceCause, site: CallSite, statement: ast.stmt) -> None:
+        for call in (n for n in ast.walk(statement) if isinstance(n, ast.Call)):
+            name = dotted_name(call.func)
+            owner, attr = self._owner(site, name) if name else (None, None)
+            module = getattr(owner, attr, None) if owner is not None and attr else self._resolve(site, name)
+            if not isinstance(module, torch.nn.Module):
+                continue
+            candidates = [(path, m) for path, m in module.named_modules() if getattr(m, "inplace", False) is True]
+            if not candidates:
+                continue
+            label = f"self.{attr}" if owner is not None else name
+            if len(candidates) > 1:
+                cause.module, cause.module_type = label, type(module).__name__
+                cause.note = f"{len(candidates)} modules of `{label}` are built with inplace=True"
+                return
+            path, found = candidates[0]
+            cause.module = f"{label}.{path}" if path else label
+            cause.module_type = type(found).__name__
+            cause.built_at = self._built_at(site, owner, attr, name, path)
+            cause.safe = cause.built_at is not None
+            if cause.built_at is None:
+                cause.note = f"graphwatch could not tell which line built `{cause.module}`"
+            return
+
+    def _owner(self, site: CallSite, name: str) -> tuple[Any, str | None]:
+        """For ``self.attr`` on a line of a method of class C: a module of class C the frames reach."""
+        head, _, attr = name.partition(".")
+        if head != "self" or not attr or "." in attr:
+            return None, None
+        cls = _class_of(site)
+        for module in self._modules():
+            if type(module).__name__ == cls and isinstance(getattr(module, attr, None), torch.nn.Module):
+                return module, attr
+        return None, None
+
+    def _modules(self) -> list[torch.nn.Module]:
+        found: dict[int, torch.nn.Module] = {}
+        for frame in self.frames:
+            for _, value in named_values(frame):
+                if isinstance(value, torch.nn.Module):
+                    for module in value.modules():
+                        found.setdefault(id(module), module)
+        return list(found.values())
+
+    def _resolve(self, site: CallSite, name: str | None) -> Any:
+        for frame in self.frames:
+            if name and frame.f_code.co_name == site.function:
+                return resolve(frame, name)
+        return None
+
+    def _built_at(self, site: CallSite, owner: Any, attr: str | None, name: str | None, path: str) -> int | None:
+        """The line that built the module: in the owner class's ``__init__``, ``self.attr = Module(...)`` (a
+        ``Sequential``'s positional argument for a child); for a name of the function, its assignment."""
+        tree = module_node(_filename(site))
+        if tree is None:
+            return None
+        if owner is not None:
+            cls = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == type(owner).__name__), None)
+            scope: ast.AST | None = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"),
+                                         None) if cls else None  # fmt: skip
+            target = f"self.{attr}"
+        else:
+            scope = _function_at(tree, site) or tree
+            target = name or ""
+        calls = [s.value for s in ast.walk(scope) if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
+                 and any(dotted_name(t) == target for t in s.targets)] if scope is not None else []  # fmt: skip
+        if len(calls) != 1:
+            return None
+        call: ast.Call = calls[0]
+        for index in (int(part) for part in path.split(".") if part) if path else ():
+            args = [a for a in call.args if not isinstance(a, ast.Starred)]
+            child = args[index] if len(args) == len(call.args) and index < len(args) else None
+            if not isinstance(child, ast.Call):
+                return None
+            call = child
+        if not any(k.arg == "inplace" for k in call.keywords):
+            return None
+        return self.recorder.sites.from_file(_filename(site), call.lineno)
+
+
+def _passes_inplace(statement: ast.stmt) -> bool:
+    return any(isinstance(n, ast.Call) and any(k.arg == "inplace" for k in n.keywords) for n in ast.walk(statement))
+
+
+def _filename(site: CallSite) -> str:
+    return site.file
+
+
+def _class_of(site: CallSite) -> str | None:
+    tree = module_node(_filename(site))
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)) if tree else ():
+        for function in cls.body:
+            if isinstance(function, ast.FunctionDef) and function.name == site.function \
+                    and function.lineno <= site.line <= (function.end_lineno or function.lineno):  # fmt: skip
+                return cls.name
+    return None
+
+
+def _function_at(tree: ast.AST, site: CallSite) -> ast.AST | None:
+    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        if function.name == site.function and function.lineno <= site.line <= (function.end_lineno or function.lineno):
+            return function
+    return None
