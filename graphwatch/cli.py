@@ -2,7 +2,7 @@
 
 Subcommands::
 
-    graphwatch run [--out DIR] [--strict] [--patch-out FILE] [--quiet] SCRIPT [ARGS...]
+    graphwatch run [--out DIR] [--strict] [--patch-out FILE] [--quiet] [--check-fixes] [--stop-after N] SCRIPT [ARGS...]
                                                                         watch an unchanged training script
     graphwatch demo [--out DIR]                                         the bundled bug examples, one report
     graphwatch report TRACE.json [TRACE2.json ...] [--out DIR]          re-render saved traces
@@ -117,6 +117,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     the summary is printed either way.
     """
     since = time.time()
+    if args.check_fixes and in_distributed_job():
+        raise UsageError("--check-fixes runs the script again in one process; run it without torchrun")
     out = check_out_dir(args.out).absolute()  # before the script can os.chdir
     patch_out = check_patch_out(args.patch_out) if args.patch_out else None
     options = {"level": args.level}
@@ -125,7 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with SignalGuard() as guard:
         run = run_script(
             args.script, args.args, session_options=options, guard=guard,
-            progress=Path(args.script).name if show_progress else None,
+            progress=Path(args.script).name if show_progress else None, stop_after=args.stop_after,
         )
         if os.getpid() != started_in:  # a forked child of the script: its parent writes the report
             return run.exit_code
@@ -135,6 +137,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             except BrokenPipeError:  # stderr's reader has gone: the exit code still says it failed
                 flush_streams()
         flush_streams()  # the script's output first (and a closed pipe found before the summary)
+        if args.check_fixes and not (guard.terminated or guard.interrupted or run.terminated):
+            _check_fixes(run, args, out, since)
         report, failure = _write_report(run, out, args.quiet, since, lambda: guard.terminated)
         code = _run_exit_code(run, guard, failure, args.strict)
         if patch_out is not None and not run.trace.rank and not write_patches(run.trace, patch_out, args.quiet):
@@ -145,6 +149,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         # workers killed by the same signal and its SIGCHLD handler would raise inside __del__.
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     return code
+
+
+def _check_fixes(run: ScriptRun, args: argparse.Namespace, out: Path, since: float) -> None:
+    """``--check-fixes``: each patch applied to a copy of the folder and run again (:mod:`graphwatch.fix_checks`)."""
+    from .fix_checks import MIN_TIMEOUT, check_fixes
+
+    def say(line: str) -> None:
+        print(f"graphwatch: {line}", file=sys.stderr, flush=True)
+
+    timeout = max(MIN_TIMEOUT, 5 * (time.time() - since))
+    check_fixes(run.trace, run.script, args.args, report=out, timeout=timeout, say=None if args.quiet else say)
 
 
 def _write_report(
@@ -341,6 +356,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="print no summary and no progress (errors only; the patches still go to --patch-out FILE)")
     run.add_argument("--no-progress", action="store_true", help="no status line while the script runs")
     run.add_argument(
+        "--check-fixes", action="store_true",
+        help="after the run, apply each finding's patch to a copy of the script's folder and run the script again "
+        "for the steps the finding needs: a patch is 'checked' when it applies, the finding is gone, nothing new "
+        "goes wrong and every parameter still gets gradients from the same optimizer",
+    )  # fmt: skip
+    run.add_argument(
+        "--stop-after", metavar="N", type=_positive_int, default=None,
+        help="end the script cleanly after N steps (at the next backward or optimizer step; exit code 0, the "
+        "report says where it stopped)",
+    )  # fmt: skip
+    run.add_argument(
         "--level",
         choices=LEVELS,
         default="default",
@@ -366,6 +392,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of steps (a whole number, at least 1)")
+    return value
+
+
 def _add(
     commands: Any, name: str, handler: Callable[[argparse.Namespace], int], summary: str, description: str
 ) -> argparse.ArgumentParser:
@@ -386,7 +422,7 @@ def version_text() -> str:
 
 
 # Options of `graphwatch run` followed by a value (checked against the parser by the tests).
-RUN_VALUE_OPTIONS = frozenset({"--out", "--level", "--patch-out"})
+RUN_VALUE_OPTIONS = frozenset({"--out", "--level", "--patch-out", "--stop-after"})
 
 
 def split_script_args(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:

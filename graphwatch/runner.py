@@ -54,7 +54,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .analysis import LEAK_KINDS
+from .capture.parameters import ParameterLedger
 from .capture.ranks import rank_and_world_size
+from .capture.step_limit import StepLimitReached, check_step_limit
 from .errors import TraceFormatError, UsageError, without_own_frames
 from .model import Finding, Trace
 from .session import Session, watch
@@ -326,6 +328,7 @@ def run_script(
     progress: str | None = None,
     guard: SignalGuard | None = None,
     capture_output: bool = False,
+    stop_after: int | None = None,
 ) -> ScriptRun:
     """Run ``script`` with ``args`` in this process inside a new session; the script's errors are returned, not raised.
 
@@ -334,14 +337,19 @@ def run_script(
     for no status line.  ``guard``: an entered :class:`SignalGuard`, armed
     while the script runs.  ``capture_output``: keep the script's Python-level
     stdout and stderr in ``ScriptRun.output`` instead of printing them.
-    Raises :class:`~graphwatch.UsageError` (before running anything) for a
-    missing script or a bad option.
+    ``stop_after``: end the script after that many steps (exit code 0; the
+    trace says where it stopped).  The trace also records what trained
+    (:class:`~graphwatch.capture.parameters.ParameterLedger`).  Raises
+    :class:`~graphwatch.UsageError` (before running anything) for a missing
+    script or a bad option.
     """
     path = check_script(script)
     session = watch(**{"summary": False, **(session_options or {})})
+    session.stop_after = check_step_limit(stop_after)
     run = ScriptRun(path, session)
     buffer = io.StringIO()
     caught: BaseException | None = None
+    ledger = ParameterLedger(step=lambda: len(session.trace.steps))
     with script_context(path, args):
         session.__enter__()
         try:
@@ -352,7 +360,13 @@ def run_script(
                     stack.enter_context(redirect_stdout(buffer))
                     stack.enter_context(redirect_stderr(buffer))
                 stack.enter_context(guard.armed() if guard is not None else nullcontext())
+                stack.enter_context(ledger)
                 session.script_globals = runpy.run_path(str(path), run_name="__main__")
+            if stop_after is not None:  # a rerun that checks a fix: optimizers that never stepped count too
+                ledger.find_unstepped()
+        except StepLimitReached as exc:  # stopped as asked: a normal end, named in the trace
+            ledger.find_unstepped(exc.__traceback__)
+            caught = exc
         except SystemExit as exc:
             run.exit_code = exit_code_of(exc, stderr=buffer if capture_output else None)
             caught = exc if run.exit_code else None  # sys.exit(0) is a normal end
@@ -361,6 +375,9 @@ def run_script(
         finally:
             session.__exit__(type(caught) if caught else None, caught, caught.__traceback__ if caught else None)
     run.output = buffer.getvalue()
+    run.trace.optimizers, run.trace.parameters = ledger.records()
+    if isinstance(caught, StepLimitReached):
+        run.trace.ended_early = str(caught)
     run.terminated = isinstance(run.error, Terminated) or (guard is not None and guard.terminated)
     if run.terminated:
         run.exit_code = EXIT_SIGTERM

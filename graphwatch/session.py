@@ -56,6 +56,7 @@ from .capture.ranks import rank_and_world_size
 from .capture.saved import make_chained_hooks, make_hooks
 from .capture.source import cited_lines
 from .capture.stack_limit import claim_stack
+from .capture.step_limit import StepLimitReached
 from .capture.transforms import hide_from_compiler, step_aside_for_disable, transforming
 from .errors import ExplainedError, GraphLeakError, GraphwatchError, UsageError, notify, without_own_frames
 from .model import BackwardRecord, Finding, StepRecord, Trace, save_trace
@@ -133,6 +134,8 @@ class Session:
         self._pid = os.getpid()  # a forked child that leaves the session writes and prints nothing
         self._sigterm: SignalGuard | None = None  # stops the user's code at SIGTERM (see _start_sigterm_guard)
         self.script_globals: dict[str, Any] | None = None  # a finished script's globals (graphwatch run), searched last
+        self.stop_after: int | None = None  # end the run after this many steps (graphwatch run --stop-after)
+        self._stop_due = False
 
     # ---------------------------------------------------------------- public
     @property
@@ -401,13 +404,20 @@ class Session:
         __tracebackhide__ = True  # pytest: a strict-mode GraphLeakError points at the user's line
         own = time.perf_counter()
         try:
-            return self._step_ends.end(source, frame, self.level == "light")
+            record = self._step_ends.end(source, frame, self.level == "light")
         finally:
             self._own.add("step ends", own)
+        if self.stop_after is not None and record.index + 1 >= self.stop_after:
+            if source != "optimizer":  # the next forward began (or the user marked the end): stop here
+                raise StepLimitReached(self.stop_after)
+            self._stop_due = True  # the loop's pass runs on (logging, a scheduler): stop at its next backward or step
+        return record
 
     def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._owns_thread():
             return
+        if self._stop_due:
+            raise StepLimitReached(self.stop_after or 0)
         own = time.perf_counter()
         self._loop.in_optimizer_step += 1  # backwards from here to the post hook are its closure's
         if self.level != "light":  # the light level walks no graphs, so it cannot tell accumulations
@@ -442,6 +452,8 @@ class Session:
         recorder = self._recorder
         if not self._owns_thread() or recorder.backward is not None or transforming():
             return run(t_outputs, *args, **kwargs)
+        if self._stop_due:
+            raise StepLimitReached(self.stop_after or 0)
         own = time.perf_counter()
         roots, retain_graph, create_graph, accumulate = parse_engine_args(t_outputs, args, kwargs)
         if recorder.boundary_pending and recorder.made_since_boundary(roots):

@@ -11,6 +11,7 @@ per-tensor hooks, the errors torch raises.
 from __future__ import annotations
 
 import gc
+import re
 import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -151,6 +152,79 @@ def test_raw_saved_tensors_show_the_saved_input_and_no_unpack_hook():
     assert watched == bare
 
 
+class ClearedOnAccess(Double):
+    """Double, which lets torch drop its saved input as soon as backward has read it."""
+
+    clear_saved_tensors_on_access = True
+    dead_after_del: ClassVar[list[bool]] = []
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        ref = weakref.ref(x)
+        del x
+        ClearedOnAccess.dead_after_del.append(ref() is None)
+        return grad * 2
+
+
+def test_ctx_saved_tensors_with_clear_on_access_holds_the_input_and_drops_it_after():
+    def program() -> tuple[list[bool], torch.Tensor]:
+        ClearedOnAccess.dead_after_del.clear()
+        x = torch.randn(3, requires_grad=True)
+        ClearedOnAccess.apply(x * 1).sum().backward()
+        return list(ClearedOnAccess.dead_after_del), x.grad
+
+    (bare_dead, bare_grad), (watched_dead, watched_grad) = bare_and_watched(program)
+    assert bare_dead == [True]
+    assert watched_dead == bare_dead
+    assert torch.equal(watched_grad, bare_grad)
+
+
+class Product(torch.autograd.Function):
+    """x * y with both modes of AD; ``save_for_forward`` keeps what ``jvp`` reads (when ``for_jvp``)."""
+
+    lengths: ClassVar[list[tuple[str, int]]] = []
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, y: torch.Tensor, for_jvp: bool) -> torch.Tensor:
+        ctx.save_for_backward(x, y)
+        if for_jvp:
+            ctx.save_for_forward(x, y)
+        return x * y
+
+    @staticmethod
+    def jvp(ctx: Any, x_t: torch.Tensor, y_t: torch.Tensor, _: None) -> torch.Tensor:
+        saved = ctx.saved_tensors
+        Product.lengths.append(("jvp", len(saved)))
+        if not saved:
+            return x_t
+        x, y = saved
+        return y * x_t + x * y_t
+
+    @staticmethod
+    def vjp(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        x, y = ctx.saved_tensors
+        Product.lengths.append(("vjp", 2))
+        return grad * y, grad * x, None
+
+
+@pytest.mark.parametrize("for_jvp", [True, False], ids=["save_for_forward", "save_for_backward-only"])
+def test_ctx_saved_tensors_in_jvp_and_vjp_of_a_function_using_save_for_forward(for_jvp):
+    def program() -> tuple[Any, ...]:
+        Product.lengths.clear()
+        a, b = torch.randn((), requires_grad=True), torch.randn((), requires_grad=True)
+        with torch.autograd.forward_ad.dual_level():
+            out = Product.apply(torch.autograd.forward_ad.make_dual(a, torch.ones(())), b, for_jvp)
+            tangent = torch.autograd.forward_ad.unpack_dual(out).tangent
+            out.backward()
+        return list(Product.lengths), tangent, a.grad, b.grad
+
+    bare, watched = bare_and_watched(program)
+    assert bare[0] == [("jvp", 2 if for_jvp else 0), ("vjp", 2)]
+    assert watched[0] == bare[0]
+    assert all(torch.equal(w, b) for w, b in zip(watched[1:], bare[1:]))
+
+
 # ------------------------------------------------------ per-tensor hooks
 def test_a_users_per_tensor_saved_hooks_run_inside_a_session():
     def program() -> tuple[list[str], torch.Tensor]:
@@ -195,6 +269,27 @@ def _register_hooks_error(pack: Callable[[torch.Tensor], Any], twice: bool) -> s
 def test_a_refused_per_tensor_hook_raises_torchs_own_error_inside_a_session(pack, twice, words):
     bare, watched = bare_and_watched(lambda: _register_hooks_error(pack, twice))
     assert words in bare
+    assert watched == bare
+
+
+def _wrong_register_hooks_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    y = torch.randn(3, requires_grad=True).pow(2)
+    try:
+        y.grad_fn._raw_saved_self.register_hooks(*args, **kwargs)
+    except TypeError as error:
+        return re.sub(r"0x[0-9a-f]+", "0x…", str(error))  # the objects' addresses differ from run to run
+    return "no error"
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [((lambda t: t,), {}), ((1, 1), {}), ((lambda t: t, lambda t: t, lambda t: t), {}),
+     ((), {"pack_hook": lambda t: t, "unpack_hook": lambda t: t})],
+    ids=["one-hook", "not-callable", "three-hooks", "by-keyword"],
+)  # fmt: skip
+def test_a_wrong_call_of_register_hooks_raises_torchs_own_type_error(args, kwargs):
+    bare, watched = bare_and_watched(lambda: _wrong_register_hooks_call(args, kwargs))
+    assert "incompatible function arguments" in bare
     assert watched == bare
 
 

@@ -43,6 +43,7 @@ class Case:
     mutation: tuple[tuple[str, str], ...] = ()
     expect: tuple[str, ...] = ()  # finding kinds that name the bug; () for a correct program
     cite: str | None = None  # text of the line a finding must cite (stripped); None: any line
+    cite_line: int | None = None  # that line's number, where the text occurs more than once in the script
     setup: str | None = None  # name of a data-making step in run.py
 
     @property
@@ -65,6 +66,15 @@ GAN_PLAIN = Source(GAN, GAN_AT, "implementations/gan", "gan.py")
 GAN_ARGS = ("--n_epochs", "1", "--batch_size", "16", "--latent_dim", "8")
 GAN_ENV = {"GW_FAKE_LEN": "192"}
 REPACKAGE = "            hidden = repackage_hidden(hidden)"
+DCGAN = Source(EXAMPLES, EXAMPLES_AT, "dcgan", "main.py")
+DCGAN_ARGS = ("--dataset", "fake", "--workers", "0", "--batchSize", "8", "--nz", "8", "--ngf", "8", "--ndf", "8",
+              "--niter", "1", "--manualSeed", "1", "--outf", "out")
+DCGAN_ENV = {"GW_FAKE_LEN": "48"}
+# the neural style tutorial; pytorch/tutorials is too large to clone for one file: see README.md
+STYLE = Source("pytorch/tutorials", "8bcd0ac63dff35599649fc78711b6c155717823f", "advanced_source",
+               "neural_style_tutorial.py")
+STYLE_TARGET = "        self.target = gram_matrix(target_feature).detach()"
+STYLE_FEATURE = "            target_feature = model(style_img).detach()"
 
 REAL: list[Case] = [
     Case("word-language-model", WLM, args=WLM_ARGS, setup="wikitext"),
@@ -109,6 +119,31 @@ REAL: list[Case] = [
         ),
         expect=("graph-kept-alive",),
         cite="g_loss.backward(); batches_done_losses.append(g_loss)",
+    ),
+    Case("dcgan", DCGAN, args=DCGAN_ARGS, env=DCGAN_ENV),
+    Case(
+        "dcgan, fake not detached for D",
+        DCGAN, args=DCGAN_ARGS, env=DCGAN_ENV,
+        mutation=(("        output = netD(fake.detach())", "        output = netD(fake)"),),
+        expect=("backward-through-freed-graph",),  # D's backward freed netG's graph; G's step fails on it
+        cite="output = netD(fake)", cite_line=243,  # the discriminator's line, not the generator's (255)
+    ),
+    Case("neural style tutorial", STYLE, setup="style_images"),
+    Case(  # the feature it is made from is already detached at this commit: no graph, nothing to find
+        "neural style, StyleLoss target not detached",
+        STYLE, setup="style_images",
+        mutation=((STYLE_TARGET, "        self.target = gram_matrix(target_feature)"),),
+    ),
+    Case(
+        "neural style, StyleLoss target and its feature not detached",
+        STYLE, setup="style_images",
+        mutation=(
+            (STYLE_TARGET, "        self.target = gram_matrix(target_feature)"),
+            (STYLE_FEATURE, "            target_feature = model(style_img)"),
+        ),
+        # the second closure of LBFGS's first step backwards into the target's freed graph, made before the loop
+        expect=("backward-through-freed-graph", "graph-carried-across-steps"),
+        cite="self.target = gram_matrix(target_feature)",
     ),
     Case("gan (two optimizers)", GAN_PLAIN, args=GAN_ARGS, env=GAN_ENV),
     Case(

@@ -1,4 +1,5 @@
-"""Measure graphwatch's diagnoses on code nobody here wrote: precision, recall, line named, clean silent, fix works.
+"""Measure graphwatch's diagnoses and its own fixes on code nobody here wrote: precision, recall, line named, clean
+silent, fixed twin silent, graphwatch's fix works (and what ``--check-fixes`` said of it).
 
 Usage (from the repo root)::
 
@@ -10,8 +11,10 @@ level), with ``shims/`` on the path (a stand-in torchvision: no CPU wheel exists
 downloaded).  A real case copies its folder from the corpus and applies its one-line mutation; a
 reproduction is a script of ``repros/`` whose docstring says ``EXPECT: silent`` or ``EXPECT: kind[, kind]``,
 whose ``# HERE`` comment marks the line a finding must cite, and whose ``FIX: old => new`` lines apply the
-fix graphwatch suggests (``\\n`` in ``new`` starts a new line).  The table goes to
-``benchmarks/accuracy/RESULTS.md`` (``--out`` to change).
+known-good fix (``\\n`` in ``new`` starts a new line).  A bug runs with ``--check-fixes``; then its fixed twin
+(the known fix: the unchanged script, or the FIX lines), which must be silent, and graphwatch's own fix
+(``own_fix.py``), which must print what the twin prints.  The table goes to ``benchmarks/accuracy/RESULTS.md``
+(``--out`` to change).
 """
 
 from __future__ import annotations
@@ -24,16 +27,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import date
 from pathlib import Path
 
 from cases import PROBLEM_KINDS, REAL, Case
+from own_fix import apply_own_fix, different, own_fix, printed_numbers
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 REPROS = HERE / "repros"
-TIMEOUT = 600
+TIMEOUT = float(os.environ.get("GW_ACCURACY_TIMEOUT", "1800"))  # seconds a run may take (a loaded machine is slow)
 CONSEQUENCES = {"memory-growth"}  # what a leak also causes: never counted against precision
 
 
@@ -44,7 +49,9 @@ class Outcome:
     kinds: list[str]
     right: int = 0  # findings of an expected kind (or a consequence of one)
     wrong: int = 0  # findings of another kind
-    fix: str = ""  # "works", "finding left", "fails", "" (no fix to try)
+    twin: str = ""  # the known fix: "silent", "finding left", "fails", "" (no fix to try)
+    own: str = ""  # graphwatch's fix: "trains the same", "changes training: ...", "fails: ...", "no fix ...", ...
+    check: str = ""  # what --check-fixes said of that patch: "checked", "failed", "" (no patch)
     detail: str = ""
 
 
@@ -70,7 +77,19 @@ def _sine(folder: Path) -> None:
     torch.save(np.sin(x / 20.0).astype("float64"), str(folder / "traindata.pt"))
 
 
-SETUPS = {"wikitext": _wikitext, "sine": _sine}
+def _style_images(folder: Path) -> None:
+    """The neural style tutorial's two pictures (128 x 128, made from a seed: nothing can be downloaded)."""
+    import numpy as np
+    from PIL import Image
+
+    images = folder / "images"
+    images.mkdir(exist_ok=True)
+    rng = np.random.RandomState(3)
+    for name in ("picasso.jpg", "dancing.jpg"):
+        Image.fromarray(rng.randint(0, 256, (128, 128, 3), dtype=np.uint8)).save(images / name)
+
+
+SETUPS = {"wikitext": _wikitext, "sine": _sine, "style_images": _style_images}
 
 
 # ------------------------------------------------------------------ cases from repros/
@@ -127,28 +146,39 @@ def _replace_line(script: Path, old: str, new: str) -> None:
     script.write_text("".join(lines))
 
 
-def _run(case: Case, script: Path, out: Path) -> tuple[int, list, str]:
+@dataclass
+class Ran:
+    code: int  # -1: timed out
+    findings: list
+    stderr: str
+    stdout: str = ""
+
+
+def _run(case: Case, script: Path, out: Path, check_fixes: bool = False) -> Ran:
     import graphwatch
 
     env = dict(os.environ, **{k: v for k, v in case.env.items() if k != "GW_FIX"})
     env["PYTHONPATH"] = os.pathsep.join([str(HERE / "shims"), str(REPO), env.get("PYTHONPATH", "")])
     env.setdefault("MPLBACKEND", "Agg")
-    command = [sys.executable, "-m", "graphwatch", "run", "--out", str(out), script.name, *case.args]
+    env.setdefault("OMP_NUM_THREADS", "1")  # one thread a run: the same numbers on any machine, and cases run side by side
+    flags = ["--check-fixes"] if check_fixes else []
+    command = [sys.executable, "-m", "graphwatch", "run", *flags, "--out", str(out), script.name, *case.args]
     try:
         done = subprocess.run(command, cwd=script.parent, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
-        return -1, [], "timed out"
+        return Ran(-1, [], "timed out")
     trace_path = out / "trace.json"
     if not trace_path.exists():
-        return done.returncode, [], (done.stderr.strip().splitlines() or ["no trace"])[-1]
+        return Ran(done.returncode, [], (done.stderr.strip().splitlines() or ["no trace"])[-1], done.stdout)
     findings = [f for f in graphwatch.load(trace_path).findings if f.kind in PROBLEM_KINDS]
-    return done.returncode, findings, done.stderr
+    return Ran(done.returncode, findings, done.stderr, done.stdout)
 
 
-def _cited(findings: list, script: Path, text: str | None) -> bool:
+def _cited(findings: list, script: Path, text: str | None, number: int | None = None) -> bool:
     if text is None:
         return True
     numbers = [i for i, line in enumerate(script.read_text().splitlines(), 1) if line.split("#")[0].strip() == text]
+    numbers = [n for n in numbers if number is None or n == number]
     wanted = {f"{script.name}:{n}" for n in numbers}
     return any(wanted & set(f.evidence.get("sites", [])) for f in findings)
 
@@ -160,7 +190,8 @@ def judge(case: Case, corpus: Path | None) -> Outcome:
         script = _prepare(case, corpus, work)
         if script is None:
             return Outcome(case, "did not run", [], detail="not in the corpus")
-        code, findings, stderr = _run(case, script, Path(temp) / "out")
+        bug = _run(case, script, Path(temp) / "out", check_fixes=not case.clean)
+        code, findings, stderr = bug.code, bug.findings, bug.stderr
         kinds = [f.kind for f in findings]
         if code == -1 or (not findings and "Traceback" in stderr and not case.expect):
             return Outcome(case, "did not run", kinds, detail=stderr.strip().splitlines()[-1][:120] if stderr else "")
@@ -171,33 +202,65 @@ def judge(case: Case, corpus: Path | None) -> Outcome:
             outcome.verdict = "silent" if not kinds else "false positive"
             return outcome
         hits = [f for f in findings if f.kind in case.expect]
-        outcome.verdict = "missed" if not hits else ("named" if _cited(hits, script, case.cite) else "wrong line")
-        outcome.fix = _try_fix(case, corpus, Path(temp))
+        named = _cited(hits, script, case.cite, case.cite_line)
+        outcome.verdict = "missed" if not hits else ("named" if named else "wrong line")
+        outcome.twin, twin_out = _try_fix(case, corpus, Path(temp))
+        outcome.own, outcome.check = _try_own_fix(case, corpus, Path(temp), findings, twin_out)
         return outcome
 
 
-def _try_fix(case: Case, corpus: Path | None, temp: Path) -> str:
-    """Apply the fix (a real case: undo the mutation; a reproduction: its FIX line) and run again."""
+def _try_fix(case: Case, corpus: Path | None, temp: Path) -> tuple[str, str | None]:
+    """Apply the known fix (a real case: undo the mutation; a reproduction: its FIX lines) and run again:
+    (whether graphwatch is then silent, what the fixed program printed when it exited 0)."""
     fix = case.env.get("GW_FIX")
     if case.source is None and not fix:
-        return ""
+        return "", None
     work = temp / "fixed"
     work.mkdir()
     fixed = replace(case, mutation=()) if case.source is not None else case
     script = _prepare(fixed, corpus, work)
     if script is None:
-        return ""
+        return "", None
     for pair in fix.split("\u0001") if fix else ():
         old, new = pair.split("\u0000")
         text = script.read_text()
         if old not in text:
-            return "fix not applicable"
+            return "fix not applicable", None
         head, _, tail = text.rpartition(old)  # the code's line, not the docstring's FIX line
         script.write_text(head + new.replace("\\n", "\n") + tail)
-    code, findings, _ = _run(fixed, script, temp / "fixed-out")
-    if code != 0:
-        return "fails"
-    return "works" if not findings else "finding left"
+    ran = _run(fixed, script, temp / "fixed-out")
+    if ran.code != 0:
+        return "fails", None
+    return ("silent" if not ran.findings else "finding left"), ran.stdout
+
+
+def _try_own_fix(case: Case, corpus: Path | None, temp: Path, findings: list, known: str | None) -> tuple[str, str]:
+    """Apply graphwatch's own fix to the bug and compare what it prints with the known fix's output:
+    (the verdict, what --check-fixes said of that patch)."""
+    fix = own_fix(findings, case.expect)
+    if fix is None:
+        return "no fix: its fixes are sentences, with no patch or edits to apply", ""
+    check = "" if fix.finding.check is None else ("checked" if fix.finding.check.checked else "failed")
+    work = temp / "own"
+    work.mkdir()
+    script = _prepare(case, corpus, work)
+    if script is None:
+        return "", check
+    failure = apply_own_fix(fix, work)
+    if failure is not None:
+        return f"not applied ({fix.how}): {failure}", check
+    ran = _run(case, script, temp / "own-out")
+    if ran.code != 0:
+        last = (ran.stderr.strip().splitlines() or ["?"])[-1]
+        return f"fails ({fix.how}): {last[:100]}", check
+    if known is None:
+        return f"runs ({fix.how}); the known fix gave nothing to compare with", check
+    changed = different(printed_numbers(ran.stdout), printed_numbers(known))
+    if changed is not None:
+        return f"changes training ({fix.how}): {changed}", check
+    if any(f.kind in case.expect for f in ran.findings):
+        return f"finding left ({fix.how})", check
+    return f"trains the same ({fix.how})", check
 
 
 # ------------------------------------------------------------------ the table
@@ -208,8 +271,13 @@ def table(outcomes: list[Outcome]) -> str:
     detected = [o for o in bugs if o.verdict in ("named", "wrong line")]
     right = sum(o.right for o in ran)
     total = sum(o.right + o.wrong for o in ran)
-    fixes = [o for o in bugs if o.fix]
+    twins = [o for o in bugs if o.twin]
     named = [o for o in bugs if o.verdict == "named"]
+    works = [o for o in bugs if o.own.startswith("trains the same")]
+    changes = [o for o in bugs if o.own.startswith("changes training")]
+    offered = [o for o in bugs if o.own and not o.own.startswith("no fix")]
+    checked = [o for o in bugs if o.check]
+    agrees = [o for o in checked if (o.check == "checked") == o.own.startswith("trains the same")]
 
     def ratio(a: int, b: int) -> str:
         return f"{a}/{b} = {a / b:.2f}" if b else "n/a"
@@ -219,7 +287,7 @@ def table(outcomes: list[Outcome]) -> str:
         "",
         f"Regenerated {date.today().isoformat()} by `.venv/bin/python benchmarks/accuracy/run.py --corpus DIR` "
         "(real scripts from the repositories named in `cases.py`, at the commits named there; reproductions "
-        "in `repros/`). Default level, `graphwatch run`, one process per case.",
+        "in `repros/`). Default level, `graphwatch run` (a bug with `--check-fixes`), one process per run.",
         "",
         "| measure | value |",
         "| --- | --- |",
@@ -227,18 +295,29 @@ def table(outcomes: list[Outcome]) -> str:
         f"| recall (bug programs with a finding of the expected kind) | {ratio(len(detected), len(bugs))} |",
         f"| line named (of those, the expected line cited) | {ratio(len(named), len(detected))} |",
         f"| clean programs silent | {ratio(sum(o.verdict == 'silent' for o in clean), len(clean))} |",
-        f"| fix works (fixed program silent, exit 0) | {ratio(sum(o.fix == 'works' for o in fixes), len(fixes))} |",
+        f"| fixed twin silent (the known fix applied: exit 0, no finding) | "
+        f"{ratio(sum(o.twin == 'silent' for o in twins), len(twins))} |",
+        f"| graphwatch's fix works (its fix applied: trains as the known fix does) | {ratio(len(works), len(bugs))} |",
+        f"| graphwatch's fix changes what trains (worse than no fix) | {ratio(len(changes), len(bugs))} |",
+        f"| a fix to apply offered (a patch, or edits) | {ratio(len(offered), len(bugs))} |",
+        f"| `--check-fixes` right (\"checked\" exactly when the fix trains the same) | {ratio(len(agrees), len(checked))} |",
         f"| did not run | {len(outcomes) - len(ran)} |",
         "",
-        "| case | source | expected | found | verdict | fix |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "How a fix is compared: both programs run seeded under `graphwatch run`; every number each prints (losses, "
+        "metrics, the trained parameters' sums the reproductions print last) is compared in order, each within one "
+        "unit of its last printed digit; timings (`ms/batch`, `time:`) are left out. A fix that exits 0 but prints "
+        "other numbers changes what trains.",
+        "",
+        "| case | source | expected | found | verdict | fixed twin silent | graphwatch's fix | check |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for o in outcomes:
         source = o.case.source.repo if o.case.source else "repro"
         expected = ", ".join(o.case.expect) or "silent"
         found = ", ".join(o.kinds) or "nothing"
         verdict = o.verdict + (f" ({o.detail})" if o.detail else "")
-        lines.append(f"| {o.case.name} | {source} | {expected} | {found} | {verdict} | {o.fix or '-'} |")
+        own = o.own.replace("|", "\\|") or "-"
+        lines.append(f"| {o.case.name} | {source} | {expected} | {found} | {verdict} | {o.twin or '-'} | {own} | {o.check or '-'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -247,15 +326,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, default=os.environ.get("GRAPHWATCH_CORPUS"))
     parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
     parser.add_argument("-k", default="", help="only the cases whose name contains this")
+    parser.add_argument("-j", type=int, default=1, help="cases run side by side (each run is one thread)")
     args = parser.parse_args(argv)
     corpus = Path(args.corpus) if args.corpus else None
-    outcomes = []
-    for case in [*REAL, *repro_cases()]:
-        if args.k in case.name:
-            outcome = judge(case, corpus)
-            found = ", ".join(outcome.kinds) or "-"
-            print(f"{outcome.verdict:15} {outcome.fix or '-':13} {case.name}: {found}", flush=True)
-            outcomes.append(outcome)
+
+    def one(case: Case) -> Outcome:
+        outcome = judge(case, corpus)
+        found = ", ".join(outcome.kinds) or "-"
+        own = f"\n{'':15} own fix: {outcome.own} (check: {outcome.check or '-'})" if outcome.own else ""
+        print(f"{outcome.verdict:15} {outcome.twin or '-':13} {case.name}: {found}{own}", flush=True)
+        return outcome
+
+    with ThreadPoolExecutor(max_workers=max(1, args.j)) as pool:  # (each case is subprocesses: threads suffice)
+        outcomes = list(pool.map(one, [case for case in [*REAL, *repro_cases()] if args.k in case.name]))
     if not args.k:
         args.out.write_text(table(outcomes))
         print(f"wrote {args.out}")

@@ -35,7 +35,7 @@ import torch
 from ..model import NodeRecord, StepSpans
 from .node_tags import METADATA_KEY, NodeGroup, NodeTag
 from .saved import SavedHandle
-from .saved_views import SavedTensor, raw_data
+from .saved_views import SavedTensor, raw_data, raw_unpack_hook
 from .step_clock import next_sequence_nr
 
 if TYPE_CHECKING:
@@ -146,8 +146,15 @@ def _record(recorder: Recorder, node: Any, info: _NodeType, tag: NodeTag | NodeG
 
 
 def _buffers_freed(node: Any, info: _NodeType) -> bool:
-    """True if reading the node's saved tensors raises torch's "backward through the graph a second time"."""
+    """True if reading the node's saved tensors raises torch's "backward through the graph a second time".
+
+    A slot still held by saved-tensor hooks is not read: reading it runs their unpack hook, and
+    ``torch.utils.checkpoint``'s would recompute the forward.  Only slots that hold neither a packed object
+    nor an unpack hook (freed ones, and undefined optional tensors) are read, which runs no hook.
+    """
     for attr in info.saved_attrs:
+        if _held_by_hooks(node, attr):
+            continue
         try:
             getattr(node, "_saved_" + attr[len("_raw_saved_") :])
         except RuntimeError:
@@ -155,6 +162,16 @@ def _buffers_freed(node: Any, info: _NodeType) -> bool:
         except Exception:  # not a tensor slot torch can read back; look at the next
             continue
     return False
+
+
+def _held_by_hooks(node: Any, attr: str) -> bool:
+    """True if a saved-tensor slot holds what a pack hook returned, or an unpack hook (read without unpacking)."""
+    try:
+        value = getattr(node, attr)
+    except RuntimeError:  # freed
+        return False
+    slots = value if isinstance(value, tuple) else (value,)
+    return any(raw_data(s) is not None or raw_unpack_hook(s) is not None for s in slots if type(s) is SavedTensor)
 
 
 def quick_walk(

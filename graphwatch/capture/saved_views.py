@@ -6,14 +6,15 @@ puts right while a session is active (:func:`patch_saved_views`):
 * ``grad_fn._raw_saved_x.register_hooks(pack, unpack)`` raises in torch when
   default hooks already packed that tensor; a tensor graphwatch packed takes
   the user's pair instead (:func:`~graphwatch.capture.saved.register_user_hooks`),
-  and ``register_hooks`` keeps torch's own errors for the rest;
+  and ``register_hooks`` keeps torch's own errors for the rest (wrong calls included);
 * ``_raw_saved_x.data`` and ``.unpack_hook`` would show graphwatch's handle and
   unpack hook; they show the saved tensor (or what the user's pack hook
   returned) and the user's unpack hook, or None, as torch does;
 * torch re-wraps every tensor an unpack hook returns, so ``ctx.saved_tensors``
   of a custom ``autograd.Function`` and ``_raw_saved_x.unpack()`` would give a
   new object for a saved input, without the attributes the user set on it;
-  they give back the input itself.
+  they give back the input itself (also with ``clear_saved_tensors_on_access``;
+  inside ``jvp``, ``save_for_forward``'s tuple is torch's own).
 
 One difference stays: the ``_saved_x`` attributes of built-in nodes
 (``PowBackward0._saved_self``) belong to immutable C types, so there a saved
@@ -42,7 +43,7 @@ from .saved import SavedHandle, register_user_hooks
 
 SavedTensor: Any = torch._C._autograd.SavedTensor  # (its stub lists none of what is patched here)
 raw_data: Callable[[Any], Any] = SavedTensor.data.fget  # what the pack hook returned: graphwatch's handle
-_raw_unpack_hook = SavedTensor.unpack_hook.fget
+raw_unpack_hook: Callable[[Any], Any] = SavedTensor.unpack_hook.fget  # the hook that will unpack it, or None
 _ctx_saved_tensors: Any = vars(torch._C._FunctionBase)["saved_tensors"].__get__
 
 
@@ -55,7 +56,7 @@ def _shown_data(raw: Any) -> Any:
 
 def _shown_unpack_hook(raw: Any) -> Any:
     handle = raw_data(raw)
-    return handle.user_unpack if type(handle) is SavedHandle else _raw_unpack_hook(raw)
+    return handle.user_unpack if type(handle) is SavedHandle else raw_unpack_hook(raw)
 
 
 def _given_back(handle: Any, tensor: Any) -> Any:
@@ -66,12 +67,13 @@ def _given_back(handle: Any, tensor: Any) -> Any:
 
 
 def _register_hooks(original: Callable[..., None]) -> Callable[..., None]:
-    def register_hooks(self: Any, pack_hook: Any, unpack_hook: Any) -> None:
+    def register_hooks(self: Any, *args: Any, **kwargs: Any) -> None:
+        # any call torch would refuse (wrong arguments included) goes to torch, for its own error
         handle = raw_data(self)
-        chainable = type(handle) is SavedHandle and callable(pack_hook) and callable(unpack_hook)
-        if chainable and register_user_hooks(handle, pack_hook, unpack_hook):
-            return
-        original(self, pack_hook, unpack_hook)  # torch's own checks and errors
+        if type(handle) is SavedHandle and not kwargs and len(args) == 2 and all(map(callable, args)):
+            if register_user_hooks(handle, *args):
+                return
+        original(self, *args, **kwargs)
 
     return register_hooks
 
@@ -84,11 +86,22 @@ def _unpack(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _saved_tensors(ctx: Any) -> tuple[Any, ...]:
-    """``ctx.saved_tensors`` with each saved input given back as the very object that was saved."""
+    """``ctx.saved_tensors`` with each saved input given back as the very object that was saved.
+
+    The handles are read first: with ``clear_saved_tensors_on_access`` the access itself releases them.
+    Inside ``jvp`` torch gives what ``save_for_forward`` kept, nothing packed: that tuple is given
+    unchanged, as is torch's error once the saved tensors are freed.
+    """
+    if ctx.saved_for_forward is not None:
+        return _ctx_saved_tensors(ctx)  # type: ignore[no-any-return]
+    try:
+        handles = [raw_data(raw) for raw in ctx._raw_saved_tensors]
+    except RuntimeError:  # freed: torch's own access raises its own error
+        handles = []
     tensors = _ctx_saved_tensors(ctx)  # runs the unpack hooks: graphwatch's checks, torch's errors
-    if not tensors:
+    if not handles:
         return tensors  # type: ignore[no-any-return]
-    return tuple(_given_back(raw_data(raw), t) for raw, t in zip(ctx._raw_saved_tensors, tensors))
+    return tuple(map(_given_back, handles, tensors))
 
 
 def patch_saved_views() -> Callable[[], None]:

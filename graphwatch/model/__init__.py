@@ -1,5 +1,6 @@
 """Plain data: what a session recorded (capture writes it, analysis and rendering read it)."""
 
+from .patch_check import PatchCheck
 from .records import (
     SAVED_KINDS,
     STEP_SOURCES,
@@ -26,6 +27,7 @@ from .trace_io import (
     trace_to_dict,
     write_atomically,
 )
+from .training import OptimizerRecord, ParameterRecord
 
 __all__ = [
     "EDIT_KINDS",
@@ -40,6 +42,9 @@ __all__ = [
     "Finding",
     "Holder",
     "NodeRecord",
+    "OptimizerRecord",
+    "ParameterRecord",
+    "PatchCheck",
     "Remedy",
     "SavedRecord",
     "Snapshot",

@@ -22,8 +22,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from .patch_check import PatchCheck
 from .remedies import Remedy
 from .source_lines import SourceLines
+from .training import OptimizerRecord, ParameterRecord
 
 # Where a step boundary came from.
 STEP_SOURCES = ("explicit", "optimizer", "backward", "session-end")
@@ -323,7 +325,8 @@ class Finding:
     ``bytes`` and whatever else the kind needs.  ``remedies`` are the ways to fix
     it, best first, as data (:class:`~graphwatch.model.remedies.Remedy`); ``fix``
     is the first one's sentence and ``patch`` the diff made from the first
-    mechanical one.
+    mechanical one; ``check`` what ``graphwatch run --check-fixes`` saw when it
+    applied that patch and ran the script again.
     """
 
     kind: str
@@ -334,6 +337,7 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     patch: str | None = None  # a unified diff of the user's file that applies ``fix`` (analysis.patches)
     remedies: list[Remedy] = field(default_factory=list)
+    check: PatchCheck | None = None
 
     # (Jupyter shows a finding as HTML: graphwatch.rendering.notebook registers that view with IPython, so
     # that the model imports nothing above it)
@@ -399,6 +403,9 @@ class Trace:
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     own_seconds: dict[str, float] = field(default_factory=dict)
+    # what trained (``graphwatch run``): each optimizer, and per parameter it owns whether it got a gradient
+    optimizers: list[OptimizerRecord] = field(default_factory=list)
+    parameters: list[ParameterRecord] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for name in ("backwards", "steps"):

@@ -29,6 +29,7 @@ from .column_json import (
     to_json_columns,
 )
 from .columns import TRACE_COLUMNS, RecordList, averaged_steps, freeze_step
+from .patch_check import PatchCheck
 from .records import (
     BackwardRecord,
     CallSite,
@@ -45,13 +46,15 @@ from .records import (
 from .remedies import Edit, Remedy
 from .source_lines import SourceLines
 from .trace_checks import check_fields, check_ranges, loose_records
+from .training import OptimizerRecord, ParameterRecord
 
 FORMAT = "graphwatch-trace"
 # 2: steps and backwards as columns (version 1 traces, a list of objects each, still load)
 # 3: a finding's patch and a snapshot's focused picture (version 1 and 2 traces still load, without them)
 # 4: a finding's remedies, as data (earlier traces load with none)
 # 5: the source lines findings cite (earlier traces load with none: their reports show no excerpts)
-VERSION = 5
+# 6: what trained (optimizers, parameters) and a patch's check (earlier traces load without them)
+VERSION = 6
 # Fields every version wrote: a trace without one of them is damaged, not empty.
 _REQUIRED = ("sites", "nodes", "saved", "backwards", "steps", "findings", "snapshots")
 
@@ -62,12 +65,14 @@ _LIST_FIELDS: dict[str, type] = {
     "findings": Finding,
     "snapshots": Snapshot,
     "sources": SourceLines,
+    "optimizers": OptimizerRecord,
+    "parameters": ParameterRecord,
 }
 _DICT_FIELDS: dict[str, type] = {"nodes": NodeRecord, "saved": SavedRecord}
-# Records held inside records: (field, record type) per type.
+# Records held inside records: (field, record type) per type (a list of them, or one record or None).
 _NESTED: dict[type, tuple[tuple[str, type], ...]] = {
     StepRecord: (("holders", Holder),),
-    Finding: (("remedies", Remedy),),
+    Finding: (("remedies", Remedy), ("check", PatchCheck)),
     Remedy: (("edits", Edit),),
 }
 
@@ -97,6 +102,8 @@ def _plain(record: Any) -> dict:
             continue
         if f.name in ("holders", "remedies", "edits"):
             value = [_plain(h) for h in value]
+        elif f.name == "check":
+            value = _plain(value)
         elif isinstance(value, StepSpans):
             value = list(value)
         elif isinstance(value, StepTable):
@@ -144,7 +151,7 @@ def _record(cls: type, row: Any) -> Any:
                 setattr(record, name, {int(k): v for k, v in value.items()})
             except ValueError:
                 raise TypeError(f"{cls.__name__} field {name!r} has a key that is not a step number") from None
-    if isinstance(record, SavedRecord) and isinstance(record.shape, list):
+    if isinstance(record, (SavedRecord, ParameterRecord)) and isinstance(record.shape, list):
         record.shape = tuple(record.shape)
     if isinstance(record, BackwardRecord) and isinstance(record.crossings, list):
         record.crossings = [tuple(c) if isinstance(c, list) else c for c in record.crossings]
@@ -154,6 +161,8 @@ def _record(cls: type, row: Any) -> Any:
             if not all(isinstance(row, dict) for row in value):
                 raise TypeError(f"{cls.__name__} field {name!r} should be a list of objects")
             setattr(record, name, [_record(part, row) for row in value])
+        elif isinstance(value, dict):
+            setattr(record, name, _record(part, value))
     check_fields(record, cls.__name__)
     if isinstance(record, Holder):
         record.steps = StepSpans.of(record.steps)

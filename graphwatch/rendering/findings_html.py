@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from ..model import Finding, SourceLines
 from .gallery import code_spans
+from .patch_checks import check_html
 from .sources import SourceExcerpt, cited_excerpts
 from .visible import html_attr, html_text, patch_warning
 from .wording import finding_steps, steps_text
@@ -98,6 +99,7 @@ def finding_article(finding: Finding, sources: Sequence[SourceLines], note: str 
         f'<p class="message">{code_spans(finding.message)}</p>'
         + (f'<p class="fix"><strong>Fix:</strong> {code_spans(finding.fix)}</p>' if finding.fix not in finding.message else "")
         + (_same_patch_html(patch_above) if finding.patch and patch_above else _patch_html(finding.patch) if finding.patch else "")
+        + (check_html(finding.check) if finding.patch and finding.check is not None and not patch_above else "")
         + "".join(map(_excerpt_html, excerpts))
         + missing
         + "</article>"

@@ -117,6 +117,7 @@ border-radius:4px;padding:1px 7px}
 .patch-head button{margin-left:auto;font-size:12px;padding:2px 10px;cursor:pointer}
 .patch pre{margin:0;padding:8px 10px;font-size:12px;overflow-x:auto}
 .patch-same{margin:8px 0;font-size:13px}
+.check{margin:8px 0;font-size:13px}.check.checked{color:#116329}.check.failed{color:#82071e}
 .patch .add{color:#116329;background:#dafbe1}.patch .del{color:#82071e;background:#ffebe9}.patch .hunk{color:#57606a}
 .unread{color:var(--muted);font-size:13px}
 .hidden-char{color:#82071e;background:#ffebe9;border:1px solid #ff8182;border-radius:3px;padding:0 2px}

@@ -40,6 +40,7 @@ from rich.text import Text
 from ..analysis.evidence import counted, human_bytes
 from ..model import Finding, Trace
 from .charts import SPARK_ASCII, SPARK_BLOCKS, sparkline
+from .patch_checks import check_text
 from .visible import patch_warning, visible
 from .wording import (
     averaged_text,
@@ -107,6 +108,8 @@ def finding_lines(
     elif finding.patch:
         yield Padding(Text("patch (patch -p0):", style="bold green"), (0, 0, 0, 2), expand=False)
         yield Verbatim(finding.patch)
+    if finding.patch and finding.check is not None and not patch_above:  # graphwatch run --check-fixes
+        yield Padding(check_text(finding.check), (0, 0, 0, 2), expand=False)
     sites = cited_sites(finding)
     if sites:
         yield Padding(Text.assemble(("at: ", "bold"), (printable(", ".join(sites)), "cyan")), (0, 0, 0, 2), expand=False)

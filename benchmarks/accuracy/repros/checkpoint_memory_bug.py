@@ -31,3 +31,4 @@ for step in range(6):
     with torch.no_grad():
         for p in params:
             p -= 0.01 * p.grad
+print("trained:", " ".join(f"{p.detach().sum().item():.6f}" for p in params))

@@ -23,3 +23,4 @@ for step in range(12):
     opt.step()
     for tp, sp in zip(teacher.parameters(), student.parameters()):
         tp.mul_(0.99).add_(0.01 * sp)
+print("trained:", " ".join(f"{p.detach().sum().item():.6f}" for p in [*student.parameters(), *teacher.parameters()]))

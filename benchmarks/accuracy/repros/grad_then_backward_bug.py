@@ -14,3 +14,4 @@ for step in range(3):
     opt.zero_grad()
     loss.backward()
     opt.step()
+print("trained:", " ".join(f"{p.detach().sum().item():.6f}" for p in model.parameters()))

@@ -14,3 +14,4 @@ for step in range(10):
     loss.backward()
     opt.step()
     history.append(loss)  # HERE
+print("trained:", " ".join(f"{p.detach().sum().item():.6f}" for p in model.parameters()))

@@ -27,3 +27,4 @@ for step in range(5):
     loss = (output - x).pow(2).mean()
     loss.backward()
     opt.step()
+print("trained:", " ".join(f"{p.detach().sum().item():.6f}" for p in model.parameters()))

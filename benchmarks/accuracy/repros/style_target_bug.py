@@ -31,3 +31,4 @@ for step in range(5):
     style(features(image))
     style.loss.backward()
     opt.step()
+print("trained:", f"{image.detach().sum().item():.6f}")

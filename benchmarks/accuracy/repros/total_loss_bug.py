@@ -15,3 +15,4 @@ for step in range(10):
     opt.step()
     total_loss += loss  # HERE
 print(float(total_loss))
+print("trained:", " ".join(f"{p.detach().sum().item():.6f}" for p in model.parameters()))

@@ -26,3 +26,4 @@ for epoch in range(8):
     loss.backward()
     opt.step()
     val_losses.append(model(x_val).pow(2).mean())  # HERE
+print("trained:", " ".join(f"{p.detach().sum().item():.6f}" for p in model.parameters()))

@@ -42,3 +42,12 @@ class ImageFolder(_Fake):
 
 
 LSUN = ImageFolder
+
+
+class FakeData(_Fake):
+    """torchvision's FakeData: ``image_size`` (C, H, W) images of ``size`` items (GW_FAKE_LEN when set)."""
+
+    def __init__(self, size: int = 1000, image_size: tuple[int, int, int] = (3, 224, 224), *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.length = int(os.environ.get("GW_FAKE_LEN", size))
+        self.shape = tuple(image_size)

@@ -1,0 +1,63 @@
+"""What trained: each optimizer that stepped, and per parameter it owns whether a backward gave it a gradient.
+
+``graphwatch run`` records these (:mod:`graphwatch.capture.parameters`) so that
+a patched run can be compared with the original one (``--check-fixes``): every
+parameter that received gradients before must still receive them and be
+stepped by the same optimizer.  A parameter is identified across two runs by
+its optimizer's index, its group, its index in the group and its shape, and by
+its name where the user's frames name it (``netD.main.0.weight``).
+
+Example::
+
+    >>> from graphwatch.model.training import OptimizerRecord, ParameterRecord
+    >>> adam = OptimizerRecord(index=1, kind="Adam", name="optimizerG", first_step=0, steps=3)
+    >>> p = ParameterRecord(optimizer=1, group=0, index=2, shape=(8, 4), name="netG.main.0.weight")
+    >>> adam.label, p.label, p.key, p.trained
+    ('optimizerG (Adam)', 'netG.main.0.weight', (1, 0, 2, (8, 4)), False)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class OptimizerRecord:
+    """An optimizer of the run: its index (the order in which optimizers first stepped; those found at the
+    end that never stepped come last), its class and the variable that holds it."""
+
+    index: int
+    kind: str  # its class: "Adam"
+    name: str = ""  # the variable that holds it, where the user's frames name it: "optimizerD"
+    first_step: int | None = None  # the step of its first .step(); None: it never stepped
+    steps: int = 0  # how many times .step() ran
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.kind})" if self.name else f"optimizer {self.index} ({self.kind})"
+
+
+@dataclass(slots=True)
+class ParameterRecord:
+    """One parameter of one optimizer: the first step in which that optimizer stepped it holding a gradient."""
+
+    optimizer: int  # OptimizerRecord.index
+    group: int
+    index: int  # in its param group
+    shape: tuple[int, ...] = ()
+    name: str = ""  # as the user's frames name it ("model.0.weight", "log_alpha"), where they do
+    first_grad_step: int | None = None  # None: never held a (non-zero) gradient when its optimizer stepped
+
+    @property
+    def key(self) -> tuple[int, int, int, tuple[int, ...]]:
+        """Its identity in a run without names: optimizer, group, index and shape."""
+        return (self.optimizer, self.group, self.index, tuple(self.shape))
+
+    @property
+    def label(self) -> str:
+        size = "x".join(map(str, self.shape)) or "scalar"
+        return self.name or f"parameter {self.index} of group {self.group} ({size})"
+
+    @property
+    def trained(self) -> bool:
+        return self.first_grad_step is not None

@@ -1,0 +1,42 @@
+"""How a report shows a patch's check (``graphwatch run --check-fixes``): one line under the patch.
+
+Example::
+
+    >>> from graphwatch.model import PatchCheck
+    >>> str(check_text(PatchCheck(checked=True, steps=3, held=["the patch applies", "the finding is gone"])))
+    'check: checked in 3 steps: the patch applies; the finding is gone'
+    >>> "FAILED" in check_html(PatchCheck(checked=False, failed=["<x> got no gradient"]))
+    True
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from ..analysis.evidence import counted
+from ..model import PatchCheck
+from .visible import html_text, visible
+
+
+def _details(check: PatchCheck) -> tuple[str, str]:
+    """(the verdict word, what held or failed, and what the copy left out)."""
+    said = "; ".join(check.held if check.checked else check.failed)
+    if check.skipped:
+        shown = ", ".join(check.skipped[:5]) + (f" and {len(check.skipped) - 5} more" if len(check.skipped) > 5 else "")
+        said += f" (not copied: {shown})"
+    if check.checked:
+        return "checked", f" in {counted(check.steps, 'step')}: {said}"
+    return "FAILED", f": {said}"
+
+
+def check_text(check: PatchCheck) -> Text:
+    """The check as one line of the terminal summary: ``check: checked ...`` in green, ``check: FAILED ...`` in red
+    (what it quotes from the run, a name or an error, with no control character left: :func:`visible`)."""
+    word, said = _details(check)
+    return Text.assemble(("check: ", "bold"), (word, "bold green" if check.checked else "bold red"), visible(said))
+
+
+def check_html(check: PatchCheck) -> str:
+    """The check as a paragraph of the HTML report."""
+    word, said = _details(check)
+    return f'<p class="check {"checked" if check.checked else "failed"}"><strong>Check:</strong> {word}{html_text(said)}</p>'

@@ -1,0 +1,251 @@
+"""PyTorch's own autograd tests, run bare and with every test inside a graphwatch session, compared.
+
+``python scripts/pytorch_suite/suite.py [--tests DIR] [--write-doc] [LEVEL ...]`` copies the test folder
+(default: ``../shared/pytorch-tests`` beside the repository; a read-only reference copy, never part of
+graphwatch) to a temporary folder, runs its files with pytest once bare and once per graphwatch level (all
+at once, one process each), and prints one row per level: tests passing bare, how many of them pass
+watched, the proven impossibilities, and every other test that passes bare and not watched (or the
+reverse).  Exits 1 when there is such a test, 0 otherwise, also when the folder is absent (one line says
+so).  ``--write-doc`` puts the table into ``docs/pytorch-suite.md``.
+
+The tests run inside a session through the pytest plugin ``graphwatch_everywhere`` (this folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+DEFAULT_FOLDER = ROOT.parent / "shared" / "pytorch-tests"
+DOC = ROOT / "docs" / "pytorch-suite.md"
+LEVELS = ("default", "light", "precise")
+# test_autograd.py imports and so runs the classes of autograd/test_complex.py and autograd/test_logging.py
+FILES = ("test_autograd.py", "autograd/test_node_lifecycle.py")
+WITH_PACK_HOOKS = frozenset({"default", "precise"})
+
+# Tests no graphwatch level can pass, each with the levels it fails at and why (docs/pytorch-suite.md proves it).
+IMPOSSIBLE: dict[str, tuple[frozenset[str], str]] = {
+    "test_autograd.py::TestAutograd::test_no_unnecessary_unwrapping": (
+        WITH_PACK_HOOKS,
+        "asserts `grad_fn._saved_self is a`; torch re-wraps whatever an unpack hook returns",
+    ),
+}
+DOC_BEGIN, DOC_END = "<!-- suite table: begin -->", "<!-- suite table: end -->"
+
+
+@dataclass
+class LevelResult:
+    """One level's comparison with the bare run."""
+
+    level: str
+    passed_bare: int
+    passed_watched: int  # of the tests that pass bare
+    impossible: list[str] = field(default_factory=list)  # pass bare, not watched, and listed in IMPOSSIBLE
+    broken: list[tuple[str, str]] = field(default_factory=list)  # (test, outcome: detail), not listed
+    mended: list[str] = field(default_factory=list)  # pass watched only
+    stale: list[str] = field(default_factory=list)  # listed in IMPOSSIBLE for this level, yet they pass
+    flaky: list[tuple[str, str]] = field(default_factory=list)  # (test, what happened): differed once, not again
+
+    def recheck(self, bare: dict, watched: dict, bare_again: dict, watched_again: dict) -> None:
+        """Keep as differences only the tests that differ again; the others are flaky, and count as they ran
+        the second time (a test that timed out bare on a loaded machine and then passed both ways passes)."""
+        again = compare(self.level, bare_again, watched_again)
+        still = {test for test, _ in again.broken} | set(again.mended)
+        for test in [test for test, _ in self.broken] + self.mended:
+            if test in still:
+                continue
+            first = f"bare {_outcome(bare, test)}, watched {_outcome(watched, test)}"
+            self.flaky.append((test, f"{first}; run again: both {_outcome(bare_again, test)}"))
+            if _outcome(bare_again, test) == "passed":  # (and so did the watched run: they agree)
+                if _outcome(bare, test) != "passed":
+                    self.passed_bare += 1
+                self.passed_watched += 1
+        self.broken = [(test, detail) for test, detail in self.broken if test in still]
+        self.mended = [test for test in self.mended if test in still]
+
+    @property
+    def unexpected(self) -> bool:
+        """A difference not on the list, or a listed impossibility that passes (the list is then wrong)."""
+        return bool(self.broken or self.mended or self.stale)
+
+
+def find_folder(folder: str | os.PathLike[str] | None = None) -> Path | None:
+    """The test folder, or None if absent: ``folder`` if given, else ``shared/pytorch-tests`` beside the
+    repository (``../shared/pytorch-tests``) or beside a folder above it (a git worktree's ``../../shared``)."""
+    candidates = [Path(folder)] if folder is not None else [p / "shared" / "pytorch-tests" for p in ROOT.parents]
+    return next((path for path in candidates if (path / FILES[0]).is_file()), None)
+
+
+def writable_copy(folder: Path) -> Path:
+    """A copy of ``folder`` that pytest and Python can write caches into (the original may be read-only)."""
+    copy = Path(tempfile.mkdtemp(prefix="graphwatch-pytorch-tests-")) / "tests"
+    shutil.copytree(folder, copy, copy_function=shutil.copyfile)
+    for path in [copy, *copy.rglob("*")]:
+        path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    return copy
+
+
+def _start(copy: Path, level: str, tests: list[str], name: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """One pytest process over ``tests`` in ``copy``, bare (``level=""``) or with every test in a session."""
+    outcomes, log = copy.parent / f"{name}.json", copy.parent / f"{name}.log"
+    paths = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": paths, "GRAPHWATCH_SUITE_LEVEL": level, "GRAPHWATCH_SUITE_OUTCOMES": str(outcomes)}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "graphwatch_everywhere"]
+    with open(log, "w") as output:
+        process = subprocess.Popen([*command, "-p", "no:graphwatch", *tests], cwd=copy, env=env, stdout=output,
+                                   stderr=subprocess.STDOUT)  # fmt: skip
+    return process, outcomes, log
+
+
+def _outcomes(runs: dict[str, tuple[subprocess.Popen[bytes], Path, Path]]) -> dict[str, dict[str, dict[str, str]]]:
+    """Wait for every run; each one's outcomes (test id -> {"outcome", "detail"})."""
+    results = {}
+    for level, (process, outcomes, log) in runs.items():
+        process.wait()
+        if not outcomes.is_file():
+            kept = Path(tempfile.gettempdir()) / f"graphwatch-pytorch-suite-{log.name}"
+            shutil.copyfile(log, kept)
+            raise RuntimeError(f"the {level or 'bare'} run ended before pytest's end (exit code {process.returncode}); "
+                               f"its output is in {kept}:\n{_crash_lines(log.read_text())}")  # fmt: skip
+        results[level] = json.loads(outcomes.read_text())
+    return results
+
+
+def _crash_lines(output: str) -> str:
+    """What a pytest run that died says of it: Python's fatal error and the frames of the test files."""
+    lines = output.splitlines()
+    fatal = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error")]
+    tests = [line for line in lines[fatal[0] if fatal else 0 :] if any(f"{f}\"" in line for f in FILES)]
+    return "\n".join([lines[i] for i in fatal] + tests or lines[-20:])
+
+
+def run_and_compare(folder: Path, levels: tuple[str, ...], files: tuple[str, ...] = FILES) -> list[LevelResult]:
+    """Run ``files`` bare and at each level (all at once), and compare each level with the bare run.
+
+    A test whose outcome differs runs once more, bare and watched: where the two then agree (a test that
+    timed out on a loaded machine, say) it is listed as flaky, not as a difference.
+    """
+    copy = writable_copy(folder)
+    try:
+        outcomes = _outcomes({level: _start(copy, level, list(files), level or "bare") for level in ("", *levels)})
+        results = [compare(level, outcomes[""], outcomes[level]) for level in levels]
+        for result in results:
+            differing = [test for test, _ in result.broken] + result.mended
+            if not differing:
+                continue
+            again = _outcomes({
+                level: _start(copy, level, differing, f"{result.level}-again-{level or 'bare'}")
+                for level in ("", result.level)
+            })  # fmt: skip
+            result.recheck(outcomes[""], outcomes[result.level], again[""], again[result.level])
+        return results
+    finally:
+        shutil.rmtree(copy.parent, ignore_errors=True)
+
+
+def compare(level: str, bare: dict[str, dict], watched: dict[str, dict]) -> LevelResult:
+    passed = {test for test, result in bare.items() if result["outcome"] == "passed"}
+    result = LevelResult(level, len(passed), 0)
+    for test in sorted(passed):
+        outcome = watched.get(test, {"outcome": "missing", "detail": ""})
+        impossible_at = IMPOSSIBLE.get(test, (frozenset(), ""))[0]
+        if outcome["outcome"] == "passed":
+            result.passed_watched += 1
+            if level in impossible_at:
+                result.stale.append(test)
+        elif level in impossible_at:
+            result.impossible.append(test)
+        else:
+            result.broken.append((test, f"{outcome['outcome']}: {outcome['detail']}"))
+    result.mended = sorted(t for t, r in watched.items() if r["outcome"] == "passed" and t in bare and t not in passed)
+    return result
+
+
+def _outcome(outcomes: dict, test: str) -> str:
+    return str(outcomes.get(test, {"outcome": "missing"})["outcome"])
+
+
+def _short(test: str) -> str:
+    return test.rsplit("::", 1)[-1]
+
+
+def table(results: list[LevelResult]) -> str:
+    """The comparison as a Markdown table, then the impossibilities with their reasons."""
+    rows = [
+        "| level | pass bare | of them pass inside a session | proven impossible | other differences |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        impossible = ", ".join(f"`{_short(t)}`" for t in r.impossible) or "none"
+        others = len(r.broken) + len(r.mended)
+        rows.append(f"| {r.level} | {r.passed_bare} | {r.passed_watched} of {r.passed_bare} | {impossible} | "
+                    f"{'**' + str(others) + '**' if others else 0} |")  # fmt: skip
+    listed = sorted({t for r in results for t in r.impossible})
+    notes = [f"- `{_short(t)}` ({', '.join(sorted(IMPOSSIBLE[t][0]))}): {IMPOSSIBLE[t][1]}." for t in listed]
+    notes += [f"- flaky at {r.level}: `{_short(t)}` differed once, not when run again." for r in results for t, _ in r.flaky]
+    return "\n".join(rows + (["", *notes] if notes else []))
+
+
+def report(results: list[LevelResult]) -> str:
+    """What the test command prints: the table, then each unexpected or stale test."""
+    lines = [table(results)]
+    for r in results:
+        lines += [f"  {r.level}: DIFFERENT {test}: {detail}" for test, detail in r.broken]
+        lines += [f"  {r.level}: passes only inside a session: {test}" for test in r.mended]
+        lines += [f"  {r.level}: listed as impossible, yet passes (update IMPOSSIBLE): {test}" for test in r.stale]
+        lines += [f"  {r.level}: flaky, differed once, not when run again: {test}: {what}" for test, what in r.flaky]
+    return "\n".join(lines)
+
+
+def write_doc(results: list[LevelResult], doc: Path = DOC) -> None:
+    """Replace the table between the markers of ``doc`` with this run's (dated, with the versions)."""
+    import torch
+
+    import graphwatch
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    header = (f"torch {torch.__version__}, Python {platform.python_version()}, graphwatch {graphwatch.__version__} "
+              f"at `{commit.stdout.strip() or 'unknown'}`; files: {', '.join(f'`{f}`' for f in FILES)}")  # fmt: skip
+    text = doc.read_text()
+    pattern = re.compile(re.escape(DOC_BEGIN) + ".*?" + re.escape(DOC_END), re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"{doc} has no {DOC_BEGIN} ... {DOC_END} markers")
+    doc.write_text(pattern.sub(lambda _: f"{DOC_BEGIN}\n{header}\n\n{table(results)}\n{DOC_END}", text))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("levels", nargs="*", metavar="LEVEL", help=f"graphwatch levels: {', '.join(LEVELS)} (all)")
+    parser.add_argument("--tests", help=f"the folder of PyTorch's test files (default: {DEFAULT_FOLDER})")
+    parser.add_argument("--write-doc", action="store_true", help=f"put the table into {DOC.relative_to(ROOT)}")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.levels) - set(LEVELS))
+    if unknown:
+        parser.error(f"unknown level {', '.join(unknown)}: use {', '.join(LEVELS)}")
+    folder = find_folder(args.tests)
+    if folder is None:
+        print(f"pytorch suite: skipped: no {FILES[0]} in {args.tests or DEFAULT_FOLDER}")
+        return 0
+    levels = tuple(args.levels) or LEVELS
+    print(f"pytorch suite: {', '.join(FILES)} from {folder}, bare and at {', '.join(levels)}", flush=True)
+    results = run_and_compare(folder, levels)
+    print(report(results))
+    if args.write_doc:
+        write_doc(results)
+    return 1 if any(r.unexpected for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""PyTorch's own autograd tests pass inside a session as they pass without one.
+
+Runs ``scripts/pytorch_suite/suite.py`` on ``../shared/pytorch-tests`` (PyTorch's test files, byte-exact,
+kept beside the repository and never copied into it): the files run with pytest once bare and once at each
+level here, every test inside ``graphwatch.watch()``.  A test that passes bare must pass watched, unless it
+is one of the proven impossibilities (``IMPOSSIBLE`` there, explained in ``docs/pytorch-suite.md``).  The
+table is printed in the terminal summary.  The precise level runs from ``bash scripts/pytorch_suite.sh``
+(the test command stays under ten minutes).  Skipped, with one line, where the folder is absent.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LEVELS = ("default", "light")
+
+
+def _suite_module() -> Any:
+    spec = importlib.util.spec_from_file_location("pytorch_suite", ROOT / "scripts" / "pytorch_suite" / "suite.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+suite = _suite_module()
+
+
+class _Summary:
+    """Prints the suite's table in pytest's terminal summary, whatever the verbosity."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        terminalreporter.write_sep("-", "PyTorch's own autograd tests, bare and inside a session")
+        terminalreporter.write_line(self.text)
+
+
+def test_pytorchs_autograd_tests_pass_inside_a_session_as_without_it(pytestconfig):
+    folder = suite.find_folder()
+    if folder is None:
+        pytest.skip("PyTorch's autograd tests not run: no shared/pytorch-tests beside the repository")
+    results = suite.run_and_compare(folder, LEVELS)
+    text = suite.report(results)
+    name = "graphwatch-pytorch-suite-summary"
+    if pytestconfig.pluginmanager.has_plugin(name):  # (a second run in one session: the last table)
+        pytestconfig.pluginmanager.unregister(name=name)
+    pytestconfig.pluginmanager.register(_Summary(f"{folder}\n{text}"), name)
+    assert all(r.passed_bare for r in results), f"no test passed bare: is the folder complete?\n{text}"
+    assert not any(r.unexpected for r in results), text
+
+
+def _outcomes(**tests: str) -> dict[str, dict[str, str]]:
+    return {test: {"outcome": outcome, "detail": ""} for test, outcome in tests.items()}
+
+
+def test_a_difference_counts_where_it_repeats_and_is_not_a_proven_impossibility():
+    impossible = next(iter(suite.IMPOSSIBLE))
+    bare = {**_outcomes(broken="passed", flaky="passed", bare_flaky="failed"), **_outcomes(**{impossible: "passed"})}
+    watched = {**_outcomes(broken="failed", flaky="failed", bare_flaky="passed"), **_outcomes(**{impossible: "failed"})}
+    default = suite.compare("default", bare, watched)
+    default.recheck(bare, watched, _outcomes(broken="passed", flaky="passed", bare_flaky="passed"),
+                    _outcomes(broken="failed", flaky="passed", bare_flaky="passed"))  # fmt: skip
+    assert default.impossible == [impossible]
+    assert [test for test, _ in default.broken] == ["broken"]
+    assert sorted(test for test, _ in default.flaky) == ["bare_flaky", "flaky"]
+    assert (default.passed_bare, default.passed_watched) == (4, 2)  # the flaky ones pass both ways when run again
+    assert default.unexpected
+    light = suite.compare("light", bare, watched)  # (light has no saved-tensor hooks: not impossible there)
+    assert impossible in [test for test, _ in light.broken]
+
+
+def test_an_impossibility_that_passes_fails_the_suite():
+    impossible = next(iter(suite.IMPOSSIBLE))
+    result = suite.compare("default", _outcomes(**{impossible: "passed"}), _outcomes(**{impossible: "passed"}))
+    assert result.stale == [impossible]
+    assert result.unexpected
