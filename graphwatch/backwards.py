@@ -161,7 +161,7 @@ class BackwardWatch:
         named = name_carrier(self._recorder, sys._getframe(2), carrier)
         if named is not None:
             carrier.carried_as, carrier.carried_at, carrier.carried_fix = named.name, named.frame_site, named.statement
-            carrier.carried_kind = named.kind
+            carrier.carried_kind, carrier.carried_type, carrier.carried_with = named.kind, named.value_type, list(named.together)
 
     def explain(
         self, record: BackwardRecord, roots: list[Any], freed: list[NodeRecord] | None, exc: RuntimeError

@@ -520,11 +520,12 @@ def test_strict_mode_passes_clean_loops(loop: Callable[[], Iterator[int]]) -> No
 # --------------------------------------------------------------- merging
 def test_finding_log_merges_evidence_and_rerenders() -> None:
     from graphwatch.analysis.findings import make_finding
+    from graphwatch.model import Remedy
 
     def step(index: int, parameters: int) -> Finding:
         evidence = {"key": "t.py:9", "sites": ["t.py:9", "t.py:8"], "steps": [index], "parameters": parameters,
                     "optimizer_at": "t.py:9 (`opt.step()`)", "optimizer": "opt", "backward_at": "t.py:8"}
-        return make_finding("missing-zero-grad", "warning", index, evidence)
+        return make_finding("missing-zero-grad", "warning", index, evidence, [Remedy("call `opt.zero_grad()`")])
 
     log = FindingLog([])
     assert log.add(step(1, 2)) and not log.add(step(2, 3)) and not log.add(step(3, 1))

@@ -155,7 +155,10 @@ def test_an_lstm_state_kept_on_the_module_is_named_as_the_attribute(tmp_path: Pa
     carried = next(f for f in callback.session.findings if f.kind == "graph-carried-across-steps")  # type: ignore[union-attr]
     assert carried.evidence["carrier"] == "self.hidden"
     assert line_of(RecurrentLSTM, "# the carried state") in carried.evidence["sites"]
-    assert carried.fix.startswith("`self.hidden = tuple(h.detach() for h in self.hidden)` at the start of each step")
+    # self.hidden starts as None (set so in __init__): the detach must not crash the first step
+    assert carried.fix.startswith(
+        "`if self.hidden is not None: self.hidden = tuple(h.detach() for h in self.hidden)` at the start of each step"
+    )
 
 
 def test_losses_appended_to_a_list_on_the_module_are_named(tmp_path: Path) -> None:

@@ -96,6 +96,48 @@ def test_an_attack_inside_an_evaluations_no_grad_block_is_named_and_patched(tmp_
     assert torch.is_grad_enabled()
 
 
+CALLED = """\
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def fgsm(x, y):
+    x = x.clone().requires_grad_(True)  # at: first
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()  # at: backward
+    return (x + 0.1 * x.grad.sign()).detach()
+
+
+with torch.no_grad():  # at: block
+    x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+    x_adv = fgsm(x, y)
+    print(round(x_adv.sum().item(), 4), x_adv.requires_grad)
+"""
+
+
+def test_an_attack_called_inside_a_no_grad_block_is_patched_in_the_function_that_backwards(tmp_path: Path) -> None:
+    script = tmp_path / "called.py"
+    script.write_text(CALLED)
+    text, finding = explained(script)
+    assert f"made under the `with torch.no_grad():` block at {script}:{line(CALLED, 'block')}" in text
+    [remedy] = finding.remedies
+    assert remedy.mechanical and [(e.kind, e.line, e.until) for e in remedy.edits] == [
+        ("enable-grad", line(CALLED, "first"), line(CALLED, "backward"))
+    ]
+    patched = apply_edits(CALLED, remedy.edits)
+    assert patched is not None and "    with torch.enable_grad():\n        x = x.clone()" in patched
+    script.write_text(patched)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        runpy.run_path(str(script), run_name="__main__")  # the attack runs; what it returns still has no graph
+    assert out.getvalue().strip().endswith(" False")
+    assert torch.is_grad_enabled()
+
+
 def test_a_no_grad_decorator_is_named_without_a_patch(tmp_path: Path) -> None:
     script = tmp_path / "probe.py"
     script.write_text(DECORATED)

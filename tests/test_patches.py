@@ -17,15 +17,15 @@ import pytest
 
 import graphwatch
 from graphwatch.analysis.patches import patch_for
-from graphwatch.model import Finding
+from graphwatch.model import Edit, Finding, Remedy
 
 REPO = Path(graphwatch.__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 BUGS = sorted(p.stem for p in EXAMPLES.glob("*_bug.py"))
 # the examples whose fix is one edit graphwatch makes; the others' fixes need the user's judgement
 PATCHED = {
-    "lstm_retain_graph_bug", "loss_list_bug", "missing_zero_grad_bug", "multi_loss_retain_bug",
-    "rnn_hidden_bug", "rnn_retain_graph_bug", "total_loss_bug", "validation_no_grad_bug",
+    "backward_twice_bug", "gan_bug", "lstm_retain_graph_bug", "loss_list_bug", "missing_zero_grad_bug",
+    "multi_loss_retain_bug", "rnn_hidden_bug", "rnn_retain_graph_bug", "total_loss_bug", "validation_no_grad_bug",
 }  # fmt: skip
 
 needs_patch_tool = pytest.mark.skipif(shutil.which("patch") is None, reason="needs the patch program")
@@ -73,12 +73,20 @@ def test_the_patch_is_in_the_summary_and_the_trace(tmp_path: Path) -> None:
     assert "patch (patch -p0):" in run.stderr and "-        total_loss += loss  # graphwatch: kept" in run.stderr
 
 
-def test_no_patch_where_the_line_is_not_a_whole_statement_or_the_file_changed(tmp_path: Path) -> None:
+def test_no_patch_where_the_line_no_longer_holds_what_ran_or_the_fix_needs_judgement(tmp_path: Path) -> None:
+    """The patch is made from the remedy's edits on the file's tree: a statement over two lines is edited as
+    one, a line that does not hold the edit's expression (or a file that changed) gives no patch, and a
+    remedy that is not mechanical gives none either."""
     source = tmp_path / "train.py"
     source.write_text("import torch\nlosses = []\nlosses.append(\n    torch.ones(1))\n")
-    evidence = {"key": "train.py:3", "holder": "losses", "suggestion": "losses.append(loss.item())"}
-    finding = Finding("graph-kept-alive", "warning", 3, "m", "keep a number, not the graph: ...", evidence)
-    assert patch_for(finding, str(tmp_path)) is None  # line 3 starts a statement that goes on to line 4
+    remedy = Remedy("keep a number", [Edit("item", "train.py", 3, "loss")], mechanical=True)
+    finding = Finding("graph-kept-alive", "warning", 3, "m", remedy.text, remedies=[remedy])
+    assert patch_for(finding, str(tmp_path)) is None  # line 3 keeps `torch.ones(1)`, not `loss`
+    remedy.edits[0].target = "torch.ones(1)"
+    assert "+    torch.ones(1).item())\n" in (patch_for(finding, str(tmp_path)) or "")
+    remedy.mechanical = False
+    assert patch_for(finding, str(tmp_path)) is None
+    remedy.mechanical = True
     source.write_text("x = 1\n")
     assert patch_for(finding, str(tmp_path)) is None  # the file no longer holds that statement
 

@@ -14,11 +14,11 @@ Example::
 
 from __future__ import annotations
 
-from ..model import BackwardRecord, Finding, StepRecord, Trace
+from ..model import BackwardRecord, Edit, Finding, Remedy, StepRecord, Trace
+from .carried_fixes import carried_remedies, carried_shape
+from .codemods.detach import detach_statement
 from .evidence import (
     backwards_of,
-    carried_pattern,
-    carrier_fix,
     carrier_line,
     counted,
     describe,
@@ -78,27 +78,32 @@ def carried_across_steps(trace: Trace, step: StepRecord) -> list[Finding]:
         made = trace.site(carrier.site) if carrier else None
         earliest = min(s for s in bw.earlier_steps if s < bw.step)
         used = trace.site(user.site) if user is not None else None
-        recurrent = carrier is not None and carried_pattern(trace, carrier, site, bw.step) == "recurrent"
+        shape = carried_shape(trace, carrier, bw) if carrier is not None else "cached"
+        state = (", ".join(carrier.carried_with) or name) if carrier is not None else None
         evidence = {
             "key": site.where if site else trace.where(bw.site),
             "sites": list(dict.fromkeys(w.where for w in (site, used, trace.site(bw.site)) if w is not None)),
             "steps": [bw.step],
             "backward": describe_site(trace, bw.site),
             "carrier": name,
-            "detach": carrier_fix(carrier, site, name) if carrier else None,
+            "detach": detach_statement(state, carrier.carried_type or "") if carrier and state else None,
             "made_at": describe(made) if made is not None and site is not None and made.where != site.where else None,
             "carrier_at": describe(site) if site else None,
             "carrier_where": site.where if site else None,
             "carrier_step": carrier.step if carrier else earliest,
             "used_at": describe(used) if used and used is not site else None,
-            "pattern": "recurrent" if recurrent else "cached",
-            "constant": carrier is not None and carrier.carried_kind == "constant",
+            "pattern": "recurrent" if shape == "recurrent" else "cached",
+            "constant": shape == "constant",
             "per_step": [[bw.step, bw.earlier_nodes_reached, bw.nodes_reached, round(bw.seconds, 6), earliest]],
             "failed": bw.error is not None,
             "bytes": sum(b for s, b in step.saved_alive_by_step.items() if s < step.index),
         }
         severity = "error" if bw.error else "warning"
-        findings.append(make_finding("graph-carried-across-steps", severity, bw.step, evidence))
+        if carrier is not None:
+            remedies = carried_remedies(trace, carrier, bw, used.where if used is not None else None)
+        else:
+            remedies = [Remedy("detach the tensor the step carries over at the start of each step")]
+        findings.append(make_finding("graph-carried-across-steps", severity, bw.step, evidence, remedies))
     return findings
 
 
@@ -112,7 +117,7 @@ def _share(row: list) -> str:
 
 
 @renderer("graph-carried-across-steps")
-def _render_carried(ev: dict) -> tuple[str, str]:
+def _render_carried(ev: dict) -> str:
     name = ev["carrier"]
     tensor = f"`{name}`" if name else "a tensor"
     made = f" produced at {ev['carrier_at']}" if ev["carrier_at"] else ""
@@ -132,31 +137,10 @@ def _render_carried(ev: dict) -> tuple[str, str]:
     tail = "; the backward failed because an earlier step's backward had freed that graph" if ev["failed"] else ""
     if ev.get("bytes"):
         tail += f"; up to {human_bytes(ev['bytes'])} of earlier steps' saved tensors stay alive with it"
-    message = (
+    return (
         f"the backward at {ev['backward']} runs on into the graphs of earlier steps: {how}, so each step's graph "
         f"stays attached to the ones before it. Time spent in earlier steps' nodes, {spent}{growth}{tail}"
     )
-    where = ev["carrier_where"] or "the line that makes it"
-    if ev["pattern"] == "recurrent":
-        fix = (
-            (f"`{ev['detach']}`" if ev.get("detach") else "detach the tensor the step carries over")
-            + f" at the start of each step, before {where} "
-            "(the value is kept, the graph is cut: truncated backpropagation through time); then no "
-            "`retain_graph=True` is needed"
-        )
-    elif ev.get("constant") and name:
-        fix = (
-            f"keep a detached copy: `{name}.detach()` where it is made ({where}); what made it is not trained, so "
-            "no gradient needs to flow there"
-        )
-    else:
-        fix = (
-            f"compute {tensor} inside the step that uses it instead of keeping it from {step_name(ev['carrier_step'])} "
-            f"({where}); if no gradient should flow into what made it, keep "
-            + (f"`{name}.detach()`" if name else "a detached copy (`.detach()`)")
-            + " instead"
-        )
-    return message, fix
 
 
 def missing_zero_grad(trace: Trace, step: StepRecord) -> list[Finding]:
@@ -175,25 +159,33 @@ def missing_zero_grad(trace: Trace, step: StepRecord) -> list[Finding]:
         "optimizer": optimizer_name(site.source) if site else "optimizer",
         "backward_at": backward_sites[0] if backward_sites else None,
     }
-    return [make_finding("missing-zero-grad", "warning", step.index, evidence)]
+    return [make_finding("missing-zero-grad", "warning", step.index, evidence, [_zero_grad_remedy(trace, step, evidence)])]
+
+
+def _zero_grad_remedy(trace: Trace, step: StepRecord, ev: dict) -> Remedy:
+    """``optimizer.zero_grad()`` before the step's first backward: a patch when that backward runs in the
+    function that steps the optimizer (where the optimizer's name means that optimizer)."""
+    before = f"before the backward at {ev['backward_at']}" if ev["backward_at"] else "before each backward"
+    call = f"{ev['optimizer']}.zero_grad()"
+    text = f"call `{call}` {before} (to accumulate over micro-batches on purpose, step and zero once every N backwards)"
+    backward = next((trace.site(bw.site) for bw in backwards_of(trace, step) if bw.api == "backward"), None)
+    stepping = trace.site(step.optimizer_site)
+    if backward is None or stepping is None or (backward.file, backward.function) != (stepping.file, stepping.function):
+        return Remedy(text)
+    why = f"`{ev['optimizer']}.step()` at {stepping.where} used gradients no `zero_grad()` reset since its last step"
+    return Remedy(text, [Edit("insert-before", backward.file, backward.line, call)], why, mechanical=True)
 
 
 @renderer("missing-zero-grad")
-def _render_zero_grad(ev: dict) -> tuple[str, str]:
+def _render_zero_grad(ev: dict) -> str:
     steps = ev["steps"]
     count = max(len(steps), ev.get("occurrences", 1))
     when = f"in step {steps[0]}" if count == 1 else f"in {count} steps from step {steps[0]} on"
-    message = (
+    return (
         f"optimizer.step() at {ev['optimizer_at']} {when} used the gradients of {ev['parameters']} parameters "
         "that still held the sum of every earlier step's gradients: nothing reset them after the previous "
         "optimizer step, so each update uses stale gradients"
     )
-    before = f"before the backward at {ev['backward_at']}" if ev["backward_at"] else "before each backward"
-    fix = (
-        f"call `{ev['optimizer']}.zero_grad()` {before} (to accumulate over micro-batches on purpose, step and "
-        "zero once every N backwards)"
-    )
-    return message, fix
 
 
 def _quiet(trace: Trace, step: StepRecord) -> bool:

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import ast
 
-import libcst as cst
-
 from ..model import BackwardRecord, CallSite, Edit, Remedy, Trace
 from ..model.causes import BackwardCause, Cut
-from .codemods import CODEMODS, apply_edits
+from .codemods import CODEMODS
+from .codemods.expressions import edited_statement
 
 
 def backward_expression(source: str) -> str | None:
@@ -53,17 +52,7 @@ def backward_expression(source: str) -> str | None:
 
 def edited_line(site: CallSite, edit: Edit) -> str | None:
     """``site``'s line as ``edit`` leaves it (None: the edit cannot be made there, or has no codemod yet)."""
-    if edit.kind not in CODEMODS or not site.source:
-        return None
-    edited = apply_edits(site.source + "\n", [Edit(edit.kind, edit.file, 1, edit.target, edit.until)])
-    if edited is None:
-        return None
-    statements = cst.parse_module(edited).body  # its statements, without a trailing comment
-    return "; ".join(
-        "; ".join(cst.Module([]).code_for_node(small).strip() for small in statement.body)
-        if isinstance(statement, cst.SimpleStatementLine) else cst.Module([]).code_for_node(statement).strip()
-        for statement in statements
-    )
+    return edited_statement(edit, site.source) if site.source else None
 
 
 class RemedyMaker:

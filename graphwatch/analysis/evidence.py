@@ -16,10 +16,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
+from ..capture.source import assigned_names
 from ..model import BackwardRecord, CallSite, NodeRecord, StepRecord, Trace
 
 _TARGET = re.compile(r"^\s*([A-Za-z_][\w.]*(?:\[[^\]]*\])?)\s*(?:,[^=]*)?(?:[-+*/@]?=)(?!=)")
-_TUPLE = re.compile(r"^\s*([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)+)\s*=(?!=)")
 _NEAR = 512  # records of other steps read in a row before giving up: a step's nodes are recorded together
 _BACKWARD_ON = re.compile(r"([A-Za-z_][\w.]*(?:\[[^\]]*\])?)\s*\.backward\(")
 _BACKWARD_OF = re.compile(r"(?:autograd\.backward|autograd\.grad|\bgrad)\(\s*\[?\s*([A-Za-z_][\w.]*)")
@@ -30,19 +30,6 @@ def assigned_name(source: str) -> str | None:
     """The first variable a line of source assigns to, if it is an assignment."""
     match = _TARGET.match(source)
     return match.group(1) if match else None
-
-
-def detach_line(source: str, name: str) -> str:
-    """The statement that detaches ``name``, and its siblings when the line assigns a flat tuple.
-
-    >>> detach_line("h, c = cell(x, (h, c))", "h"), detach_line("h = cell(x, h)", "h")
-    ('h, c = h.detach(), c.detach()', 'h = h.detach()')
-    """
-    match = _TUPLE.match(source)
-    names = [n.strip() for n in match.group(1).split(",")] if match else []
-    if name in names and len(names) > 1:
-        return f"{', '.join(names)} = {', '.join(f'{n}.detach()' for n in names)}"
-    return f"{name} = {name}.detach()"
 
 
 def backward_target(source: str) -> str | None:
@@ -203,24 +190,25 @@ def carrier_line(trace: Trace, carrier: NodeRecord) -> tuple[CallSite | None, st
         return trace.sites[carrier.carried_at], name
     attr = name.rsplit(".", 1)[-1]
     for site in site_chain(trace, carrier.site):  # the line that assigns the attribute names it its way
-        spelled = re.match(rf"^\s*([\w.]*\.{re.escape(attr)})\s*=[^=]", site.source)
+        spelled = next((n for n in assigned_names(site.source) if "." in name and n.endswith(f".{attr}")), None)
         if spelled:
-            return site, spelled.group(1)
+            return site, spelled
     return trace.site(carrier.site), name
 
 
-def carried_pattern(trace: Trace, carrier: NodeRecord, site: CallSite | None, step: int) -> str:
-    """"recurrent" when the loop feeds each step's new value on, "cached" when one value is reused."""
+def carried_pattern(trace: Trace, carrier: NodeRecord, site: CallSite | None, backward: BackwardRecord) -> str:
+    """"recurrent" when the loop feeds each step's new value on, "cached" when one value is reused.
+
+    A value the loop's frame still held while the step ran (seen as the very node, so "cached") is fed back
+    all the same when the line that assigns it is the one running the step: ``loss, hidden =
+    train_step(model, x, hidden)`` holds the last step's ``hidden`` until ``train_step()`` returns the new one.
+    """
+    if carrier.carried_kind in ("cached", "constant") and site is not None:
+        if any(s.where == site.where for s in site_chain(trace, backward.site)):
+            return "recurrent"
     if carrier.carried_kind is not None:
         return "cached" if carrier.carried_kind == "constant" else carrier.carried_kind
-    return "recurrent" if site is not None and line_runs_in(trace, site.where, step) else "cached"
-
-
-def carrier_fix(carrier: NodeRecord, site: CallSite | None, name: str | None) -> str | None:
-    """The statement that cuts the carried graph: the one seen with the loop's values, else from the line."""
-    if carrier.carried_fix:
-        return carrier.carried_fix
-    return detach_line(site.source, name) if site and name else None
+    return "recurrent" if site is not None and line_runs_in(trace, site.where, backward.step) else "cached"
 
 
 def alive_graph_sites(trace: Trace, steps: Iterable[int], limit: int = 3) -> list[str]:

@@ -26,11 +26,11 @@ from itertools import pairwise
 
 from ..model import BackwardRecord, Finding, NodeRecord, Remedy, Trace
 from ..model.causes import BackwardCause
+from .carried_fixes import carried_remedies
 from .error_remedies import RemedyMaker
 from .evidence import (
     backward_name,
     carried_pattern,
-    carrier_fix,
     carrier_line,
     describe,
     describe_site,
@@ -73,34 +73,13 @@ def handed_off(path: list[NodeRecord], before_seq: int) -> tuple[NodeRecord | No
     return path[index], path[index - 1]
 
 
-def _fixes(pattern: str, names: dict[str, str]) -> list[str]:
-    """The ranked fixes of a graph carried across steps (advice: the carried-state remedies with their edits
-    are w-patches' to make); ``names`` fills in the user's own words."""
-    not_retain = (
-        "not `retain_graph=True` at {freeing_where}: the graph would then grow with every step, and every "
+def _not_retain(names: dict[str, str]) -> Remedy:
+    """The last row of a graph carried across steps, after the carried state's own remedies
+    (:func:`~graphwatch.analysis.carried_fixes.carried_remedies`)."""
+    return Remedy(
+        f"not `retain_graph=True` at {names['freeing_where']}: the graph would then grow with every step, and every "
         "backward would be slower than the last"
     )
-    table = {
-        "recurrent": [
-            "`{detach}` at the start of each step, before {carrier_where} (keeps the value, cuts the graph: "
-            "truncated backpropagation through time)",
-            "or start each step from a fresh {carrier_text} made inside the step",
-            not_retain,
-        ],
-        "cached": [
-            "compute {carrier_text} inside the step that uses it ({used_where}) instead of keeping it from "
-            "{carrier_step}",
-            "or keep a detached copy (`{carrier}.detach()`) if no gradient should flow into what made it",
-            not_retain,
-        ],
-        "constant": [  # cached, but what made it is trained by no optimizer: a fixed target
-            "keep a detached copy: `{carrier}.detach()` where it is made ({carrier_where}); what made it is "
-            "not trained, so no gradient needs to flow there",
-            "or compute {carrier_text} inside the step that uses it ({used_where})",
-            not_retain,
-        ],
-    }
-    return [fix.format(**names) for fix in table[pattern]]
 
 
 def _how(pattern: str, names: dict[str, str], shared_named: bool = False) -> str:
@@ -135,7 +114,7 @@ def _pattern_of(
     optimizer's graph), else what the two backwards are."""
     if carrier is not None and not cause.cuts:
         site, _ = carrier_line(trace, carrier)
-        return carried_pattern(trace, carrier, site, backward.step)
+        return carried_pattern(trace, carrier, site, backward)
     if freeing is not None and freeing.api == "grad":
         return "grad"
     if freeing is not None and freeing.roots and freeing.roots == backward.roots:
@@ -145,10 +124,8 @@ def _pattern_of(
     return "same-step"
 
 
-def _remedies(pattern: str, maker: RemedyMaker | None, names: dict[str, str]) -> list[Remedy]:
-    """The remedies, best first: the carried rows' advice, else what the cause supports."""
-    if pattern in ("recurrent", "cached", "constant"):
-        return [Remedy(text) for text in _fixes(pattern, names)]
+def _remedies(pattern: str, maker: RemedyMaker | None) -> list[Remedy]:
+    """The remedies, best first, of a graph not carried across steps: what the cause supports."""
     if maker is None:
         return []
     found: list[Remedy | None] = [maker.cuts(), maker.create_graph()]
@@ -215,7 +192,6 @@ def explain_backward_twice(
         "second": backward_name(trace, backward, "loss_b"),
         "carrier": carrier_name or "the tensor",
         "carrier_text": f"`{carrier_name}`" if carrier_name else "the tensor",
-        "detach": (carrier_fix(carrier, carrier_site, carrier_name) if carrier else None) or "x = x.detach()",
         "carrier_at": describe(carrier_site),
         "carrier_where": carrier_site.where if carrier_site else "the line that makes it",
         "carrier_step": step_name(carrier.step) if carrier else "",
@@ -231,10 +207,11 @@ def explain_backward_twice(
                      carrier_step=step_name(backward.step))
     if freeing is not None and same_line(trace, freeing.site, backward.site):
         names["backward_where"] += " (the same line, run again)"
-    constant = pattern == "cached" and carrier is not None and carrier.carried_kind == "constant"
-    fixes_pattern = "constant" if constant else pattern  # (its own fixes, the words of "cached")
     maker = RemedyMaker(trace, cause, freeing, backward) if freeing is not None else None
-    remedies = _remedies(fixes_pattern, maker, names)
+    if pattern in ("recurrent", "cached") and carrier is not None:
+        remedies = [*carried_remedies(trace, carrier, backward, names["used_where"]), _not_retain(names)]
+    else:
+        remedies = _remedies(pattern, maker)
     fixes = [remedy.text for remedy in remedies]
     freed = (
         f"the backward at {describe_site(trace, freeing.site)} ({step_name(freeing.step)}, "

@@ -15,7 +15,7 @@ Example::
 
 from __future__ import annotations
 
-from ..model import Finding, Trace
+from ..model import Finding, Remedy, Trace
 from ..model.columns import field_values
 from .evidence import human_bytes
 from .findings import make_finding, renderer
@@ -87,11 +87,21 @@ def memory_growth(trace: Trace, explained_by: list[Finding]) -> list[Finding]:
             dict.fromkeys(f"{f.kind} at {f.evidence['sites'][0]}" if f.evidence["sites"] else f.kind for f in causes)
         ),
     }
-    return [make_finding("memory-growth", "warning", rows[-1][0], evidence)]
+    return [make_finding("memory-growth", "warning", rows[-1][0], evidence, [_growth_advice(evidence)])]
+
+
+def _growth_advice(ev: dict) -> Remedy:
+    """Advice, never an edit: the findings that explain the growth carry the edits."""
+    if ev["explained_by"]:
+        return Remedy("fix the findings that keep graphs alive: " + "; ".join(ev["explained_by"]))
+    return Remedy(
+        "find what keeps each step's graph: detach tensors kept across steps, keep `loss.item()`, evaluate under "
+        "`torch.no_grad()`"
+    )
 
 
 @renderer("memory-growth")
-def _render_growth(ev: dict) -> tuple[str, str]:
+def _render_growth(ev: dict) -> str:
     first, last = ev["steps"]
     horizon = 10 * (last + 1)
     parts = []
@@ -107,17 +117,10 @@ def _render_growth(ev: dict) -> tuple[str, str]:
             f"{ev['nodes']:,}: about {ev['projected_nodes']:,.0f} by step {horizon}"
         )
     cause = f"; explained by {', '.join(ev['explained_by'])}" if ev["explained_by"] else ""
-    message = (
+    return (
         f"{' and '.join(parts)} (a straight-line fit over the {ev['fitted_steps']} steps {first}..{last}, "
         f"r²={ev['r2']:.2f}; the projection is for a run ten times as long){cause}"
     )
-    fix = (
-        "fix the findings that keep graphs alive: " + "; ".join(ev["explained_by"])
-        if ev["explained_by"]
-        else "find what keeps each step's graph: detach tensors kept across steps, keep `loss.item()`, "
-        "evaluate under `torch.no_grad()`"
-    )
-    return message, fix
 
 
 def session_findings(trace: Trace) -> list[Finding]:

@@ -8,17 +8,17 @@ loss survives the discriminator's step).
 
 Example::
 
-    >>> from graphwatch.analysis.leaks import suggest_number
-    >>> suggest_number("total_loss += loss"), suggest_number("losses.append(loss)  # log")
-    ('total_loss += loss.item()', 'losses.append(loss.item())')
+    >>> from graphwatch.analysis.leaks import LAG_STEPS, HELD_STEPS
+    >>> LAG_STEPS, HELD_STEPS
+    (1, 3)
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
-from ..model import BackwardRecord, Finding, Holder, StepRecord, StepSpans, Trace
+from ..capture.source import assigned_names
+from ..model import BackwardRecord, CallSite, Edit, Finding, Holder, Remedy, StepRecord, StepSpans, Trace
 from ..model.columns import field_values
 from .evidence import (
     alive_graph_sites,
@@ -32,10 +32,8 @@ from .evidence import (
     spans_text,
     steps_text,
 )
-from .findings import make_finding, renderer
-
-_ADDS = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*\+=\s*(.+?)\s*(?:#.*)?$")
-_APPENDS = re.compile(r"^\s*([A-Za-z_][\w.]*)\.append\((.+)\)\s*(?:#.*)?$")
+from .findings import make_finding, renderer, same_cause
+from .kept_fixes import GENERIC, evaluation_remedy, holder_remedy, parameters_remedy
 
 
 # ------------------------------------------------------------------ retained
@@ -63,8 +61,26 @@ def _unused_retains(trace: Trace, step: StepRecord, later: list[BackwardRecord])
             "tensor": backward_name(trace, bw, "the loss"),
             "same_line_reused": in_a_loop,
         }
-        findings.append(make_finding("retained-graph", "warning", bw.step, evidence))
+        findings.append(make_finding("retained-graph", "warning", bw.step, evidence, _retained_remedies(trace, bw, in_a_loop)))
     return findings
+
+
+def _retained_remedies(trace: Trace, backward: BackwardRecord, in_a_loop: bool) -> list[Remedy]:
+    where = trace.where(backward.site)
+    if in_a_loop:
+        return [Remedy(
+            f"the last backward through a graph must free it: at {where} pass retain_graph=True only to the calls "
+            "that another backward follows (e.g. `retain_graph=i < len(losses) - 1`), or sum the losses and call "
+            "`.backward()` once"
+        )]  # fmt: skip
+    site = trace.site(backward.site)
+    return [Remedy(
+        f"drop retain_graph=True at {where}: it is the last backward through this graph; keep it only on a "
+        "backward that another backward of the same graph follows",
+        [Edit("drop-retain", site.file, site.line)] if site is not None else [],
+        why="no later backward ran through the graph it retained, in this step or the next",
+        mechanical=site is not None,
+    )]  # fmt: skip
 
 
 def retained_graph(trace: Trace, step: StepRecord) -> list[Finding]:
@@ -101,26 +117,14 @@ def final_retained(trace: Trace) -> list[Finding]:
 
 
 @renderer("retained-graph")
-def _render_retained(ev: dict) -> tuple[str, str]:
+def _render_retained(ev: dict) -> str:
     steps = ev["steps"]
     when = f"step {steps[0]}" if len(steps) == 1 else f"each of {steps_text(steps)}"
-    message = (
+    return (
         f"the backward at {ev['backward']} passes retain_graph=True, but no later backward ran through its "
         f"graph: up to {human_bytes(ev['bytes'])} of saved tensors outlived {when} for nothing, until "
         f"`{ev['tensor']}` and its graph were dropped"
     )
-    if ev.get("same_line_reused"):
-        fix = (
-            f"the last backward through a graph must free it: at {ev['backward_where']} pass retain_graph=True "
-            "only to the calls that another backward follows (e.g. `retain_graph=i < len(losses) - 1`), or sum "
-            "the losses and call `.backward()` once"
-        )
-    else:
-        fix = (
-            f"drop retain_graph=True at {ev['backward_where']}: it is the last backward through this graph; keep "
-            "it only on a backward that another backward of the same graph follows"
-        )
-    return message, fix
 
 
 # --------------------------------------------------------------- kept alive
@@ -136,15 +140,6 @@ HELD_STEPS = 3
 # Graphs of step 0 and before are also the set-up's (a graph made before the loop and kept in a global):
 # one of them held is never a finding; only growth beyond them is.
 FIRST_LOOP_STEP = 1
-
-
-def suggest_number(source: str) -> str | None:
-    """The line rewritten to keep a number instead of a graph, when it adds or appends a tensor."""
-    for pattern, form in ((_ADDS, "{} += {}.item()"), (_APPENDS, "{}.append({}.item())")):
-        match = pattern.match(source)
-        if match:
-            return form.format(match.group(1), match.group(2))
-    return None
 
 
 def _beyond_lag(kept: list[int], index: int) -> list[int]:
@@ -185,21 +180,23 @@ def _backwarded_names(trace: Trace, step: StepRecord) -> set[str]:
     return {backward_name(trace, bw, "") for bw in backwards_of(trace, step)} - {""}
 
 
-def _evaluation_lines(trace: Trace, kept: set[int]) -> list[str]:
+def _evaluation_lines(trace: Trace, kept: set[int]) -> list[CallSite]:
     """The loop's lines whose kept graphs no backward ever freed, and no backward freed any graph of:
     forwards that only evaluate, safe to put under ``no_grad`` (a training forward never is)."""
     trained: set[str] = set()
     alive: dict[str, int] = {}
+    lines: dict[str, CallSite] = {}
     loops = {(s.file, s.function) for b in trace.backwards[-64:] if (s := trace.site(b.site)) is not None}
     for record in trace.saved.values():
         if record.site is None:
             continue
-        where = line_in(trace, record.site, loops).where
+        line = line_in(trace, record.site, loops)
         if record.freed_by is not None:
-            trained.add(where)
+            trained.add(line.where)
         elif record.alive and record.step in kept:
-            alive[where] = alive.get(where, 0) + max(record.nbytes, 1)
-    return sorted((w for w in alive if w not in trained), key=lambda w: -alive[w])
+            alive[line.where] = alive.get(line.where, 0) + max(record.nbytes, 1)
+            lines.setdefault(line.where, line)
+    return [lines[w] for w in sorted((w for w in alive if w not in trained), key=lambda w: -alive[w])]
 
 
 def graph_kept_alive(
@@ -277,6 +274,7 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
     graph = alive_graph_sites(trace, kept)
     backwarded = name in _backwarded_names(trace, step)  # its value is backwarded: no .item() or no_grad
     evaluation = _evaluation_lines(trace, set(kept))
+    never_backwarded = live > 0 and not backwarded and not any(h.nodes for h in holders) and bool(evaluation)
     evidence = {
         "key": _finding_key(trace, holders[0]),
         "sites": list(dict.fromkeys(([site.where] if site else []) + graph)),
@@ -285,12 +283,27 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
         "holder": name,
         "holder_at": describe(site) if site else f"in {holders[0].scope}",
         "graph_at": graph,
-        "never_backwarded": live > 0 and not backwarded and not any(h.nodes for h in holders) and bool(evaluation),
-        "evaluation_at": evaluation,
-        "suggestion": suggest_number(site.source) if site and not backwarded else None,
+        "never_backwarded": never_backwarded,
+        "evaluation_at": [line.where for line in evaluation],
         "parameters": name.endswith(".parameters()"),
     }
-    return make_finding("graph-kept-alive", "warning", step.index, evidence)
+    remedies: list[Remedy] = []
+    if evidence["parameters"]:
+        remedies.append(parameters_remedy(trace, name[: -len(".parameters()")], site))
+    elif never_backwarded:
+        remedies.append(evaluation_remedy(trace, evaluation[0]))
+    spelled = _spelled(site, name) if site is not None and not backwarded and not evidence["parameters"] else None
+    keep = holder_remedy(site, spelled, holders) if site is not None and spelled is not None else None
+    remedies += [keep] if keep is not None else [] if remedies else [Remedy(GENERIC)]
+    return make_finding("graph-kept-alive", "warning", step.index, evidence, remedies)
+
+
+def _spelled(site: CallSite, name: str) -> str | None:
+    """The holder as ``site``'s line spells it (``self.baseline`` for ``policy.baseline``): the name it assigns
+    or adds to; the holder's name when the line appends to it."""
+    attr = name.rsplit(".", 1)[-1]
+    assigned = [n for n in assigned_names(site.source) if n == name or ("." in name and n.endswith(f".{attr}"))]
+    return assigned[0] if assigned else name
 
 
 def _alive_in(trace: Trace, step: StepRecord, s: int) -> bool:
@@ -323,13 +336,27 @@ def _unnamed_kept(trace: Trace, step: StepRecord, explained: set[int], previous:
         "graph_at": graph,
         "never_backwarded": False,
         "evaluation_at": [],
-        "suggestion": None,
     }
-    return [make_finding("graph-kept-alive", "warning", step.index, evidence)]
+    return [make_finding("graph-kept-alive", "warning", step.index, evidence, [Remedy(GENERIC)])]
+
+
+@same_cause("graph-kept-alive")
+def _same_holding(old: Finding, new: Finding) -> int:
+    """A finding that could not name its holder and one that could are one cause when the same lines made the
+    graphs they keep (or, both keeping graphs without saved tensors, the same steps' graphs): 2 when the new
+    one names it."""
+    a, b = old.evidence, new.evidence
+    if (a.get("holder") is None) == (b.get("holder") is None):
+        return 0
+    shared = bool(set(a.get("graph_at") or []) & set(b.get("graph_at") or []))
+    if not shared and not (a.get("graph_at") or b.get("graph_at")):
+        spans = b["kept"]["spans"]
+        shared = any(first <= last_b and first_b <= last for first, last in a["kept"]["spans"] for first_b, last_b in spans)
+    return (2 if a.get("holder") is None else 1) if shared else 0
 
 
 @renderer("graph-kept-alive")
-def _render_kept(ev: dict) -> tuple[str, str]:
+def _render_kept(ev: dict) -> str:
     kept = ev["kept"]  # one moment: the last step end it was seen at (the picture's caption says the same)
     size = kept_size(kept)
     made = f" (their tensors were saved at {', '.join(ev['graph_at'])})" if ev["graph_at"] else ""
@@ -340,28 +367,8 @@ def _render_kept(ev: dict) -> tuple[str, str]:
         where = "" if ev.get("parameters") else ev["holder_at"]
         detail = ", ".join(part for part in (where, items) if part)
         who = f"`{ev['holder']}`" + (f" ({detail})" if detail else "") + " keeps"
-    message = (
+    return (
         f"{who} the graphs of {spans_text(kept['spans'])} alive at the end of step {kept['step']}"
         + (f": {size}" if size else "")
         + f" that no backward will use{made}"
     )
-    if ev.get("parameters"):
-        module = ev["holder"][: -len(".parameters()")]
-        fix = (
-            f"update `{module}`'s parameters under `with torch.no_grad():` (an in-place update of a parameter "
-            "outside no_grad, as in an EMA teacher or a hand-written SGD step, records a graph that grows every "
-            "step)"
-        )
-    elif ev["never_backwarded"]:
-        forward = (ev.get("evaluation_at") or ev["graph_at"] or ["the forward no backward uses"])[0]
-        fix = f"run the forward at {forward} under `with torch.no_grad():` (evaluation builds no graph then)"
-        if ev["suggestion"]:
-            fix += f", or keep numbers: `{ev['suggestion']}`"
-    elif ev["suggestion"]:
-        fix = f"keep a number, not the graph: `{ev['suggestion']}` at {ev['holder_at'].split(' ')[0]}"
-    else:
-        fix = (
-            "keep numbers (`loss.item()`) or detached tensors (`.detach()`) across steps; run evaluation under "
-            "`torch.no_grad()`"
-        )
-    return message, fix

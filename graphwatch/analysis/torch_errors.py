@@ -106,12 +106,11 @@ def no_graph_finding(trace: Trace, cause: NoGraphCause, step: int) -> Finding:
                 f"{describe(block)}" + (f" (of `{cause.function}`)" if cause.function else "")
                 + ": nothing it computes has a graph.")
         first, last = trace.site(cause.first), trace.site(cause.last)
-        if cause.kind == "with" and first is not None and last is not None:
+        if first is not None and last is not None:
             edit = Edit("enable-grad", first.file, first.line, until=last.line)
             remedies.append(Remedy(
                 f"run lines {first.line}..{last.line} of {first.file} (from the first line the loss needs to its "
-                f"backward) under `with torch.enable_grad():` inside that block; the rest of the block keeps "
-                "running without a graph",
+                f"backward) under `with torch.enable_grad():`; the rest of {how} keeps running without a graph",
                 [edit], f"the backward at {backward.where if backward else '?'} runs inside {how} at {block.where}",
                 True,
             ))

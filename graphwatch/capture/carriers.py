@@ -41,6 +41,7 @@ import torch
 from .graph_walk import METADATA_KEY
 from .holders import _of_a_user_class, local_value, user_frames
 from .source import assignments, function_node
+from .values import runtime_type, set_to_none
 
 if TYPE_CHECKING:
     from ..model import NodeRecord
@@ -59,6 +60,8 @@ class CarrierName:
     frame_site: int | None  # CallSite id of that line (with the loop frame's caller)
     statement: str
     kind: str  # "recurrent" (this step's value of the variable that carried it) or "cached" (the same value)
+    value_type: str = "other"  # the value's type as it ran (graphwatch.model.VALUE_TYPES)
+    together: tuple[str, ...] = ()  # the names the line assigns with it that the loop carries too, with it
 
 
 def name_carrier(recorder: Recorder, start: FrameType | None, carrier: NodeRecord) -> CarrierName | None:
@@ -81,7 +84,8 @@ def find_carrier(
         for name, value, tensor in _named_tensors(frame, attributes=True):
             if "." in name and _made_from(tensor, carrier, recorder.step):
                 statement = detach_statement(name, value, frame.f_globals)
-                return CarrierName(name, None, _renewing_site(recorder, frame, name), statement, "recurrent"), tensor
+                site = _renewing_site(recorder, frame, name)
+                return CarrierName(name, None, site, statement, "recurrent", _value_type(frame, name, value)), tensor
     return None
 
 
@@ -128,8 +132,15 @@ def _found_in_loops(
                 statement = detach_statement(name, value, frame.f_globals)
                 if len(together) > 1 and statement == f"{name} = {name}.detach()":  # an LSTM's (h, c)
                     statement = f"{', '.join(together)} = {', '.join(f'{n}.detach()' for n in together)}"
-                return CarrierName(name, line, site, statement, kind), tensor
+                with_it = tuple(together) if len(together) > 1 else ()
+                return CarrierName(name, line, site, statement, kind, _value_type(frame, name, value), with_it), tensor
     return None
+
+
+def _value_type(frame: FrameType, name: str, value: Any) -> str:
+    """The carried value's type as it ran, ``Optional[...]`` when the code that holds it sets it to None."""
+    found = runtime_type(value)
+    return f"Optional[{found}]" if found != "other" and set_to_none(frame, name) else found
 
 
 def _made_from(tensor: torch.Tensor, carrier: NodeRecord, step: int, limit: int = 10_000) -> bool:
@@ -239,9 +250,9 @@ def _tensors_of(
         for module in value.modules():
             for attr, item in vars(module).items():
                 yield from _attribute_tensors(f"self.{attr}" if module is not value else f"{name}.{attr}", item, attributes)
-    elif depth == 0 and isinstance(value, (list, tuple)):
+    elif depth < 2 and isinstance(value, (list, tuple)):  # a list of per-layer (h, c) states too
         for item in value[-_CONTAINER_LIMIT:]:
-            yield from _tensors_of(name, top, item, 1)
+            yield from _tensors_of(name, top, item, depth + 1)
     elif depth == 0 and isinstance(value, dict):
         for item in list(value.values())[:_CONTAINER_LIMIT]:
             yield from _tensors_of(name, top, item, 1)
@@ -259,12 +270,16 @@ def _attribute_tensors(label: str, item: Any, tuples: bool) -> Iterator[tuple[st
 
 
 def _loop_carried(frame: FrameType) -> set[str]:
-    """Names the frame's function reads in a loop before (or while) it assigns them there."""
+    """Names the frame's function reads in a loop around its current line before (or while) it assigns them
+    there (a loop over a model's layers, beside it, carries its own names from layer to layer, not from step
+    to step)."""
     node = function_node(frame.f_code)
     if node is None:
         return set()
     carried: set[str] = set()
-    for loop in (n for n in ast.walk(node) if isinstance(n, (ast.For, ast.While))):
+    here = frame.f_lineno
+    loops = (n for n in ast.walk(node) if isinstance(n, (ast.For, ast.While)) and n.lineno <= here <= (n.end_lineno or 0))
+    for loop in loops:
         target = loop.target if isinstance(loop, ast.For) else None  # the loop rebinds it every iteration
         assigned = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)} if target is not None else set()
         for statement in _statements(loop.body):

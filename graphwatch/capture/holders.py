@@ -31,19 +31,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..model import Holder, StepSpans
+from ..model import Holder, NodeRecord, StepSpans
 from .callsite import is_user_file
 from .graph_walk import Reach, reach
-from .source import assignments, function_node, module_node
+from .source import assigned_names, assignments, function_node, module_node
 
 if TYPE_CHECKING:
     from .recorder import Recorder
 
 _SNAPSHOT_LOCALS = sys.version_info < (3, 13)
 _CONTAINER_LIMIT = 64  # items looked at per list/tuple/dict
+_OBJECT_LEVELS = 2  # objects of the user's classes looked into: a trainer's policy's attributes, not deeper
 
 
-def _tensors_in(name: str, value: Any, depth: int = 0, objects: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+def _tensors_in(name: str, value: Any, depth: int = 0, objects: int = _OBJECT_LEVELS) -> Iterator[tuple[str, torch.Tensor]]:
     if isinstance(value, torch.Tensor):
         if value.grad_fn is not None:
             yield name, value
@@ -61,14 +62,17 @@ def _tensors_in(name: str, value: Any, depth: int = 0, objects: bool = True) -> 
         for module_name, module in value.named_modules(prefix=name):
             for attr, item in vars(module).items():
                 if not attr.startswith("_") and not isinstance(item, torch.nn.Module):  # a list kept on self too
-                    yield from _tensors_in(f"{module_name}.{attr}", item, depth)
+                    yield from _tensors_in(f"{module_name}.{attr}", item, depth, objects - 1)
+            for attr, buffer in module._buffers.items():  # a running statistic updated outside no_grad
+                if buffer is not None:
+                    yield from _tensors_in(f"{module_name}.{attr}", buffer, depth)
             for attr, param in module._parameters.items():  # a parameter updated in place outside no_grad
                 if param is not None and param.grad_fn is not None:
                     yield f"{name}.parameters()[{f'{module_name}.{attr}'[len(name) + 1:]}]", param
-    elif objects and _of_a_user_class(value):  # e.g. a Trainer subclass of the script keeping self.losses
+    elif objects > 0 and _of_a_user_class(value):  # a Trainer subclass keeping self.losses, its policy's baseline
         for attr, item in list(vars(value).items())[:_CONTAINER_LIMIT]:
             if not attr.startswith("_"):
-                yield from _tensors_in(f"{name}.{attr}", item, depth, objects=False)
+                yield from _tensors_in(f"{name}.{attr}", item, depth, objects - 1)
 
 
 def _of_a_user_class(value: Any) -> bool:
@@ -195,17 +199,19 @@ def _attribute_site(recorder: Recorder, frame: FrameType, name: str) -> int | No
     *path, attr = rest.split(".")
     for part in path:
         owner = getattr(owner, part, None)
-    best: tuple[bool, int, CodeType] | None = None  # a method that adds to it wins over one that assigns it
+    # a method that adds to it wins over one that assigns it, and one that assigns it each step over __init__
+    best: tuple[tuple[bool, bool], int, CodeType] | None = None
     for cls in type(owner).__mro__:
         if cls.__module__.startswith(("torch.", "builtins")):
             break
-        for function in vars(cls).values():
+        for method, function in vars(cls).items():
             code = getattr(function, "__code__", None)
             if not isinstance(code, CodeType):
                 continue
             found = _assignment(code, f"self.{attr}")
-            if found is not None and (best is None or found[1] > best[0]):
-                best = (found[1], found[0], code)
+            rank = (found[1], method != "__init__") if found is not None else (False, False)
+            if found is not None and (best is None or rank > best[0]):
+                best = (rank, found[0], code)
     return None if best is None else recorder.sites.from_code(best[2], best[1])
 
 
@@ -271,13 +277,13 @@ def find_holders(
     for frame in user_frames(start):
         scope = f"{recorder.trace.where(recorder.sites.from_frame(frame))} in {frame.f_code.co_name}"
         found = _holders_among(recorder, tensors_in_frame(frame), seen, scope, known, found_now)
-        holders += [replace(h, site=_making_site(recorder, frame, h.name)) for h in found]
+        holders += [h if h.site is not None else replace(h, site=_making_site(recorder, frame, h.name)) for h in found]
     if script is not None and isinstance(script.get("__file__"), str):
         names = [(name, value) for name, value in list(script.items()) if not name.startswith("__")]
         pairs = [pair for name, value in names for pair in _tensors_in(name, value)]
         for holder in _holders_among(recorder, pairs, seen, f"{script['__file__']} (its globals)", known, found_now):
-            line = _script_line(script["__file__"], holder.name)
-            site = recorder.sites.from_file(script["__file__"], line) if line is not None else None
+            line = _script_line(script["__file__"], holder.name) if holder.site is None else None
+            site = recorder.sites.from_file(script["__file__"], line) if line is not None else holder.site
             holders.append(replace(holder, site=site))
     if reaches is not None:
         reaches.clear()
@@ -306,8 +312,33 @@ def _holders_among(
             found[root] = reached
         earlier, nodes = reached.earlier(step)
         if earlier:
-            holders.append(Holder(name, None, scope, earlier, nodes))
+            record = recorder.trace.nodes.get(root) if root is not None else None
+            backwarded = record is not None and record.backward is not None
+            site = _running_site(recorder, record, name)
+            holders.append(Holder(name, site, scope, earlier, nodes, tensor.numel(), backwarded))
     return holders
+
+
+def _running_site(recorder: Recorder, record: NodeRecord | None, name: str) -> int | None:
+    """The line that ran and made the held tensor, as seen when its node was made, for a holder reached through
+    an object: a parameter updated in place (the node's own line), an attribute (the line of the node's call
+    chain that assigns it: ``self.baseline = ...`` for ``policy.baseline``, however the frame spells the
+    object).  None for a name (its line is read from its frame's function) or an item of a container (the
+    line that adds to it)."""
+    if record is None or record.site is None or (record.site_inferred and not recorder.precise):
+        return None  # (a line read off the last op that saved a tensor: not this node's own, but at the precise level)
+    if name.split("[")[0].endswith(".parameters()"):
+        return record.site
+    if "[" in name or "." not in name:
+        return None
+    attr = name.rsplit(".", 1)[-1]
+    site_id: int | None = record.site
+    while site_id is not None:
+        site = recorder.trace.sites[site_id]
+        if any(n.endswith(f".{attr}") for n in assigned_names(site.source)):
+            return site_id
+        site_id = site.caller
+    return None
 
 
 def _script_line(filename: str, name: str) -> int | None:

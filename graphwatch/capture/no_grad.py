@@ -3,9 +3,9 @@
 When torch raises "element 0 of tensors does not require grad and does not have a grad_fn" with grad mode
 off, the user's frames on the stack say why: one of them runs inside a ``with torch.no_grad():`` (or
 ``torch.inference_mode()``) block, or its function is decorated with ``@torch.no_grad()``.  The syntax tree
-of the frame's function, at the line it runs, names the block; for a ``with`` block, the statements of the
-backward's block from the first one its loss is made from to the backward itself are what must run with
-grad enabled.
+of the frame's function, at the line it runs, names the block.  What must run with grad enabled are the
+statements of the backward's own block (inside the ``with`` block when the backward is in it, else in the
+function a caller runs inside the block) from the first one its loss is made from to the backward itself.
 
 Example::
 
@@ -52,10 +52,9 @@ def _holding(body: list[ast.stmt], line: int) -> ast.stmt | None:
     return next((s for s in body if s.lineno <= line <= (s.end_lineno or s.lineno)), None)
 
 
-def statements_to_enable(block: ast.With, line: int) -> tuple[int, int] | None:
-    """(first, last line) of the statements of the innermost block inside ``block`` that holds the backward on
+def statements_to_enable(body: list[ast.stmt], line: int) -> tuple[int, int] | None:
+    """(first, last line) of the statements of the innermost block inside ``body`` that holds the backward on
     ``line``: from the first one its loss is made from (by names, back from the backward) to the backward."""
-    body = block.body
     while True:
         statement = _holding(body, line)
         if statement is None:
@@ -79,7 +78,8 @@ def find_no_grad(recorder: Recorder, start: FrameType | None, backward_site: int
     cause = NoGraphCause(backward_site, grad_enabled_outside=torch.is_grad_enabled())
     if torch.is_grad_enabled():
         return cause
-    for depth, frame in enumerate(list(user_frames(start))[:8]):
+    frames = list(user_frames(start))[:8]
+    for depth, frame in enumerate(frames):
         tree = function_node(frame.f_code)
         if tree is None:
             continue
@@ -90,15 +90,24 @@ def find_no_grad(recorder: Recorder, start: FrameType | None, backward_site: int
             block = max(blocks, key=lambda n: n.lineno)
             cause.kind, cause.function = "with", frame.f_code.co_name
             cause.block_at = recorder.sites.from_frame(frame, block.lineno)
-            span = statements_to_enable(block, line) if depth == 0 else None
-            if span is not None:
-                cause.first = recorder.sites.from_frame(frame, span[0])
-                cause.last = recorder.sites.from_frame(frame, span[1])
+            _mark_statements(recorder, cause, frames[0], block.body if depth == 0 else None)
             return cause
         decorators = getattr(tree, "decorator_list", [])
         found = next((d for d in decorators if is_no_grad(d)), None)
         if found is not None:
             cause.kind, cause.function = "decorator", frame.f_code.co_name
-            cause.block_at = recorder.sites.from_frame(frame, found.lineno)
-            return cause
+            cause.block_at = recorder.sites.from_frame(frame, found.lineno)  # (a decorated function's
+            return cause  # lines are left to the user: the decorator says it runs without a graph)
     return cause
+
+
+def _mark_statements(recorder: Recorder, cause: NoGraphCause, innermost: FrameType, body: list[ast.stmt] | None) -> None:
+    """The statements to run with grad enabled, in the innermost user frame (the one calling the backward):
+    inside the no-grad block's ``body`` when it is that frame's, else in that frame's whole function."""
+    if body is None:
+        tree = function_node(innermost.f_code)
+        body = getattr(tree, "body", None) if not isinstance(tree, ast.Lambda) else None
+    span = statements_to_enable(body, innermost.f_lineno) if isinstance(body, list) else None
+    if span is not None:
+        cause.first = recorder.sites.from_frame(innermost, span[0])
+        cause.last = recorder.sites.from_frame(innermost, span[1])

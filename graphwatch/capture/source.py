@@ -98,6 +98,24 @@ def assignments(node: ast.AST, name: str) -> Iterator[tuple[int, bool]]:
             yield statement.lineno, True
 
 
+def assigned_names(source: str) -> list[str]:
+    """The dotted names one line of code assigns, in its order (also as parts of a tuple), or [].
+
+    >>> assigned_names("out, self.hidden = self.lstm(x, self.hidden)  # carried"), assigned_names("f(x)")
+    (['out', 'self.hidden'], [])
+    """
+    try:
+        body = ast.parse(source.strip()).body
+    except SyntaxError:
+        return []
+    if len(body) != 1 or not isinstance(body[0], (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        return []
+    statement = body[0]
+    targets: list[ast.expr] = list(statement.targets) if isinstance(statement, ast.Assign) else [statement.target]
+    flat = sorted(_flat(targets), key=lambda t: (t.lineno, t.col_offset))
+    return [name for name in map(dotted_name, flat) if name is not None]
+
+
 def _flat(targets: list[ast.expr]) -> Iterator[ast.expr]:
     stack = list(targets)
     while stack:

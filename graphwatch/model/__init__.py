@@ -17,7 +17,7 @@ from .records import (
     StepTable,
     Trace,
 )
-from .remedies import EDIT_KINDS, Edit, Remedy
+from .remedies import EDIT_KINDS, VALUE_TYPES, Edit, Remedy
 from .source_lines import SourceLines
 from .trace_io import (
     FORMAT,
@@ -35,6 +35,7 @@ __all__ = [
     "FORMAT",
     "SAVED_KINDS",
     "STEP_SOURCES",
+    "VALUE_TYPES",
     "VERSION",
     "BackwardRecord",
     "CallSite",

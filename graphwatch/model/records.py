@@ -74,6 +74,11 @@ class NodeRecord:
     # "recurrent": a loop variable fed back in; "cached": the same value reused; "constant": cached, and
     # made from nothing an optimizer trains (a fixed target: detach it)
     carried_kind: str | None = None
+    # The carried value's type as the loop held it (:data:`~graphwatch.model.remedies.VALUE_TYPES`: "Tensor",
+    # "tuple[Tensor]", "Optional[tuple[Tensor]]" when the code that ran sets it to None, ...), and the names the
+    # carrier's line assigns with it that the loop carries too (an LSTMCell's ``h, c``), in the line's order
+    carried_type: str | None = None
+    carried_with: list[str] = field(default_factory=list)
 
     @property
     def alive(self) -> bool:
@@ -273,6 +278,8 @@ class Holder:
     scope: str  # "train.py:12 in main": the frame or object where the name lives
     steps: Sequence[int] = field(default_factory=StepSpans)  # earlier steps whose nodes it reaches
     nodes: int = 0  # earlier-step nodes it reaches
+    numel: int | None = None  # elements of the tensor it holds (one item's, for a container's items); None: unknown
+    backwarded: bool = False  # a backward ran through the held tensor itself (a loss, or a part of one)
 
 
 @dataclass(slots=True)

@@ -46,6 +46,13 @@ EDIT_KINDS: dict[str, str] = {
 }
 
 
+# How an edit names the type a value had when it ran (``Edit.value_type``, ``NodeRecord.carried_type``):
+# "Tensor"; "tuple[T]" / "list[T]" for a tuple or list whose items are all of type T (an LSTM's ``(h, c)`` is
+# "tuple[Tensor]", a list of per-layer states "list[tuple[Tensor]]"); "Optional[T]" for a value of type T that
+# the code that ran also sets to None (a state that starts as None); "other" for anything else.
+VALUE_TYPES = ("Tensor", "tuple[...]", "list[...]", "Optional[...]", "other")
+
+
 @dataclass(slots=True)
 class Edit:
     """One change of one line of the user's code, named by the line that ran."""
@@ -57,6 +64,10 @@ class Edit:
     # "detach-state": the backward's line (the detach goes first in the loop holding both); "enable-grad": the
     # last line of the block
     until: int | None = None
+    value_type: str = ""  # "detach-state", "detach-made": the value's type as it ran (see VALUE_TYPES)
+    # "no-grad": the lines of the file where a backward or an optimizer step ran, or a call leading to one:
+    # what holds one of them trains and is never put under no_grad
+    training: list[int] = field(default_factory=list)
 
     @property
     def where(self) -> str:

@@ -1,7 +1,6 @@
 """Reproduces: an adversarial attack (FGSM) run inside an evaluation's `with torch.no_grad():` block:
 "element 0 of tensors does not require grad and does not have a grad_fn" (forum).  The block to name is the
-no_grad one; the fix runs the attack under torch.enable_grad().  No finding kind exists for this error yet
-(issue 23, item 3).  EXPECT: no-grad-error
+no_grad one; the fix runs the attack under torch.enable_grad().  EXPECT: loss-without-graph
 FIX:         x_adv = fgsm(model, x, y, 0.1) =>         with torch.enable_grad(): x_adv = fgsm(model, x, y, 0.1)
 """
 import torch

@@ -1,7 +1,6 @@
 """Reproduces: "one of the variables needed for gradient computation has been modified by an inplace
 operation ... output 0 of SoftmaxBackward0": attention weights of the first query zeroed in place after the
-softmax saved them (forum).  The line to name is the one that changed the tensor.  No finding kind exists for
-in-place errors yet (issue 23, item 3).  EXPECT: inplace-error
+softmax saved them (forum).  The line to name is the one that changed the tensor.  EXPECT: modified-in-place
 FIX:         att[:, :, 0, :] = 0  # HERE =>         att = att.clone()\n        att[:, :, 0, :] = 0
 """
 import torch

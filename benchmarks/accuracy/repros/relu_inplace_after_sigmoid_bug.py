@@ -1,6 +1,6 @@
 """Reproduces: nn.ReLU(inplace=True) placed after a sigmoid, whose backward needs its own output (forum:
 "modified by an inplace operation ... output 0 of SigmoidBackward0").  The line to name is the in-place
-ReLU.  No finding kind exists for in-place errors yet (issue 23, item 3).  EXPECT: inplace-error
+ReLU.  EXPECT: modified-in-place
 FIX:     nn.ReLU(inplace=True),  # HERE =>     nn.ReLU(inplace=False),
 """
 import torch

@@ -106,6 +106,9 @@ def apply_edits(source: str, edits: Iterable[Edit]) -> str | None:
     return source
 
 
-from . import calls as calls  # noqa: E402  (registers its codemods)
+from . import calls as calls  # noqa: E402  (each registers its codemods)
 from . import cuts as cuts  # noqa: E402
+from . import detach as detach  # noqa: E402
 from . import inplace as inplace  # noqa: E402
+from . import no_grad as no_grad  # noqa: E402
+from . import numbers as numbers  # noqa: E402

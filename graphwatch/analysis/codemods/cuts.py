@@ -22,16 +22,8 @@ import libcst as cst
 
 from ...model import Edit
 from . import SourceTree, codemod
-
-
-def _dotted(node: cst.BaseExpression) -> str | None:
-    """``a.b.c`` for a name or a chain of attributes on a name, else None."""
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        head = _dotted(node.value)
-        return None if head is None else f"{head}.{node.attr.value}"
-    return None
+from .expressions import binds_torch
+from .expressions import dotted as _dotted
 
 
 def _statement_holding(tree: SourceTree, line: int) -> cst.SimpleStatementLine | None:
@@ -151,19 +143,12 @@ def remove_statement(tree: SourceTree, edit: Edit) -> str | None:
     return tree.replaced(statement, cst.RemoveFromParent())
 
 
-def _imports_torch(tree: SourceTree) -> bool:
-    for node in tree.nodes(cst.Import):
-        if any(_dotted(alias.name) == "torch" and alias.asname is None for alias in node.names):
-            return True
-    return False
-
-
 @codemod("enable-grad")
 def enable_grad(tree: SourceTree, edit: Edit) -> str | None:
     """The statements from ``edit.line`` to ``edit.until`` (whole statements of one block) put under
     ``with torch.enable_grad():``; the file must ``import torch``."""
     last = edit.until if edit.until is not None else edit.line
-    if not _imports_torch(tree) or last < edit.line:
+    if not binds_torch(tree.module) or last < edit.line:
         return None
     blocks: list[cst.IndentedBlock | cst.Module] = [*tree.nodes(cst.IndentedBlock), tree.module]
     for block in blocks:

@@ -1,0 +1,136 @@
+"""Remedies for a graph carried from one step into the next by a value the loop keeps.
+
+Three shapes, told apart by what ran (:func:`carried_shape`):
+
+- ``recurrent``: the loop feeds each step's new value back in (an RNN's hidden state, also when a
+  ``train_step()`` returns it to the loop).  The fix detaches the state where each step starts using it,
+  as it ran: a tensor with ``.detach()``, an LSTM's ``(h, c)`` element by element, a state that starts as
+  None only when it is not None (``detach-state``); it goes in the loop that leads to the backward, or first
+  in the function that keeps the state when that function runs once per step (a ``training_step``);
+- ``cached``: one value made in an earlier step is used again; what made it is trained, so whether it
+  should be detached is the user's call (the detach where it is made is offered, not patched);
+- ``constant``: cached, and made from nothing an optimizer trains (a style target): detached where it is
+  made (``detach-made``).
+
+The detector of graphs carried across steps and the explanation of a backward through a freed graph both
+take their fixes from :func:`carried_remedies`.
+
+Example::
+
+    >>> from graphwatch.model import BackwardRecord, NodeRecord, Trace
+    >>> carrier = NodeRecord(id=0, op="TanhBackward0", step=0, seq=1, carried_as="h", carried_kind="recurrent")
+    >>> first, second = carried_remedies(Trace(), carrier, BackwardRecord(0, 1, None, "backward", False, False))
+    >>> first.text.split(" (")[0], first.patchable, second.text  # (the value's type was not recorded: no edit)
+    ('detach `h` at the start of each step', False, 'or start each step from a fresh `h` made inside the step')
+"""
+
+from __future__ import annotations
+
+from ..model import BackwardRecord, CallSite, Edit, NodeRecord, Remedy, Trace
+from .codemods.detach import detach_statement
+from .codemods.expressions import edited_statement
+from .evidence import carried_pattern, carrier_line, site_chain, step_name
+
+_TBPTT = "(keeps the value, cuts the graph: truncated backpropagation through time)"
+
+
+def carried_shape(trace: Trace, carrier: NodeRecord, backward: BackwardRecord) -> str:
+    """"recurrent", "cached" or "constant" (see the module's doc) for the value that carried ``carrier``."""
+    site, _ = carrier_line(trace, carrier)
+    pattern = carried_pattern(trace, carrier, site, backward)
+    return "constant" if pattern == "cached" and carrier.carried_kind == "constant" else pattern
+
+
+def carried_remedies(
+    trace: Trace, carrier: NodeRecord, backward: BackwardRecord, used_where: str | None = None
+) -> list[Remedy]:
+    """The fixes, best first, for the graph ``carrier`` (a node of an earlier step) carried into ``backward``;
+    ``used_where``: the line of this step that uses the value."""
+    site, name = carrier_line(trace, carrier)
+    shape = carried_shape(trace, carrier, backward)
+    tensor = f"`{name}`" if name else "the tensor"
+    if shape == "recurrent":
+        return [_detach_state(trace, carrier, backward, site, name),
+                Remedy(f"or start each step from a fresh {tensor} made inside the step")]  # fmt: skip
+    used = used_where or trace.where(backward.site)
+    compute = f"compute {tensor} inside the step that uses it ({used})"
+    made = _detach_made(carrier, site, name, trusted=shape == "constant")
+    if shape == "constant":
+        return [made, Remedy(f"or {compute}")]
+    return [Remedy(f"{compute} instead of keeping it from {step_name(carrier.step)}"), made]
+
+
+def _detach_state(
+    trace: Trace, carrier: NodeRecord, backward: BackwardRecord, site: CallSite | None, name: str | None
+) -> Remedy:
+    target = ", ".join(carrier.carried_with) if carrier.carried_with else name
+    value_type = carrier.carried_type or ""
+    statement = detach_statement(target, value_type) if target and value_type else None
+    before = f", before {site.where}" if site is not None else ""
+    if statement is None or site is None or target is None:
+        what = f"`{name}`" if name else "the tensor the step carries over"
+        kind = f" (it held {_described(value_type)}: detach each tensor in it)" if value_type == "other" else ""
+        return Remedy(f"detach {what} at the start of each step{before}{kind} {_TBPTT}")
+    text = f"`{statement}` at the start of each step{before} {_TBPTT}"
+    until = _line_towards(trace, backward, site)
+    if until is None and not _once_per_step(trace, carrier, site):
+        return Remedy(text)  # the function holding it runs more than once a step: where a step starts is unknown
+    edits = [Edit("detach-state", site.file, site.line, target, until=until, value_type=value_type)]
+    backward_site = trace.site(backward.site)
+    if backward.retain_graph and not backward.graph_reused and backward_site is not None:
+        edits.append(Edit("drop-retain", backward_site.file, backward_site.line))
+        text += f"; then drop `retain_graph=True` at {backward_site.where}: no backward needs the graph again"
+    placed = (
+        f"in the loop that leads to the backward at {trace.where(backward.site)}"
+        if until is not None
+        else f"first in `{site.function}`, which ran once per step"
+    )
+    why = f"`{target}` held {_described(value_type)} when the step used it; the detach goes {placed}"
+    return Remedy(text, edits, why=why, mechanical=True)
+
+
+def _detach_made(carrier: NodeRecord, site: CallSite | None, name: str | None, trusted: bool) -> Remedy:
+    """Keep a detached copy where the value is made: the patch when what made it is not trained (``trusted``),
+    advice otherwise (the user knows whether a gradient should flow there)."""
+    copy = f"`{name}.detach()`" if name else "a detached copy (`.detach()`)"
+    edits: list[Edit] = []
+    where = site.where if site is not None else "the line that makes it"
+    if site is not None and name:
+        edit = Edit("detach-made", site.file, site.line, name, value_type=carrier.carried_type or "other")
+        edited = edited_statement(edit, site.source)
+        if edited is not None:
+            edits, where = [edit], f"{site.where}, `{edited}`"
+    if not trusted:
+        return Remedy(f"or keep a detached copy ({copy} where it is made: {where}) if no gradient should flow into "
+                      "what made it", edits)  # fmt: skip
+    why = "no parameter an optimizer steps is reached from its graph (checked when the backward ran into it)"
+    text = f"keep a detached copy: {copy} where it is made ({where}); what made it is not trained, so no gradient needs to flow there"
+    return Remedy(text, edits, why, mechanical=bool(edits))
+
+
+def _line_towards(trace: Trace, backward: BackwardRecord, site: CallSite) -> int | None:
+    """The line of ``site``'s function on the backward's call chain (the backward's own line, or the call
+    that leads to it, as ``train_step(...)``), or None when that function is not on it."""
+    return next((s.line for s in site_chain(trace, backward.site) if (s.file, s.function) == (site.file, site.function)), None)
+
+
+def _once_per_step(trace: Trace, carrier: NodeRecord, site: CallSite) -> bool:
+    """Whether ``site``'s line ran once in the carrier's step (a ``training_step``'s, not a cell's run once per
+    time step): some op made exactly one node there (an LSTM's one layer node, beside its two stacks)."""
+    made: dict[str, int] = {}
+    for node in trace.nodes.values():
+        if node.step == carrier.step and node.site is not None:
+            if any(s.where == site.where for s in site_chain(trace, node.site)):
+                made[node.op] = made.get(node.op, 0) + 1
+    return min(made.values(), default=0) == 1
+
+
+def _described(value_type: str) -> str:
+    """'a tensor', 'a tuple of tensors', 'None at first, then a tuple of tensors', ..."""
+    if value_type.startswith("Optional[") and value_type.endswith("]"):
+        return f"None at first, then {_described(value_type[len('Optional['):-1])}"
+    for prefix in ("tuple[", "list["):
+        if value_type.startswith(prefix) and value_type.endswith("]"):
+            inner = _described(value_type[len(prefix) : -1]).split(" ", 1)[-1]
+            return f"a {prefix[:-1]} of {inner if inner.endswith('s') else inner + 's'}"
+    return "a tensor" if value_type == "Tensor" else "a value of another kind"
