@@ -161,9 +161,10 @@ def _record_after_the_fact(
         ran = recorder.light_backwards.started_from(recorder, record.seq)
     if ran is not None and backwards[ran].api == "backward":  # (grad() runs only what its inputs need)
         record.backward = tag.backward = ran
-    if record.site is None:
-        record.site = recorder.template_site(node, record.seq, info.op, tag.step)
     saved = saved_tensors(recorder, node, tag.step)
+    if record.site is None:  # the template's line is the node's own where it packed there, as on a full step
+        record.site = recorder.template_site(node, record.seq, info.op, tag.step)
+        record.site_inferred = record.site is not None and not saved
     for saved_record in saved:
         saved_record.node = record.id
         record.saved.append(saved_record.id)
