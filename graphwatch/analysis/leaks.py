@@ -261,10 +261,10 @@ def kept_size(moment: dict, short: bool = False) -> str:
 
 
 def _finding_key(trace: Trace, holder: Holder) -> str:
-    """The key of a holder's kept-alive finding: its line, or its scope and name."""
+    """The key of a holder's kept-alive finding: its line, or where the name lives and the name."""
     name, site_id = _holder_key(holder)
     site = trace.site(site_id)
-    return site.where if site else f"{holder.scope}: {name}"
+    return site.where if site else f"{holder.namespace}: {name}"
 
 
 def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: list[int], moment: dict) -> Finding:

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..model import Holder, NodeRecord, StepSpans
-from .callsite import is_user_file
+from ..model import GLOBALS_SCOPE, Holder, NodeRecord, StepSpans
+from .callsite import display_path, is_user_file
 from .graph_walk import Reach, reach
 from .source import assigned_names, assignments, function_node, module_node
 
@@ -190,12 +190,16 @@ def _assignment(code: CodeType, name: str) -> tuple[int, bool] | None:
     return found[-1] if found else None
 
 
-def _attribute_site(recorder: Recorder, frame: FrameType, name: str) -> int | None:
-    """For ``obj.attr`` (``model.outputs``): the line of ``obj``'s class that assigns or adds to ``self.attr``."""
+def _attribute_site(recorder: Recorder, frame: FrameType | None, name: str, names: dict | None = None) -> int | None:
+    """For ``obj.attr`` (``model.outputs``): the line of ``obj``'s class that assigns or adds to ``self.attr``
+    (``obj`` as ``frame`` names it, or else as ``names``, a finished script's globals, does)."""
     head, _, rest = name.split("[")[0].partition(".")
     if not rest:
         return None
-    owner = local_value(frame, head) if head in frame.f_code.co_varnames else frame.f_globals.get(head)
+    if frame is not None:
+        owner = local_value(frame, head) if head in frame.f_code.co_varnames else frame.f_globals.get(head)
+    else:
+        owner = (names or {}).get(head)
     *path, attr = rest.split(".")
     for part in path:
         owner = getattr(owner, part, None)
@@ -281,9 +285,12 @@ def find_holders(
     if script is not None and isinstance(script.get("__file__"), str):
         names = [(name, value) for name, value in list(script.items()) if not name.startswith("__")]
         pairs = [pair for name, value in names for pair in _tensors_in(name, value)]
-        for holder in _holders_among(recorder, pairs, seen, f"{script['__file__']} (its globals)", known, found_now):
+        scope = display_path(script["__file__"]) + GLOBALS_SCOPE
+        for holder in _holders_among(recorder, pairs, seen, scope, known, found_now):
             line = _script_line(script["__file__"], holder.name) if holder.site is None else None
             site = recorder.sites.from_file(script["__file__"], line) if line is not None else holder.site
+            if site is None:  # an object's attribute (``model.running``): the line of its class that assigns it
+                site = _attribute_site(recorder, None, holder.name, script)
             holders.append(replace(holder, site=site))
     if reaches is not None:
         reaches.clear()

@@ -2,6 +2,7 @@
 
 from .patch_check import PatchCheck
 from .records import (
+    GLOBALS_SCOPE,
     SAVED_KINDS,
     STEP_SOURCES,
     BackwardRecord,
@@ -33,6 +34,7 @@ from .training import OptimizerRecord, ParameterRecord
 __all__ = [
     "EDIT_KINDS",
     "FORMAT",
+    "GLOBALS_SCOPE",
     "SAVED_KINDS",
     "STEP_SOURCES",
     "VALUE_TYPES",

@@ -269,6 +269,9 @@ class StepSpans(Sequence[int]):
         return repr(list(self)) if self._length <= 16 else f"StepSpans({list(self._spans)!r})"
 
 
+GLOBALS_SCOPE = " (its globals)"  # a Holder's scope when a finished script's globals hold it: "train.py (its globals)"
+
+
 @dataclass(slots=True)
 class Holder:
     """A live Python value that keeps a graph of earlier steps alive (found at a step end)."""
@@ -280,6 +283,19 @@ class Holder:
     nodes: int = 0  # earlier-step nodes it reaches
     numel: int | None = None  # elements of the tensor it holds (one item's, for a container's items); None: unknown
     backwarded: bool = False  # a backward ran through the held tensor itself (a loss, or a part of one)
+
+    @property
+    def namespace(self) -> str:
+        """Where the name lives, whatever line its frame stood at when it was found: a finished script's globals
+        (scope ``"train.py (its globals)"``) are its module's.
+
+        >>> Holder("total", None, "train.py:12 in main").namespace, Holder("total", None, "t.py (its globals)").namespace
+        ('train.py in main', 't.py in <module>')
+        """
+        if self.scope.endswith(GLOBALS_SCOPE):
+            return f"{self.scope[: -len(GLOBALS_SCOPE)]} in <module>"
+        where, _, function = self.scope.rpartition(" in ")
+        return f"{where.rpartition(':')[0] or where} in {function}" if where else self.scope
 
 
 @dataclass(slots=True)
