@@ -289,8 +289,33 @@ def test_a_late_error_leaves_the_same_findings_as_at_the_full_level() -> None:
         for level in ("default", "full"):
             with pytest.raises(kind), watch(level) as gw:
                 loop(777)
-            found.append(sorted(f.kind for f in gw.findings))
+            found.append(sorted((f.kind, f.fix, f.patch or "") for f in gw.findings))  # with the remedies' patches
         assert found[0] == found[1], loop.__name__
+
+
+def test_a_holder_of_light_steps_graphs_knows_whether_a_backward_ran_through_it() -> None:
+    """The holders of the session's last census, of graphs made on light steps (their records built after the
+    fact, from nodes that save no tensor), say what the full level's say: whether a backward ran through the
+    held value, which decides whether a fix may detach it."""
+    seen = []
+    for level in ("default", "full"):
+        model, opt = mlp()
+        kept: list[torch.Tensor] = []
+        total = torch.zeros(())
+        with watch(level) as gw:
+            for step in range(80):
+                scaled = model(torch.randn(4, 8)) + 1  # (no saved tensor slot: no freed one tells)
+                loss = scaled.pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if step >= 70:
+                    kept.append(scaled)  # a part of the loss: a backward ran through it
+                    total = total + loss.detach() * model(torch.randn(1, 8)).sum()  # no backward runs through it
+        assert level == "full" or not {70, 79} & set(full_steps(gw))  # kept[0] and kept[9] made on light steps
+        seen.append(sorted((h.name, h.numel, h.backwarded) for h in gw.trace.steps[-1].holders))
+    assert seen[0] == seen[1]
+    assert [h for h in seen[0] if h[0] != "loss"] == [*((f"kept[{i}]", 4, True) for i in range(10)), ("total", 1, False)]
 
 
 # ------------------------------------------------------------------ transparency across switches

@@ -320,10 +320,18 @@ def _holders_among(
         earlier, nodes = reached.earlier(step)
         if earlier:
             record = recorder.trace.nodes.get(root) if root is not None else None
-            backwarded = record is not None and record.backward is not None
+            backwarded = record is not None and (record.backward is not None or _light_backwarded(recorder, record, tensor))
             site = _running_site(recorder, record, name)
             holders.append(Holder(name, site, scope, earlier, nodes, tensor.numel(), backwarded))
     return holders
+
+
+def _light_backwarded(recorder: Recorder, record: NodeRecord, tensor: torch.Tensor) -> bool:
+    """Whether a backward with no walk (on a step seen light) ran, or may have run, through the node of a held
+    tensor that a step seen light made (:meth:`~graphwatch.capture.post_hoc.LightBackwards.ran_through`)."""
+    if record.step < 0 or recorder.is_full_step(record.step):
+        return False  # (made before the session, or a backward's walk would have noted it)
+    return recorder.light_backwards.ran_through(recorder, tensor.grad_fn, record.seq) is not False
 
 
 def _running_site(recorder: Recorder, record: NodeRecord | None, name: str) -> int | None:

@@ -131,6 +131,26 @@ class LightBackwards:
         forgotten = first < oldest  # light backwards since the node that are no longer remembered
         return (unknown[0] if len(unknown) == 1 else None), bool(unknown) or forgotten
 
+    def ran_through(self, recorder: Recorder, node: Any, seq: int) -> bool | None:
+        """Whether a backward that ran with no walk went through ``node`` (numbered ``seq``; a step seen light
+        made it): True when one started from it or its starting tensors (still alive) reach it, False when
+        every one since the node was made is remembered and its tensors, alive, do not reach it; None when
+        that cannot be told (a holder's fix then takes it as backwarded: no detach that could change what
+        trains)."""
+        backwards = recorder.trace.backwards
+        first = recorder.backward_starts.bisect_right(seq)
+        oldest = min((entry[0] for entry in self._ring if entry is not None), default=len(backwards))
+        told: bool | None = False if first >= oldest else None  # (light backwards since then no longer remembered)
+        for entry in self._ring:
+            if entry is None or entry[0] < first or backwards[entry[0]].error is not None:
+                continue
+            reached = seq in entry[1] or self._reaches(entry[0], node, seq)
+            if reached:
+                return True
+            if reached is None:
+                told = None
+        return told
+
     def roots_alive(self, backward_id: int) -> list[Any]:
         """The root nodes of a light backward whose starting tensors are all still alive ([] otherwise)."""
         tensors = [ref() for ref in self._losses.get(backward_id, ())]
