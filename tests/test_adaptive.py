@@ -143,6 +143,23 @@ def inplace_at(late: int, steps: int = 800) -> None:
         opt.step()
 
 
+def no_grad_at(late: int, steps: int = 800) -> None:
+    model, opt = mlp()
+
+    def train_on(x: torch.Tensor) -> None:
+        loss = model(x).pow(2).mean()  # at: no-grad-loss
+        loss.backward()  # at: no-grad-backward
+
+    for step in range(steps):
+        opt.zero_grad()
+        if step == late:
+            with torch.no_grad():  # at: no-grad-block
+                train_on(torch.randn(4, 8))
+        else:
+            train_on(torch.randn(4, 8))
+        opt.step()
+
+
 def late_retain(steps: int = 300, start: int = 200) -> None:
     model, opt = mlp()
     for step in range(steps):
@@ -253,6 +270,7 @@ ERRORS: dict[str, tuple[Callable[[int], None], type[Exception]]] = {
     "hidden not detached": (hidden_not_detached_from, graphwatch.BackwardTwiceError),
     "gan handoff": (gan_not_detached_at, graphwatch.BackwardTwiceError),
     "in-place": (inplace_at, RuntimeError),
+    "no_grad": (no_grad_at, graphwatch.LossWithoutGraphError),
 }
 
 
@@ -281,6 +299,12 @@ def test_each_error_names_its_lines() -> None:
     inplace, _ = error_of("default", inplace_at, 777, RuntimeError)
     assert inplace.startswith("one of the variables needed for gradient computation has been modified")
     assert f"graphwatch: the tensor was saved at {at('inplace-exp')} (" in inplace and "(step 777)" in inplace
+    no_grad, gw = error_of("default", no_grad_at, 777, graphwatch.LossWithoutGraphError)
+    assert f"made under the `with torch.no_grad():` block at {at('no-grad-block')}" in no_grad
+    [remedy] = only(gw.findings, "loss-without-graph").remedies  # the statements to run with grad enabled
+    assert [(e.kind, e.where, e.until) for e in remedy.edits] == [
+        ("enable-grad", at("no-grad-loss"), int(at("no-grad-backward").rsplit(":", 1)[1]))
+    ]
 
 
 def test_a_late_error_leaves_the_same_findings_as_at_the_full_level() -> None:
