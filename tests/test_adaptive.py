@@ -240,6 +240,31 @@ def test_a_validation_pass_every_500_steps_without_no_grad_is_found_at_its_line(
     assert {f.kind for f in gw.findings} <= {kind for kind, _ in findings_at("full", periodic_validation)}
 
 
+def late_kept_validation(steps: int = 600, start: int = 300) -> None:
+    model, opt = mlp()
+    x_val, val_losses = torch.randn(32, 8), []
+    for step in range(steps):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        opt.step()
+        val_loss = model(x_val).pow(2).mean()  # at: kept-validation
+        if step >= start:
+            val_losses.append(val_loss)
+
+
+def test_validation_graphs_kept_from_light_steps_get_the_full_levels_fix_at_its_line() -> None:
+    """The graphs kept are made on light steps; their saved tensors, read after the fact, take the line a full
+    step that ran the same code saved them at, so the fix is the evaluation's ``no_grad``, with its patch."""
+    found = []
+    for level in ("default", "full"):
+        with watch(level) as gw:
+            late_kept_validation()
+        finding = only(gw.findings, "graph-kept-alive")
+        found.append((finding.evidence["graph_at"], finding.evidence["evaluation_at"], finding.fix, finding.patch))
+    assert found[0] == found[1] and found[0][1] == [at("kept-validation")] and found[0][3]
+    assert found[0][2].startswith(f"run the forward at {at('kept-validation')} under `with torch.no_grad():`")
+
+
 def periodic_leak(steps: int = 600) -> None:
     model, opt = mlp()
     kept = []
