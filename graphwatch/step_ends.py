@@ -162,8 +162,9 @@ class StepEnds:
             if trace.steps[-1].detail:  # the last step: every holder's full count
                 self._refresh_kept(trace.steps[-1], frame)
         elif not self._plan.never and (frame is not None or script is not None):  # seen light: a census now
-            last = trace.steps[-1]
-            last.holders = self._holders.at_step_end(recorder, frame, True, script)
+            last = trace.steps[-1]  # (as at its end: its own graphs are not earlier ones, and are counted now)
+            last.holders = self._holders.at_step_end(recorder, frame, True, script, step=last.index)
+            recorder.recount_ended(last)
             if last.holders:  # (the loop's frames may be gone: no finding of what nothing names)
                 self._refresh_kept(last, frame)
 

@@ -238,12 +238,14 @@ class HolderSearch:
         self._reaches: dict[int, Reach] = {}  # what the last search's tensors reach, by their node's record id
 
     def at_step_end(
-        self, recorder: Recorder, start: FrameType | None, census: bool = False, script: dict | None = None
+        self, recorder: Recorder, start: FrameType | None, census: bool = False, script: dict | None = None,
+        step: int | None = None,
     ) -> list[Holder]:
         """The holders of the graphs of the earlier steps alive (searched now, or kept from the last search).
 
         ``census``: search whatever is alive, walking every graph the frames reach; that also counts the
         nodes of graphs no backward walks (a chain an in-place update of a parameter grows each step).
+        ``step``: the step whose end it is (default: the current one; the last one ended, at the session's end).
         """
         appeared, vanished = recorder.live.changes()
         self._unsearched.update(appeared)
@@ -251,7 +253,7 @@ class HolderSearch:
         # this step's graphs (and the next one's, after a pending end) are not earlier yet: they stay unsearched
         new = {s for s in self._unsearched if s < recorder.step}
         if census or new:
-            self._holders = find_holders(recorder, start, script if census else None, self._reaches)
+            self._holders = find_holders(recorder, start, script if census else None, self._reaches, step)
             self._unsearched -= new
             return list(self._holders)
         dead = [s for s in vanished if not recorder.live.is_alive(s)]
@@ -266,27 +268,30 @@ class HolderSearch:
 
 
 def find_holders(
-    recorder: Recorder, start: FrameType | None, script: dict | None = None, reaches: dict[int, Reach] | None = None
+    recorder: Recorder, start: FrameType | None, script: dict | None = None, reaches: dict[int, Reach] | None = None,
+    step: int | None = None,
 ) -> list[Holder]:
-    """Holders of earlier-step graphs among the values user frames can reach (and a finished script's
-    globals, ``script``, which ``graphwatch run`` hands over when the session ends).
+    """Holders of graphs of steps before ``step`` (default: the current one) among the values user frames can
+    reach (and a finished script's globals, ``script``, which ``graphwatch run`` hands over when the session
+    ends).
 
     ``reaches``: what an earlier search found below the tensors it looked at; used where the same
     nodes are met again, and replaced by what this search looked at (see :func:`reach`).
     """
+    step = recorder.step if step is None else step
     holders: list[Holder] = []
     seen: set[int] = set()
     known = reaches if reaches is not None else {}
     found_now: dict[int, Reach] = {}
     for frame in user_frames(start):
         scope = f"{recorder.trace.where(recorder.sites.from_frame(frame))} in {frame.f_code.co_name}"
-        found = _holders_among(recorder, tensors_in_frame(frame), seen, scope, known, found_now)
+        found = _holders_among(recorder, tensors_in_frame(frame), seen, scope, known, found_now, step)
         holders += [h if h.site is not None else replace(h, site=_making_site(recorder, frame, h.name)) for h in found]
     if script is not None and isinstance(script.get("__file__"), str):
         names = [(name, value) for name, value in list(script.items()) if not name.startswith("__")]
         pairs = [pair for name, value in names for pair in _tensors_in(name, value)]
         scope = display_path(script["__file__"]) + GLOBALS_SCOPE
-        for holder in _holders_among(recorder, pairs, seen, scope, known, found_now):
+        for holder in _holders_among(recorder, pairs, seen, scope, known, found_now, step):
             line = _script_line(script["__file__"], holder.name) if holder.site is None else None
             site = recorder.sites.from_file(script["__file__"], line) if line is not None else holder.site
             if site is None:  # an object's attribute (``model.running``): the line of its class that assigns it
@@ -305,10 +310,10 @@ def _holders_among(
     scope: str,
     known: dict[int, Reach],
     found: dict[int, Reach],
+    step: int,
 ) -> list[Holder]:
-    """Holders (with no site yet) among ``pairs`` of names and tensors, each tensor looked at once;
-    what each reaches is added to ``found``."""
-    step = recorder.step
+    """Holders (with no site yet) of graphs of steps before ``step`` among ``pairs`` of names and tensors, each
+    tensor looked at once; what each reaches is added to ``found``."""
     holders = []
     for name, tensor in pairs:
         if id(tensor) in seen:

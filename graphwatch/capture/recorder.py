@@ -409,6 +409,17 @@ class Recorder:
             record.cuda_allocated = torch.cuda.memory_allocated()
             record.cuda_reserved = torch.cuda.memory_reserved()
 
+    def recount_ended(self, record: StepRecord) -> None:
+        """The live tables of ``record``, the last step that ended, read again: it was seen light, so its graphs
+        were counted only when a walk after its end (the session's last census) tagged them.  Only steps up to
+        it are kept (what was made since belongs to no step of the trace)."""
+        index = record.index
+        nodes, saved = self.live.snapshot()
+        record.nodes_alive_by_step = {s: n for s, n in nodes.items() if s <= index}
+        record.saved_alive_by_step = {s: n for s, n in saved.items() if s <= index}
+        record.live_nodes = sum(record.nodes_alive_by_step.values())
+        record.live_activation_bytes = sum(record.saved_alive_by_step.values())
+
     def keep_detail(self, step: int) -> None:
         """Keep per-node records of ``step`` in the trace (it has a finding)."""
         self.kept_steps.add(step)
