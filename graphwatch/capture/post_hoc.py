@@ -139,8 +139,9 @@ class LightBackwards:
         trains)."""
         backwards = recorder.trace.backwards
         first = recorder.backward_starts.bisect_right(seq)
-        oldest = min((entry[0] for entry in self._ring if entry is not None), default=len(backwards))
-        told: bool | None = False if first >= oldest else None  # (light backwards since then no longer remembered)
+        # a light backward since then that is no longer remembered was replaced by one at least a ring later
+        forgotten = any(entry is not None and entry[0] - RECENT_BACKWARDS >= first for entry in self._ring)
+        told: bool | None = None if forgotten else False
         for entry in self._ring:
             if entry is None or entry[0] < first or backwards[entry[0]].error is not None:
                 continue
