@@ -162,6 +162,10 @@ class StepEnds:
             if trace.steps[-1].detail:  # the last step: every holder's full count
                 self._refresh_kept(trace.steps[-1], frame)
         elif not self._plan.never and (frame is not None or script is not None):  # seen light: a census now
+            self._holders.at_step_end(recorder, frame, True, script)
+            if recorder.saves_seen(recorder.step):  # what ran after the last step saved tensors: a step of its own
+                self.end("session-end", frame, light, final=True, script=script)  # (as a pack would have told)
+                return
             last = trace.steps[-1]  # (as at its end: its own graphs are not earlier ones, and are counted now)
             last.holders = self._holders.at_step_end(recorder, frame, True, script, step=last.index)
             recorder.recount_ended(last)

@@ -409,14 +409,21 @@ class Recorder:
             record.cuda_allocated = torch.cuda.memory_allocated()
             record.cuda_reserved = torch.cuda.memory_reserved()
 
+    def saves_seen(self, step: int) -> bool:
+        """Whether a saved tensor of ``step`` has a record (on a step seen light: one read after the fact)."""
+        return bool(self._saved_ids_by_step.get(step))
+
     def recount_ended(self, record: StepRecord) -> None:
-        """The live tables of ``record``, the last step that ended, read again: it was seen light, so its graphs
-        were counted only when a walk after its end (the session's last census) tagged them.  Only steps up to
-        it are kept (what was made since belongs to no step of the trace)."""
+        """Add to the live tables of ``record``, the last step that ended, what a walk since its end (the
+        session's last census) tagged of the graphs alive then: it was seen light, so its own graphs were not
+        counted at its end.  A graph of a step up to it that is alive now was alive then; one counted then
+        may have died since: each step's count is the larger of the two (what was made since belongs to no
+        step of the trace)."""
         index = record.index
-        nodes, saved = self.live.snapshot()
-        record.nodes_alive_by_step = {s: n for s, n in nodes.items() if s <= index}
-        record.saved_alive_by_step = {s: n for s, n in saved.items() if s <= index}
+        for name, now in zip(("nodes_alive_by_step", "saved_alive_by_step"), self.live.snapshot()):
+            then = getattr(record, name)
+            steps = {s for s in now if s <= index} | set(then)
+            setattr(record, name, {s: max(then.get(s, 0), now.get(s, 0)) for s in sorted(steps)})
         record.live_nodes = sum(record.nodes_alive_by_step.values())
         record.live_activation_bytes = sum(record.saved_alive_by_step.values())
 
