@@ -241,11 +241,13 @@ def test_a_validation_pass_every_500_steps_without_no_grad_is_found_at_its_line(
 
 
 def late_kept_validation(steps: int = 600, start: int = 300) -> None:
+    """A validation forward without no_grad every step, its losses kept from step ``start`` on."""
     model, opt = mlp()
     x_val, val_losses = torch.randn(32, 8), []
     for step in range(steps):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
         opt.zero_grad()
-        model(torch.randn(4, 8)).pow(2).mean().backward()
+        loss.backward()
         opt.step()
         val_loss = model(x_val).pow(2).mean()  # at: kept-validation
         if step >= start:
