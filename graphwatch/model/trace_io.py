@@ -157,12 +157,15 @@ def _record(cls: type, row: Any) -> Any:
         record.crossings = [tuple(c) if isinstance(c, list) else c for c in record.crossings]
     for name, part in _NESTED.get(cls, ()):
         value = getattr(record, name)
-        if isinstance(value, list):
-            if not all(isinstance(row, dict) for row in value):
-                raise TypeError(f"{cls.__name__} field {name!r} should be a list of objects")
-            setattr(record, name, [_record(part, row) for row in value])
-        elif isinstance(value, dict):
-            setattr(record, name, _record(part, value))
+        if isinstance(value, list) and not all(isinstance(row, dict) for row in value):
+            raise TypeError(f"{cls.__name__} field {name!r} should be a list of objects")
+        try:
+            if isinstance(value, list):
+                setattr(record, name, [_record(part, row) for row in value])
+            elif isinstance(value, dict):
+                setattr(record, name, _record(part, value))
+        except TypeError as exc:
+            raise TypeError(f"{cls.__name__} field {name!r}: {exc}") from None
     check_fields(record, cls.__name__)
     if isinstance(record, Holder):
         record.steps = StepSpans.of(record.steps)
