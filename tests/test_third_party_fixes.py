@@ -49,12 +49,12 @@ def patched(case: Case, tmp_path: Path) -> tuple[Path, list]:
     script = _prepare(case, Path(CORPUS or ""), tmp_path / "work")
     if script is None:
         pytest.skip(f"{case.source} is not in {CORPUS}")
-    _, findings, _ = _run(case, script, tmp_path / "out")
+    findings = _run(case, script, tmp_path / "out").findings
     patches = list(dict.fromkeys(f.patch for f in findings if f.patch))
     assert len(patches) == 1, [f"{f.kind}: {f.fix}" for f in findings]
     apply_patch(script.parent, patches[0])
-    code, left, stderr = _run(case, script, tmp_path / "again")
-    assert code == 0 and left == [], stderr[-2000:]
+    again = _run(case, script, tmp_path / "again")
+    assert again.code == 0 and again.findings == [], again.stderr[-2000:]
     return script, findings
 
 
