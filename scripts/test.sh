@@ -12,4 +12,5 @@ echo "test: ruff check" >&2
 .venv/bin/ruff check --quiet .
 echo "test: mypy" >&2
 .venv/bin/mypy --no-error-summary
-exec .venv/bin/python -m pytest "$@"
+# On every core (pytest-xdist; GRAPHWATCH_TEST_WORKERS=0 runs in this process, as `-n 0` after your arguments).
+exec .venv/bin/python -m pytest -n "${GRAPHWATCH_TEST_WORKERS:-auto}" "$@"

@@ -17,6 +17,24 @@ import torch
 
 import graphwatch
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker of `pytest -n` (scripts/test.sh): pytest-xdist gives it
+    os.environ.pop("COLUMNS", None)  # COLUMNS=80, which a serial run does not have (the summary's width)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The table of PyTorch's own autograd tests (``test_pytorch_suite.py`` records it on its report, which a
+    ``pytest -n`` worker sends here), whatever the verbosity."""
+    for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
+        for name, text in getattr(report, "user_properties", []):
+            if name == "pytorch_suite_table" and report.when == "call":
+                terminalreporter.write_sep("-", "PyTorch's own autograd tests, bare and inside a session")
+                terminalreporter.write_line(text)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """PyTorch's own autograd suite first: the longest test (its own processes), started while the rest run."""
+    items.sort(key=lambda item: "test_pytorch_suite.py" not in item.nodeid)
+
 
 @pytest.fixture
 def no_session_left():

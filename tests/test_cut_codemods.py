@@ -1,4 +1,5 @@
-"""The codemods of the error fixes (detach-use, create-graph, remove-statement, enable-grad, out-of-place):
+"""The codemods of the error fixes (detach-use, create-graph, retain-graph, remove-statement, enable-grad,
+out-of-place):
 each edit keeps the file's formatting and comments, and refuses (None) where the line is not what it expects."""
 
 from __future__ import annotations
@@ -68,6 +69,21 @@ def test_create_graph_is_added_to_the_grad_call_also_over_several_lines():
 @pytest.mark.parametrize("source", ["loss.backward()\n", "g = torch.autograd.grad(y, x, **options)\n"])
 def test_create_graph_refuses_a_line_without_grad_and_a_mapping_that_may_hold_it(source):
     assert changed(source, Edit("create-graph", "t.py", 1)) is None
+
+
+def test_retain_graph_is_added_to_a_backward_or_a_grad_call_and_set_where_it_is_false():
+    assert changed(LOOP, Edit("retain-graph", "t.py", 10)) == ["    loss.backward(retain_graph=True)"]
+    assert changed(LOOP, Edit("retain-graph", "t.py", 6)) == [
+        "    forces = -torch.autograd.grad(energy.sum(), pos, retain_graph=True)[0]  # forces"
+    ]
+    assert changed("loss.backward(retain_graph=False)  # x\n", Edit("retain-graph", "t.py", 1)) == [
+        "loss.backward(retain_graph=True)  # x"
+    ]
+
+
+@pytest.mark.parametrize("source", ["y = model(x)\n", "loss.backward(**options)\n", "a.backward(); b.backward()\n"])
+def test_retain_graph_refuses_a_line_without_one_backward_and_a_mapping_that_may_hold_it(source):
+    assert changed(source, Edit("retain-graph", "t.py", 1)) is None
 
 
 def test_remove_statement_removes_a_backward_and_leaves_pass_in_a_block_it_empties():

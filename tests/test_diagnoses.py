@@ -292,11 +292,13 @@ def test_two_outputs_of_one_graph_trained_by_one_optimizer_may_be_summed() -> No
     one = f"1. backward once through the sum: `(d + e).backward()` in place of the backwards at {at('trained-d-backward')}"
     assert one in text
     assert (
-        f"2. `retain_graph=True` on the earlier backward at {at('trained-d-backward')}; "
+        f"2. `d.backward(retain_graph=True)` at {at('trained-d-backward')}; "
         f"the last backward, at {at('trained-e-backward')}, must not retain" in text
     )
     why = "opt owns all 1 parameters both backwards reach and steps after both, with no optimizer step between them"
     assert [r.why.startswith(why) for r in info.value.finding.remedies] == [True, True]
+    sum_, retain = info.value.finding.remedies  # the retain is the one an edit makes: the finding's patch
+    assert not sum_.edits and [(e.kind, e.where) for e in retain.edits] == [("retain-graph", at("trained-d-backward"))]
 
 
 def test_two_outputs_of_one_graph_with_no_optimizer_get_no_sum_and_no_retain() -> None:

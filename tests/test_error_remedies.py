@@ -143,7 +143,9 @@ for step in range(3):
     opt.zero_grad()
     loss.backward()  # at: backward
     opt.step()
+    print(f"{loss.item():.6f} {norm.item():.6f}")
 """
+GRAD_NORM_FIXED = GRAD_NORM.replace("list(model.parameters()))", "list(model.parameters()), retain_graph=True)")
 
 TWICE = HEAD + """\
 model = nn.Linear(3, 1)
@@ -293,9 +295,12 @@ def test_a_gradient_norm_read_before_the_backward_may_retain_and_says_why(tmp_pa
     """Both calls reach only the parameters of the one optimizer that steps after both."""
     finding = run_watched(write(tmp_path, GRAD_NORM))
     [remedy] = finding.remedies
-    assert remedy.text.startswith("`retain_graph=True` on the `torch.autograd.grad` at ")
-    assert remedy.why.startswith("opt owns all 4 parameters both backwards reach") and not remedy.edits
+    assert remedy.text.startswith("`norm = sum(g.norm() for g in torch.autograd.grad(loss, list(model.parameters()), "
+                                  "retain_graph=True))` at ")
+    assert remedy.why.startswith("opt owns all 4 parameters both backwards reach")
+    assert edits(finding) == [("retain-graph", line(GRAD_NORM, "grad"), "")]
     assert "create_graph" not in finding.message
+    assert printed(patched_twin(tmp_path, GRAD_NORM, finding)) == printed(write(tmp_path, GRAD_NORM_FIXED, "fixed.py"))
 
 
 def test_one_loss_backwarded_twice_drops_the_second_backward(tmp_path: Path) -> None:

@@ -73,6 +73,22 @@ def explained(script: Path) -> tuple[str, Finding]:
     return str(info.value), info.value.finding
 
 
+def patched_run(script: Path, source: str, finding: Finding, wrapped: str) -> str:
+    """The finding's one remedy puts the lines tagged ``first``..``backward`` under ``torch.enable_grad()``
+    (``wrapped``: how the patched file reads there); what the patched script prints."""
+    [remedy] = finding.remedies
+    assert remedy.mechanical and [(e.kind, e.line, e.until) for e in remedy.edits] == [
+        ("enable-grad", line(source, "first"), line(source, "backward"))
+    ]
+    patched = apply_edits(source, remedy.edits)
+    assert patched is not None and wrapped in patched
+    script.write_text(patched)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        runpy.run_path(str(script), run_name="__main__")
+    return out.getvalue()
+
+
 def test_an_attack_inside_an_evaluations_no_grad_block_is_named_and_patched(tmp_path: Path) -> None:
     script = tmp_path / "attack.py"
     script.write_text(ATTACK)
@@ -82,17 +98,8 @@ def test_an_attack_inside_an_evaluations_no_grad_block_is_named_and_patched(tmp_
     assert text.startswith(str(bare.value) + "\n\ngraphwatch: ")  # torch's message first, unchanged
     assert f"made under the `with torch.no_grad():` block at {script}:{line(ATTACK, 'block')}" in text
     assert finding.kind == "loss-without-graph"
-    [remedy] = finding.remedies
-    assert remedy.mechanical and [(e.kind, e.line, e.until) for e in remedy.edits] == [
-        ("enable-grad", line(ATTACK, "first"), line(ATTACK, "backward"))
-    ]
-    patched = apply_edits(ATTACK, remedy.edits)
-    assert patched is not None and "            with torch.enable_grad():\n                x_adv = x.clone()" in patched
-    script.write_text(patched)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        runpy.run_path(str(script), run_name="__main__")  # the attack now has its gradients
-    assert out.getvalue().strip().isdigit()
+    printed = patched_run(script, ATTACK, finding, "            with torch.enable_grad():\n                x_adv = x.clone()")
+    assert printed.strip().isdigit()  # the attack now has its gradients
     assert torch.is_grad_enabled()
 
 
@@ -124,17 +131,8 @@ def test_an_attack_called_inside_a_no_grad_block_is_patched_in_the_function_that
     script.write_text(CALLED)
     text, finding = explained(script)
     assert f"made under the `with torch.no_grad():` block at {script}:{line(CALLED, 'block')}" in text
-    [remedy] = finding.remedies
-    assert remedy.mechanical and [(e.kind, e.line, e.until) for e in remedy.edits] == [
-        ("enable-grad", line(CALLED, "first"), line(CALLED, "backward"))
-    ]
-    patched = apply_edits(CALLED, remedy.edits)
-    assert patched is not None and "    with torch.enable_grad():\n        x = x.clone()" in patched
-    script.write_text(patched)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        runpy.run_path(str(script), run_name="__main__")  # the attack runs; what it returns still has no graph
-    assert out.getvalue().strip().endswith(" False")
+    printed = patched_run(script, CALLED, finding, "    with torch.enable_grad():\n        x = x.clone()")
+    assert printed.strip().endswith(" False")  # the attack runs; what it returns still has no graph
     assert torch.is_grad_enabled()
 
 

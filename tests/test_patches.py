@@ -25,7 +25,8 @@ BUGS = sorted(p.stem for p in EXAMPLES.glob("*_bug.py"))
 # the examples whose fix is one edit graphwatch makes; the others' fixes need the user's judgement
 PATCHED = {
     "backward_twice_bug", "gan_bug", "lstm_retain_graph_bug", "loss_list_bug", "missing_zero_grad_bug",
-    "multi_loss_retain_bug", "rnn_hidden_bug", "rnn_retain_graph_bug", "total_loss_bug", "validation_no_grad_bug",
+    "multi_loss_retain_bug", "rnn_hidden_bug", "rnn_retain_graph_bug", "shared_graph_bug", "total_loss_bug",
+    "validation_no_grad_bug",
 }  # fmt: skip
 
 needs_patch_tool = pytest.mark.skipif(shutil.which("patch") is None, reason="needs the patch program")

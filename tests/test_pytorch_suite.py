@@ -19,6 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LEVELS = ("default", "light")
+SUMMARY = "pytorch_suite_table"  # the report property conftest.pytest_terminal_summary prints
 
 
 def _suite_module() -> Any:
@@ -33,27 +34,13 @@ def _suite_module() -> Any:
 suite = _suite_module()
 
 
-class _Summary:
-    """Prints the suite's table in pytest's terminal summary, whatever the verbosity."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        terminalreporter.write_sep("-", "PyTorch's own autograd tests, bare and inside a session")
-        terminalreporter.write_line(self.text)
-
-
-def test_pytorchs_autograd_tests_pass_inside_a_session_as_without_it(pytestconfig):
+def test_pytorchs_autograd_tests_pass_inside_a_session_as_without_it(record_property):
     folder = suite.find_folder()
     if folder is None:
         pytest.skip("PyTorch's autograd tests not run: no shared/pytorch-tests beside the repository")
     results = suite.run_and_compare(folder, LEVELS)
     text = suite.report(results)
-    name = "graphwatch-pytorch-suite-summary"
-    if pytestconfig.pluginmanager.has_plugin(name):  # (a second run in one session: the last table)
-        pytestconfig.pluginmanager.unregister(name=name)
-    pytestconfig.pluginmanager.register(_Summary(f"{folder}\n{text}"), name)
+    record_property(SUMMARY, f"{folder}\n{text}")  # (conftest prints it in the terminal summary, also from a worker)
     assert all(r.passed_bare for r in results), f"no test passed bare: is the folder complete?\n{text}"
     assert not any(r.unexpected for r in results), text
 

@@ -161,6 +161,7 @@ def _run(case: Case, script: Path, out: Path, check_fixes: bool = False) -> Ran:
     env["PYTHONPATH"] = os.pathsep.join([str(HERE / "shims"), str(REPO), env.get("PYTHONPATH", "")])
     env.setdefault("MPLBACKEND", "Agg")
     env.setdefault("OMP_NUM_THREADS", "1")  # one thread a run: the same numbers on any machine, and cases run side by side
+    env.setdefault("GW_ACCURACY_SEED", "0")  # shims/sitecustomize.py seeds scripts that seed nothing
     flags = ["--check-fixes"] if check_fixes else []
     command = [sys.executable, "-m", "graphwatch", "run", *flags, "--out", str(out), script.name, *case.args]
     try:

@@ -177,9 +177,11 @@ class RemedyMaker:
                 f"{self.freeing_site.where} and {self.failing_site.where}", [], why,
             ))
         call = "the `torch.autograd.grad`" if self.freeing.api == "grad" else "the earlier backward"
+        edit, line = self._edit("retain-graph", self.freeing_site)
+        shown = f"`{line}`" if edit and line else f"`retain_graph=True` on {call}"
         remedies.append(Remedy(
-            f"`retain_graph=True` on {call} at {self.freeing_site.where}; the last backward, at "
-            f"{self.failing_site.where}, must not retain", [], why,
+            f"{shown} at {self.freeing_site.where}; the last backward, at {self.failing_site.where}, must not "
+            "retain", [edit] if edit and line else [], why, bool(edit and line),
         ))
         return remedies
 

@@ -39,6 +39,8 @@ EDIT_KINDS: dict[str, str] = {
     "inside a `no_grad` block that must be backwarded)",
     "create-graph": "`create_graph=True` added to the `torch.autograd.grad` call on `line`",
     "drop-retain": "`retain_graph=True` dropped from the backward on `line`",
+    "retain-graph": "`retain_graph=True` added to the backward or `torch.autograd.grad` call on `line` (the earlier "
+    "of two backwards that one optimizer's step needs both of)",
     "remove-statement": "the statement on `line` removed (a second backward of the same tensor)",
     "insert-before": "the statement `target` inserted before `line` (e.g. `optimizer.zero_grad()`)",
     "out-of-place": "the in-place operation on `line` made out of place (`x.relu_()` -> `x = x.relu()`, "

@@ -1,5 +1,6 @@
 """Codemods for the fixes of a backward through a freed graph and of a loss made without a graph: a tensor
-detached where one loss uses it, ``create_graph=True`` on an ``autograd.grad``, a second backward removed,
+detached where one loss uses it, ``create_graph=True`` on an ``autograd.grad``, ``retain_graph=True`` on the
+earlier of two backwards one optimizer needs, a second backward removed,
 statements put under ``torch.enable_grad()``.
 
 Each refuses (None) where the line is not what the edit expects: the tensor is not used there exactly once,
@@ -16,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import cast
 
 import libcst as cst
@@ -89,28 +91,39 @@ def _is_autograd_grad(call: cst.Call) -> bool:
 def create_graph(tree: SourceTree, edit: Edit) -> str | None:
     """``create_graph=True`` on the one ``torch.autograd.grad(...)`` call of the statement on ``edit.line``
     (a ``create_graph=False`` there becomes True)."""
-    statement = _statement_holding(tree, edit.line)
+    return _keyword_true(tree, edit.line, "create_graph", _is_autograd_grad)
+
+
+@codemod("retain-graph")
+def retain_graph(tree: SourceTree, edit: Edit) -> str | None:
+    """``retain_graph=True`` on the one backward or ``torch.autograd.grad(...)`` call of the statement on
+    ``edit.line`` (a ``retain_graph=False`` there becomes True)."""
+    return _keyword_true(tree, edit.line, "retain_graph", lambda c: _is_autograd_grad(c) or _is_backward_call(c))
+
+
+def _keyword_true(tree: SourceTree, line: int, keyword: str, wanted: Callable[[cst.Call], bool]) -> str | None:
+    """``keyword=True`` on the one call of the statement on ``line`` that ``wanted`` accepts."""
+    statement = _statement_holding(tree, line)
     if statement is None:
         return None
-    calls = [c for c in tree.nodes(cst.Call) if _is_autograd_grad(c) and _inside(tree, c, statement)]
+    calls = [c for c in tree.nodes(cst.Call) if wanted(c) and _inside(tree, c, statement)]
     if len(calls) != 1:
         return None
     call = calls[0]
-    if any(a.star == "**" for a in call.args):  # create_graph may be in the mapping: no guess
+    if any(a.star == "**" for a in call.args):  # the keyword may be in the mapping: no guess
         return None
-    keyword = next((a for a in call.args if a.keyword is not None and a.keyword.value == "create_graph"), None)
+    present = next((a for a in call.args if a.keyword is not None and a.keyword.value == keyword), None)
     args = list(call.args)
-    if keyword is not None:
-        args = [a.with_changes(value=cst.Name("True")) if a is keyword else a for a in args]
+    if present is not None:
+        args = [a.with_changes(value=cst.Name("True")) if a is present else a for a in args]
     else:
         tight = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
-        added = cst.Arg(value=cst.Name("True"), keyword=cst.Name("create_graph"), equal=tight)
+        added = cst.Arg(value=cst.Name("True"), keyword=cst.Name(keyword), equal=tight)
         if args and isinstance(args[-1].comma, cst.Comma):  # a trailing comma stays last
             added = added.with_changes(comma=args[-1].comma)
             args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         args.append(added)
-    new = call.with_changes(args=args)
-    return tree.replaced(call, new)
+    return tree.replaced(call, call.with_changes(args=args))
 
 
 def _inside(tree: SourceTree, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
