@@ -64,6 +64,10 @@ CONFIGS: dict[str, tuple[str, Callable[[], Any]]] = {
         "graphwatch.watch(summary=False)  (defaults: level='default', snapshots='auto')",
         lambda: graphwatch.watch(summary=False),
     ),
+    "gw_full": (
+        "graphwatch.watch(summary=False, level='full')  (every step in full detail: the default level before issue 25)",
+        lambda: graphwatch.watch(summary=False, level="full"),
+    ),
     "gw_nosnap": (
         "graphwatch.watch(summary=False, snapshots='off')",
         lambda: graphwatch.watch(summary=False, snapshots="off"),
@@ -80,7 +84,7 @@ CONFIGS: dict[str, tuple[str, Callable[[], Any]]] = {
     "anomaly": ("torch.autograd.detect_anomaly()", torch.autograd.detect_anomaly),
     "profiler": ("torch.profiler.profile(activities=[CPU], profile_memory=True)", _profiler),
 }
-GW_CONFIGS = ("gw", "gw_nosnap", "light")  # the graphwatch sessions, whose own work is timed
+GW_CONFIGS = ("gw", "gw_full", "gw_nosnap", "light")  # the graphwatch sessions, whose own work is timed
 
 
 def context(config: str) -> Any:

@@ -71,6 +71,16 @@ class RoundResult:
     def wall_ms(self) -> float:
         return 1e3 * sum(self.wall_s) / len(self.wall_s)
 
+    def ms_from(self, first: int) -> float:
+        """Mean CPU ms/step over the steps from ``first`` on (a steady state: the first steps left out)."""
+        rest = self.cpu_s[first:] or self.cpu_s
+        return 1e3 * sum(rest) / len(rest)
+
+    @property
+    def whole_ms(self) -> float:
+        """CPU ms of the whole round: entering the context, every step, leaving it."""
+        return 1e3 * (self.enter_s + sum(self.cpu_s) + self.exit_s)
+
 
 def _timed(method: Callable[..., Any], sink: list[float]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -178,6 +188,16 @@ class WorkloadResult:
 
     def ratio(self, config: str, base: str = "bare", steady: bool = False, wall: bool = False) -> float:
         return med(self.paired(config, base, steady, wall))
+
+    def ratio_from(self, config: str, first: int, base: str = "bare") -> float:
+        """Median over rounds of (configuration / base of the same round), over the steps from ``first`` on."""
+        a, b = self.results.get(config, []), self.results.get(base, [])
+        return med([x.ms_from(first) / y.ms_from(first) for x, y in zip(a, b)])
+
+    def whole_ratio(self, config: str, base: str = "bare") -> float:
+        """Median over rounds of (configuration / base of the same round), whole rounds (enter and exit too)."""
+        a, b = self.results.get(config, []), self.results.get(base, [])
+        return med([x.whole_ms / y.whole_ms for x, y in zip(a, b)])
 
 
 def _failure(exc: BaseException) -> str:

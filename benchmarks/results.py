@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import workloads as W
+from adaptive import STEADY_FROM, KeptWindows, issue_25_rows
 from configs import CONFIGS, GW_CONFIGS
 from deep_graph import scaling
 from longrun import LongRun, mb
@@ -20,6 +21,7 @@ from measure import WorkloadResult, med, quartiles
 from targets import issue_15_rows, targets
 
 import graphwatch
+from graphwatch.capture.detail import SAMPLE_EVERY, SAMPLED_EARLY
 
 HERE = Path(__file__).resolve().parent
 
@@ -89,6 +91,9 @@ def write_results(
     quick: bool,
     wall: float,
     headroom: int,
+    steady: dict[str, WorkloadResult] | None = None,
+    whole: dict[str, WorkloadResult] | None = None,
+    kept: KeptWindows | None = None,
 ) -> str:
     mode = "quick" if quick else "full"
     lines = [
@@ -116,6 +121,7 @@ def write_results(
         "",
         *(f"- `{name}`: {desc}" for name, (desc, _) in CONFIGS.items()),
         "",
+        *_issue_25_section(steady or {}, whole or {}, kept),
         "## Targets (issue 5)",
         "",
         "| target | goal | measured | status |",
@@ -149,6 +155,63 @@ def write_results(
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text
+
+
+def _issue_25_section(
+    steady: dict[str, WorkloadResult], whole: dict[str, WorkloadResult], kept: KeptWindows | None
+) -> list[str]:
+    """Issue 25's goals (adaptive capture), the steady-state table beside them."""
+    if not steady and not whole and kept is None:
+        return []
+    lines = [
+        "## Goals of issue 25 (adaptive capture), beside the Python floor",
+        "",
+        (
+            "The default level sees the first steps, sampled steps and suspicious steps in full detail and the others at "
+            "the light level's cost (`graphwatch/capture/detail.py`). Steady state: the mean CPU time per step from step "
+            f"{STEADY_FROM} on of sessions of the listed length, as a median over rounds of the paired ratio to bare; the "
+            f"sampled steps ({', '.join(map(str, SAMPLED_EARLY))}, then every {SAMPLE_EVERY}th) are in it. `floor` is the "
+            "least a Python tool that knows every saved "
+            "tensor's lifetime costs (see Configurations): what full detail on every step cannot go below."
+        ),
+        "",
+        "| measure | goal | measured | floor | status |",
+        "|---|---|---|---|---|",
+        *issue_25_rows(steady, whole, kept),
+        "",
+    ]
+    configs = [c for c in CONFIGS if any(c in r.results for r in steady.values())]
+    if steady:
+        lines += [
+            "### Steady state: CPU ms/step and ratio to bare",
+            "",
+            "| workload | steps x rounds | " + " | ".join(configs) + " |",
+            "|---|---|" + "---|" * len(configs),
+        ]
+        for r in steady.values():
+            cells = []
+            for c in configs:
+                if c not in r.results:
+                    cells.append("skipped" if c in r.workload.skip else ("failed" if c in r.errors else "-"))
+                    continue
+                ms = med([x.ms_from(STEADY_FROM) for x in r.results[c]])
+                cells.append(f"{fmt_ms(ms)} ms" + ("" if c == "bare" else f", **{fmt_x(r.ratio_from(c, STEADY_FROM))}**"))
+            lines.append(f"| {r.workload.name} | {r.steps} x {r.rounds} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if whole:
+        lines += [
+            "### Whole runs (entering and leaving the session included)",
+            "",
+            "| workload | steps x rounds | bare ms | default ms, ratio | light ms, ratio |",
+            "|---|---|---|---|---|",
+        ]
+        for r in whole.values():
+            ms = {c: med([x.whole_ms for x in r.results[c]]) for c in ("bare", "gw", "light") if c in r.results}
+            cells = [f"{fmt_ms(ms[c])} ms, **{fmt_x(r.whole_ratio(c))}**" if c in ms else "-" for c in ("gw", "light")]
+            bare = fmt_ms(ms.get("bare", math.nan))
+            lines.append(f"| {r.workload.name} | {r.steps} x {r.rounds} | {bare} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
 
 
 def _ratio_tables(results: dict[str, WorkloadResult]) -> list[str]:

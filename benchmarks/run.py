@@ -34,6 +34,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import workloads as W
+from adaptive import KEPT_STEPS, KEPT_WINDOW, measure_kept, measure_steady, measure_whole
 from configs import CONFIGS
 from longrun import long_run
 from measure import Log, Shape, WorkloadResult, measure
@@ -58,6 +59,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
         help="steps of the cProfile'd MLP loop for RESULTS.md (default 1000; --quick 300; 0 skips it)",
     )
     add("--headroom", type=int, default=120, help="recursion limit on deep graphs = current depth + this")
+    add("--steady-rounds", type=int, default=None, help="rounds of issue 25's steady-state sessions (0 skips them)")
+    add("--kept-steps", type=int, default=None, help=f"steps of the kept-graphs run (default {KEPT_STEPS:,}; 0 skips it)")
     add("--out", default=str(HERE / "RESULTS.md"), help="where to write the results")
     return parser, parser.parse_args(argv)
 
@@ -111,6 +114,13 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  {name} done in {r.seconds:.0f} s: {ratios}")
         del group
         gc.collect()
+    steady = whole = None
+    if args.steady_rounds != 0:
+        steady = measure_steady(only, configs, args.steady_rounds or 0, args.quick, args.headroom, log)
+        whole = measure_whole(only, args.steady_rounds or 0, args.quick, args.headroom, log)
+        gc.collect()
+    kept_steps = args.kept_steps if args.kept_steps is not None else (3000 if args.quick else KEPT_STEPS)
+    kept = measure_kept(kept_steps, min(KEPT_WINDOW, kept_steps // 10), log) if kept_steps > 0 else None
     long = None
     long_steps = args.long_steps if args.long_steps is not None else (5000 if args.quick else 100_000)
     if long_steps > 0:
@@ -128,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         quick=args.quick,
         wall=time.perf_counter() - wall,
         headroom=args.headroom,
+        steady=steady,
+        whole=whole,
+        kept=kept,
     )
     print()
     print(text)

@@ -208,7 +208,8 @@ def unrolled_rnn(nodes: int) -> Workload:
 
 def gru_carried_bug(segments: int = 8) -> Workload:
     """A GRU language model (vocabulary 100, 20 tokens x batch 8, hidden 64) that carries its hidden state
-    without ``detach`` and backwards with ``retain_graph=True``; each round starts a new state."""
+    without ``detach`` and backwards with ``retain_graph=True``; each round, and every ``segments`` steps of a
+    longer one, starts a new state."""
     torch.manual_seed(0)
     vocab, hidden_size, batch = 100, 64, 8
     embed, gru, head = nn.Embedding(vocab, 32), nn.GRU(32, hidden_size), nn.Linear(hidden_size, vocab)
@@ -218,12 +219,16 @@ def gru_carried_bug(segments: int = 8) -> Workload:
 
     def begin() -> None:
         state["hidden"] = torch.zeros(1, batch, hidden_size)
+        state["steps"] = 0
 
     def loss() -> torch.Tensor:
         output, state["hidden"] = gru(embed(tokens[:-1]), state["hidden"])  # the bug: never detached
         return F.cross_entropy(head(output).reshape(-1, vocab), tokens[1:].reshape(-1))
 
     def step() -> None:
+        if state["steps"] == segments:  # a new segment: a session longer than a round stays linear in its steps
+            begin()
+        state["steps"] += 1
         for p in params:
             p.grad = None
         loss().backward(retain_graph=True)  # the "fix" that hides the error and keeps every graph

@@ -45,10 +45,8 @@ from .capture.no_grad import find_no_grad
 from .capture.optimizer import GradResetTracker
 from .capture.recorder import TRACKED_PER_STEP
 from .capture.saved import SavedHandle
-from .capture.step_clock import next_sequence_nr
 from .errors import BackwardTwiceError, LossWithoutGraphError, notify
 from .model import BackwardRecord, NodeRecord, Snapshot, StepRecord
-from .model.packed import PackedArray
 from .rendering.dot import snapshot_dots
 
 CROSSING = "graph crosses steps"  # the reason of the snapshot of the first graph that crosses steps
@@ -77,18 +75,21 @@ class BackwardWatch:
         self._max_snapshots = max_snapshots
         self._first_drawn = False  # the "first backward" snapshot was tried (drawn or not)
         self.retained: list[tuple[BackwardRecord, set[int]]] = []  # with the node records each reached
-        self._started_at = PackedArray("q")  # per backward id: the node sequence number when it started
+        self._started_at = recorder.backward_starts  # per backward id: the node sequence number when it started
         # the last optimizer steps: (backwards started before it, the optimizer), to tell who trains what
         self._recent_steps: deque[tuple[int, weakref.ref]] = deque(maxlen=32)
-        # the last backwards' losses (weakly: a loss still alive at an error shows its whole graph) and the
-        # parameters each reached (``id()``s), by backward id: what an error's remedies are made from
-        self._losses: dict[int, list[weakref.ref]] = {}
+        # the last backwards' losses (weakly: a loss still alive at an error shows its whole graph; kept by the
+        # recorder, whose records of a step seen light use them too) and the parameters each reached (``id()``s),
+        # by backward id: what an error's remedies are made from
+        self._losses = recorder.losses
         self._reached: dict[int, frozenset[int]] = {}
         recorder.inplace_explainer = self.explain_inplace
 
     def optimizer_stepped(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer.step()`` ran (after the backwards recorded so far)."""
-        self._recent_steps.append((len(self._started_at), weakref.ref(optimizer)))
+        last = self._recent_steps[-1][1] if self._recent_steps else None
+        ref = last if last is not None and last() is optimizer else weakref.ref(optimizer)  # (one per optimizer)
+        self._recent_steps.append((len(self._started_at), ref))
 
     def _stepped_after(self, backward: int) -> list[torch.optim.Optimizer]:
         """The optimizers of the first optimizer step after backward ``backward`` started."""
@@ -97,8 +98,8 @@ class BackwardWatch:
         return [o for started, ref in self._recent_steps if started == first and (o := ref()) is not None]
 
     def started(self, record: BackwardRecord, outputs: Iterable[Any] = ()) -> None:
-        """A backward of ``outputs`` (the tensors it starts from) starts (its record is the next in the trace)."""
-        self._started_at.append(next_sequence_nr())
+        """A backward of ``outputs`` (the tensors it starts from) starts (its record is the next in the trace;
+        the recorder notes where the node numbers were, :meth:`Recorder.begin_backward`)."""
         try:
             self._losses[record.id] = [weakref.ref(t) for t in outputs if isinstance(t, torch.Tensor)]
         except TypeError:  # a tensor type without weak references: its graph is not looked at at an error
@@ -106,11 +107,14 @@ class BackwardWatch:
         self._losses.pop(record.id - _REMEMBERED, None)
         self._reached.pop(record.id - _REMEMBERED, None)
 
-    def walk_before(self, record: BackwardRecord, roots: list[Any], accumulate: bool) -> list[NodeRecord]:
-        """Tag and count the graph the backward is about to run; return the nodes already freed."""
+    def walk_before(
+        self, record: BackwardRecord, roots: list[Any], accumulate: bool, full: bool = False
+    ) -> list[NodeRecord]:
+        """Tag and count the graph the backward is about to run; return the nodes already freed.  ``full``:
+        the full walk, whatever the graph (a backward that failed on a step seen light)."""
         recorder = self._recorder
         if not (
-            record.retain_graph or record.create_graph or self.retained or recorder.detail_always
+            full or record.retain_graph or record.create_graph or self.retained or recorder.detail_always
             or recorder.boundary_pending or self.wants_snapshot(record, False)
         ):  # fmt: skip
             quick = quick_walk(recorder, roots, record.id, collect_params=True)

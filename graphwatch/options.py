@@ -26,7 +26,7 @@ from typing import Any
 
 from .errors import UsageError
 
-LEVELS = ("default", "light", "precise")
+LEVELS = ("default", "light", "full", "precise")
 OPTIONS = ("strict", "level", "summary", "out", "keep_steps", "snapshots", "max_snapshots")
 
 

@@ -49,6 +49,11 @@ from .backwards import BackwardWatch
 from .capture import EnginePatch, Recorder, parse_engine_args
 from .capture.call_mode import CallSiteMode
 from .capture.callsite import outer_frame
+from .capture.detail import DetailPlan
+from .capture.hook_switch import HookSwitch
+from .capture.light_errors import explain_inplace, lines_from_frames, name_freeing_roots
+from .capture.light_signals import LightSignals
+from .capture.line_templates import LineTemplates
 from .capture.loop_steps import LoopSteps
 from .capture.optimizer import GradResetTracker, OptimizerHooks
 from .capture.own_time import OwnTime
@@ -59,7 +64,7 @@ from .capture.stack_limit import claim_stack
 from .capture.step_limit import StepLimitReached
 from .capture.transforms import hide_from_compiler, step_aside_for_disable, transforming
 from .errors import ExplainedError, GraphLeakError, GraphwatchError, UsageError, notify, without_own_frames
-from .model import BackwardRecord, Finding, StepRecord, Trace, save_trace
+from .model import BackwardRecord, Finding, NodeRecord, StepRecord, Trace, save_trace
 from .model.trace_io import save_trace_elsewhere
 from .options import SessionOptions
 from .rendering.ranks import rank_folder
@@ -82,10 +87,12 @@ class Session:
 
     Options (keyword only):
       strict: raise :class:`~graphwatch.GraphLeakError` at the end of the first step with a leak finding.
-      level: ``"default"`` (saved tensors, graph walks, call sites; per-node records where a graph
-        is suspicious), ``"light"`` (backward calls and steps only; the backward-twice error is still
-        explained, with less detail) or ``"precise"`` (default plus a TorchFunctionMode: the exact line
-        of every node, and every node's and saved tensor's record, at a higher cost).
+      level: ``"default"`` (the first steps, sampled steps and every step where something looks new or
+        wrong in full detail: saved tensors, graph walks, call sites, holders; the other steps at the light
+        level's cost; see :mod:`graphwatch.capture.detail`), ``"full"`` (every step in full detail),
+        ``"light"`` (backward calls and steps only; errors are still explained, from the graph alive when
+        they are raised) or ``"precise"`` (full plus a TorchFunctionMode: the exact line of every node, and
+        every node's and saved tensor's record, at a higher cost).
       summary: print the terminal summary when the session ends.
       out: folder to write the HTML report, trace.json and SVG snapshots to when the session ends.
       keep_steps: per-node records are kept for this many recent steps (plus steps with findings).
@@ -127,7 +134,12 @@ class Session:
         self._explicit = False
         self._loop = LoopSteps()
         self._backwards = BackwardWatch(self._recorder, self._log, self._grads, self.snapshots, max_snapshots)
-        self._step_ends = StepEnds(self._recorder, self._log, self._backwards, self.strict)
+        self._plan = DetailPlan(self._recorder.trace.full_detail)
+        self._signals = LightSignals(self._recorder.trace.where)
+        self._hooks: HookSwitch | None = None  # graphwatch's saved-tensor hooks (not at the light level)
+        self._begun = -1  # the last step whose detail was decided
+        self._optimizer_at: tuple[int, ...] | None = None  # where the running optimizer.step() was called
+        self._step_ends = StepEnds(self._recorder, self._log, self._backwards, self.strict, self._plan, self._signals)
         self._entered_at = ""
         self._own = OwnTime()  # the session's clocks, and graphwatch's own CPU time by part
         self._finished = False
@@ -276,7 +288,7 @@ class Session:
                 exc.__traceback__ = without_own_frames(tb)
             found = len(self.findings)
             try:
-                self._finish_steps(sys._getframe(1))
+                self._finish_steps(sys._getframe(1), cut_short=exc_type is not None)
             except GraphLeakError as error:
                 leak = error  # raised below, unless the user's own exception is propagating
             if exc_type is not None:  # a step cut short: the graphs it still holds are not kept-alive leaks
@@ -316,6 +328,8 @@ class Session:
         self._installed.append(give_back_stack)
         recorder.boundary_hook = self._pending_boundary
         hide_from_compiler()
+        self._plan.always = self.level in ("full", "precise")
+        self._plan.never = self.level == "light"
         if self.level == "precise":
             recorder.precise = recorder.detail_always = True
             mode: Any = CallSiteMode(recorder)  # (TorchFunctionMode's __enter__ is untyped)
@@ -324,10 +338,13 @@ class Session:
         if self.level != "light":
             outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
             hooks = make_chained_hooks(recorder, *outer) if outer is not None else make_hooks(recorder)
-            context = torch.autograd.graph.saved_tensors_hooks(*hooks)
-            context.__enter__()
-            self._installed.append(lambda: context.__exit__(None, None, None))
+            self._hooks = HookSwitch(hooks)
+            self._installed.append(self._hooks.remove)
             self._installed.append(step_aside_for_disable(hooks))
+        recorder.is_full_step = self._plan.is_full
+        if not (self._plan.always or self._plan.never):
+            recorder.templates = LineTemplates()  # full steps lend their lines to light steps that ran the same code
+        self._begin_step(0)
         patch = EnginePatch(self._on_engine).install()
         self._installed.append(patch.remove)
         optimizer_hooks = OptimizerHooks(self._before_optimizer, self._after_optimizer)
@@ -345,12 +362,13 @@ class Session:
             if _active is self:
                 _active = None
 
-    def _finish_steps(self, frame: Any) -> None:
-        """End the last step; its holders are searched in ``frame`` (the ``with`` block's) and the script."""
+    def _finish_steps(self, frame: Any, cut_short: bool = False) -> None:
+        """End the last step; its holders are searched in ``frame`` (the ``with`` block's) and the script
+        (``cut_short``: an exception ends the session)."""
         script, self.script_globals = self.script_globals, None
         own = time.perf_counter()
         try:
-            self._step_ends.finish(frame, self.level == "light", script)
+            self._step_ends.finish(frame, not self._plan.is_full(self._recorder.step), script, cut_short)
         finally:
             self._own.add("step ends", own)
 
@@ -402,55 +420,82 @@ class Session:
 
     def _end_step(self, source: str, frame: Any) -> StepRecord:
         __tracebackhide__ = True  # pytest: a strict-mode GraphLeakError points at the user's line
+        recorder = self._recorder
         own = time.perf_counter()
         try:
-            record = self._step_ends.end(source, frame, self.level == "light")
+            record = self._step_ends.end(source, frame, not self._plan.is_full(recorder.step))
         finally:
-            self._own.add("step ends", own)
+            if not recorder.boundary_pending:  # (a pending boundary decided the next step's detail already)
+                self._begin_step(recorder.step)
+            self._own.parts["step ends"] += time.perf_counter() - own
         if self.stop_after is not None and record.index + 1 >= self.stop_after:
             if source != "optimizer":  # the next forward began (or the user marked the end): stop here
                 raise StepLimitReached(self.stop_after)
             self._stop_due = True  # the loop's pass runs on (logging, a scheduler): stop at its next backward or step
         return record
 
+    def _begin_step(self, index: int) -> None:
+        """Step ``index`` starts (its first node is the next one numbered): full detail or light, as the plan
+        says (:mod:`graphwatch.capture.detail`), with graphwatch's saved-tensor hooks pushed or popped to match."""
+        if index == self._begun:
+            return
+        self._begun = index
+        plan, hooks = self._plan, self._hooks
+        full, reason = plan.decide(index)
+        if hooks is not None and hooks.on != full and hooks.set(full) != full:  # a user's hooks are on top: wait
+            full, reason = hooks.on, "saved-tensor hooks the user entered stayed on top of graphwatch's"
+        plan.begin(index, full, reason)
+        if not full:
+            self._recorder.clock.note_unknown()  # no pack hook runs: the nodes made from here have no line
+
     def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not self._owns_thread():
+        if _active is not self or threading.get_ident() != self._recorder.thread:  # (_owns_thread, inlined)
             return
         if self._stop_due:
             raise StepLimitReached(self.stop_after or 0)
         own = time.perf_counter()
-        self._loop.in_optimizer_step += 1  # backwards from here to the post hook are its closure's
-        if self.level != "light":  # the light level walks no graphs, so it cannot tell accumulations
-            current = self._recorder.current
-            current.stale_grads += self._grads.before_step(optimizer)
-            current.optimizer_site = self._recorder.sites.here(2)
-        self._own.add("optimizer hooks", own)
+        loop = self._loop
+        loop.in_optimizer_step += 1  # backwards from here to the post hook are its closure's
+        recorder = self._recorder
+        frame = outer_frame(1)
+        self._optimizer_at = positions = loop.positions(frame)  # (the post hook's are the same)
+        if self._hooks is not None:  # (the light level has nothing to compare gradients with, no line to watch)
+            current = recorder.current
+            current.optimizer_site = site = recorder.sites.at(positions, frame)
+            reason = self._signals.optimizer(site)
+            if self._plan.is_full(recorder.step):  # a light step walks no graph, so it cannot tell accumulations
+                current.stale_grads += self._grads.before_step(optimizer)
+            elif reason is not None:
+                self._plan.suspect(recorder.step, reason)
+        self._own.parts["optimizer hooks"] += time.perf_counter() - own  # (OwnTime.add, inlined: the hot path)
 
     def _after_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         __tracebackhide__ = True
-        if not self._owns_thread():
+        if _active is not self or threading.get_ident() != self._recorder.thread:  # (_owns_thread, inlined)
             return
         own = time.perf_counter()
         loop = self._loop
         loop.in_optimizer_step = max(0, loop.in_optimizer_step - 1)
-        if self.level != "light":
-            self._grads.after_step(optimizer)
         recorder = self._recorder
+        full = self._plan.is_full(recorder.step)
         recorder.current.optimizer_steps += 1
         recorder.optimizer_stepped(optimizer, recorder.current.optimizer_site)  # noted by the pre-step hook
         self._backwards.optimizer_stepped(optimizer)
-        self._own.add("optimizer hooks", own)  # (a step it ends is counted with the step ends)
-        if not self._explicit and not loop.in_optimizer_step and loop.ends_step(outer_frame(1), "step"):
-            self._end_step("optimizer", outer_frame(2))
-
-    def _owns_thread(self) -> bool:
-        return self.active and threading.get_ident() == self._recorder.thread
+        positions, self._optimizer_at = self._optimizer_at, None
+        ends = not self._explicit and not loop.in_optimizer_step and loop.ends_step(outer_frame(1), "step", positions=positions)
+        self._own.parts["optimizer hooks"] += time.perf_counter() - own  # (a step it ends: with the step ends)
+        try:
+            if ends:
+                self._end_step("optimizer", outer_frame(2))
+        finally:  # the gradients as this step leaves them, for a step seen in full detail to compare with
+            if full or self._plan.is_full(recorder.step):
+                self._grads.after_step(optimizer)
 
     # -------------------------------------------------------------- backward
     def _on_engine(self, run: Callable[..., Any], t_outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         __tracebackhide__ = True  # pytest: the user's frames end at their backward call
         recorder = self._recorder
-        if not self._owns_thread() or recorder.backward is not None or transforming():
+        if _active is not self or threading.get_ident() != recorder.thread or recorder.backward is not None or transforming():
             return run(t_outputs, *args, **kwargs)
         if self._stop_due:
             raise StepLimitReached(self.stop_after or 0)
@@ -458,27 +503,47 @@ class Session:
         roots, retain_graph, create_graph, accumulate = parse_engine_args(t_outputs, args, kwargs)
         if recorder.boundary_pending and recorder.made_since_boundary(roots):
             recorder.commit_boundary()  # a new graph, though its forward saved nothing: a new step
+        frame = sys._getframe(1)
+        positions = self._loop.positions(frame)
+        site = recorder.sites.at(positions, frame)
         record = BackwardRecord(
-            id=len(self.trace.backwards),
-            step=recorder.step,
-            site=recorder.sites.here(2),
-            api="backward" if accumulate else "grad",
-            retain_graph=retain_graph,
-            create_graph=create_graph,
+            len(self.trace.backwards), recorder.step, site, "backward" if accumulate else "grad", retain_graph, create_graph
         )
-        freed = self._backwards.walk_before(record, roots, accumulate) if self.level != "light" else None
+        freed: list[NodeRecord] | None = None
+        full = self._plan.is_full(recorder.step)
+        if full:
+            reason = self._signals.learn_backward(record.site, retain_graph, create_graph)
+            if reason is not None:
+                self._plan.suspect(recorder.step, reason)
+            freed = self._backwards.walk_before(record, roots, accumulate)
+        elif self._hooks is not None:  # a light step: a closer look only where the cheap path finds one due
+            reason = self._signals.backward(record.site, retain_graph, create_graph, roots, recorder.step_seq)
+            if reason is not None:
+                self._plan.suspect(recorder.step, reason)
+                freed = self._backwards.walk_before(record, roots, accumulate, full=True)
+            else:
+                recorder.light_backwards.started(record.id, roots)
         self._backwards.started(record, t_outputs)
         recorder.begin_backward(record)
-        self._own.add("around backwards", own)
+        parts = self._own.parts
+        parts["around backwards"] += time.perf_counter() - own
         started, started_cpu = time.perf_counter(), time.process_time()
         try:
             result = run(t_outputs, *args, **kwargs)
         except RuntimeError as exc:
             record.error = str(exc)
+            light = not full and self._hooks is not None  # (the light level touches no node)
             if is_backward_twice(exc):
+                if light:  # a step seen light: the records from the graph still alive, lines from the frames
+                    if freed is None:
+                        freed = self._backwards.walk_before(record, roots, False, full=True)
+                    lines_from_frames(recorder, sys._getframe(1))
+                    name_freeing_roots(recorder, freed)
                 raise self._backwards.explain(record, roots, freed, exc) from None
             if is_no_graph_error(exc):
                 raise self._backwards.explain_no_graph(record, exc) from None
+            if light:
+                explain_inplace(recorder, exc, roots, sys._getframe(1))
             raise
         finally:
             recorder.end_backward(record, time.perf_counter() - started, time.process_time() - started_cpu)
@@ -486,9 +551,10 @@ class Session:
         loop = self._loop
         consumes = accumulate or not (retain_graph or create_graph)  # a freeing autograd.grad counts too
         if consumes and not self._explicit and not loop.in_optimizer_step:
-            if loop.ends_step(sys._getframe(1), "backward", frees_graph=not retain_graph):
+            if loop.ends_step(frame, "backward", frees_graph=not retain_graph, positions=positions):
                 recorder.request_boundary("backward")
-        self._own.add("around backwards", own)
+                self._begin_step(recorder.step + 1)
+        parts["around backwards"] += time.perf_counter() - own
         return result
 
 

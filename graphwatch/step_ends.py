@@ -1,6 +1,8 @@
 """What a session does at the end of each step: search the holders of earlier steps' graphs, close the
 step's record, run the step's detectors, draw what a kept-alive finding keeps, and in strict mode stop
-at the first leak.
+at the first leak.  At the default level a step seen light (:mod:`graphwatch.capture.detail`) only closes
+its record, unless what it made or the memory it leaves asks for a closer look; a step seen in full detail
+tells the plan what asks for the next steps to be seen so too.
 
 Example::
 
@@ -19,6 +21,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from types import FrameType
 from typing import Any
 
@@ -27,21 +30,30 @@ from .analysis.evidence import spans_text
 from .analysis.leaks import kept_moment, kept_size
 from .backwards import BackwardWatch
 from .capture import Recorder
+from .capture.detail import DetailPlan
 from .capture.holders import HolderSearch, tensors_in_user_frames
+from .capture.light_signals import LightSignals
 from .errors import GraphLeakError
 from .model import Finding, StepRecord
 
 
 class StepEnds:
-    """Ends a session's steps (see the module's docstring); ``light``: the light level, which walks no
-    graph and saves no tensor, so that a step end only closes the record."""
+    """Ends a session's steps (see the module's docstring); ``light``: a step seen light, which walked no
+    graph and saved no tensor, so that its end only closes the record (and watches for signals)."""
 
-    def __init__(self, recorder: Recorder, log: FindingLog, backwards: BackwardWatch, strict: bool) -> None:
+    def __init__(
+        self, recorder: Recorder, log: FindingLog, backwards: BackwardWatch, strict: bool, plan: DetailPlan,
+        signals: LightSignals,
+    ) -> None:  # fmt: skip
         self._recorder = recorder
         self._log = log
         self._backwards = backwards
         self._strict = strict
         self._holders = HolderSearch()
+        self._plan = plan
+        self._signals = signals
+        self._alive_before: set[int] = set()  # earlier steps with graphs alive at the last full step's end
+        self._last_look: StepRecord | None = None  # the last step end that searched for holders, as it was then
 
     def end(
         self, source: str, frame: FrameType | None, light: bool, final: bool = False, script: dict | None = None
@@ -50,21 +62,38 @@ class StepEnds:
         script's globals, ``script``, at the ``final`` step)."""
         __tracebackhide__ = True  # pytest: a strict-mode GraphLeakError points at the user's line
         recorder = self._recorder
-        current = recorder.current
+        current, step, plan = recorder.current, recorder.step, self._plan
+        adaptive = not (plan.always or plan.never)
         if self._backwards.retained:
             self._backwards.settle_retained(current)
-        if (frame is not None or final) and not light:
-            census = final or recorder.step & (recorder.step - 1) == 0  # steps 0, 1, 2, 4, 8, ...: HolderSearch
+        if light:  # a census only where the step made what no step before, or something holds an old graph
+            census = adaptive and (final or self._made_signal(step, recorder.nodes_made()) or self._held_signal(frame, step))
+        else:  # steps 0, 1, 2, 4, 8, ... (HolderSearch), and the first after steps seen light
+            census = final or step & (step - 1) == 0 or (adaptive and not plan.is_full(step - 1))
+            self._signals.step_made(step, recorder.nodes_made())  # (learnt: no signal on a full step)
+        looks = (frame is not None or final) and (census or not light)
+        if looks:
             current.holders = self._holders.at_step_end(recorder, frame, census, script if final else None)
+        before = self._last_look  # (what growth is judged against: the step before, unless it was seen light)
         record = recorder.end_step(source)
-        if light:  # no walks and no saved tensors: nothing a step detector starts from
-            return record
+        if looks:
+            self._last_look = replace(record)  # (a copy: the record loses its holders when it leaves the window)
+        if light:
+            reason = self._signals.resident(record.rss_bytes) if adaptive else None
+            if reason is not None:
+                plan.suspect(record.index, reason)
+            if not census:  # no walks and no saved tensors: nothing a step detector starts from
+                return record
+        else:
+            self._signals.full_step_ended(record.rss_bytes)
         trace = recorder.trace
         refresh = final or record.index & (record.index - 1) == 0  # steps 0, 1, 2, 4, 8, ... and the last
-        found = step_findings(trace, record, refresh)
+        found = step_findings(trace, record, refresh, before=before)
         new = [f for f in found if self._log.add(f)]
         if new:
             recorder.keep_detail(record.index)
+        if adaptive and not light:
+            self._full_step_signals(record, new)
         for finding in found:  # new, or refreshed with this step's figures
             if finding.kind == "graph-kept-alive" and frame is not None:
                 self._draw_kept(record, self._log.logged(finding), frame)
@@ -77,19 +106,80 @@ class StepEnds:
                 )
         return record
 
-    def finish(self, frame: FrameType | None, light: bool, script: dict | None) -> None:
-        """End the last step; its holders are searched in ``frame`` (the ``with`` block's) and ``script``."""
+    def _made_signal(self, step: int, nodes: int) -> bool:
+        """A light step made more or fewer nodes than any step before it: look at it, and at the next steps."""
+        reason = self._signals.step_made(step, nodes)
+        if reason is not None:
+            self._plan.suspect(step, reason)
+        return reason is not None
+
+    def _held_signal(self, frame: FrameType | None, step: int) -> bool:
+        """The user's frames hold a graph older than the last step (at the first light steps): look at it, and on."""
+        if frame is None or step < 1 or not self._signals.looks_at_held():
+            return False
+        recorder = self._recorder
+        reported = {h for f in recorder.trace.findings if f.kind == "graph-kept-alive" and (h := f.evidence.get("holder"))}
+        reason = self._signals.held_graph(frame, recorder.clock.bounds[step - 1], recorder.clock.step_of, reported)
+        if reason is not None:
+            self._plan.suspect(step, reason)
+        return reason is not None
+
+    def _full_step_signals(self, record: StepRecord, new: list[Finding]) -> None:
+        """What a step seen in full detail shows that asks for the next steps to be seen so too: a new finding,
+        more graphs of earlier steps alive than at the last full
+        step's end (while no leak is reported), a graph carried in from a step seen light (while no carried
+        graph is reported)."""
+        trace, plan, index = self._recorder.trace, self._plan, record.index
+        backwards = [trace.backwards[i] for i in record.backwards]
+        alive = {
+            s for table in (record.nodes_alive_by_step, record.saved_alive_by_step) for s in table
+            if 0 <= s < index
+        }  # fmt: skip
+        reason = None
+        if new:
+            reason = f"{new[0].kind} found in step {index}"
+        elif len(alive) > len(self._alive_before) and not any(f.kind in LEAK_KINDS for f in trace.findings):
+            reason = f"more graphs of earlier steps alive at the end of step {index}"
+        elif any(not plan.is_full(s) for bw in backwards for s in bw.earlier_steps if s >= 0) and not any(
+            f.kind == "graph-carried-across-steps" for f in trace.findings
+        ):
+            reason = f"a graph carried into step {index} from a step seen light"
+        self._alive_before = alive
+        if reason is not None:
+            plan.suspect(index, reason)
+
+    def finish(self, frame: FrameType | None, light: bool, script: dict | None, cut_short: bool = False) -> None:
+        """End the last step; its holders are searched in ``frame`` (the ``with`` block's) and ``script``
+        (``cut_short``: an exception ends the session, maybe inside a step seen light, which saved nothing
+        graphwatch saw: it is closed if it made nodes)."""
         recorder = self._recorder
         current, trace = recorder.current, recorder.trace
         if recorder.boundary_pending:
             self.end(recorder.pending_source, frame, light, final=True, script=script)
-        elif current.saved_packed or current.backwards or not trace.steps:
+        elif current.saved_packed or current.backwards or not trace.steps or (cut_short and light and recorder.nodes_made()):
             self.end("session-end", frame, light, final=True, script=script)
-        elif not light and trace.steps[-1].detail:  # the last step: every holder's full count
-            for finding in graph_kept_alive(trace, trace.steps[-1]):
-                self._log.add(finding)
-                if frame is not None:
-                    self._draw_kept(trace.steps[-1], self._log.logged(finding), frame)
+        elif self._plan.is_full(len(trace.steps) - 1):
+            if trace.steps[-1].detail:  # the last step: every holder's full count
+                self._refresh_kept(trace.steps[-1], frame)
+        elif not self._plan.never and (frame is not None or script is not None):  # seen light: a census now
+            self._holders.at_step_end(recorder, frame, True, script)
+            if recorder.saves_seen(recorder.step):  # what ran after the last step saved tensors: a step of its own
+                self.end("session-end", frame, light, final=True, script=script)  # (as a pack would have told)
+                return
+            last = trace.steps[-1]  # (as at its end: its own graphs are not earlier ones, and are counted now)
+            last.holders = self._holders.at_step_end(recorder, frame, True, script, step=last.index)
+            recorder.recount_ended(last)
+            if last.holders:  # (the loop's frames may be gone: no finding of what nothing names)
+                self._refresh_kept(last, frame)
+
+    def _refresh_kept(self, step: StepRecord, frame: FrameType | None) -> None:
+        """The kept-alive findings at the end of the session, with the last step's holders."""
+        before = self._last_look if self._last_look is not None and self._last_look.index < step.index else None
+        for finding in graph_kept_alive(self._recorder.trace, step, before=before):
+            if self._log.add(finding):
+                self._recorder.keep_detail(step.index)
+            if frame is not None:
+                self._draw_kept(step, self._log.logged(finding), frame)
 
     def _draw_kept(self, step: StepRecord, finding: Finding, frame: Any) -> None:
         """A picture of what a kept-alive finding's holder keeps at the end of ``step`` (the holder by name,

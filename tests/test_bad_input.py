@@ -46,8 +46,8 @@ def test_unknown_option_without_a_close_match_lists_the_options():
 
 
 def test_bad_level_names_the_levels():
-    message = _usage_error(graphwatch.watch, level="full")
-    assert "level='full'" in message
+    message = _usage_error(graphwatch.watch, level="fast")
+    assert "level='fast'" in message
     assert "'default'" in message and "'light'" in message
 
 

@@ -420,11 +420,13 @@ def test_trace_memory_is_bounded_with_keep_steps():
     assert [s.index for s in trace.steps if not s.detail] == list(range(1, 45))
 
 
-def test_default_level_builds_records_only_where_it_looks_closer():
+def test_full_detail_builds_records_only_where_it_looks_closer():
+    """What a step seen in full detail records (here every step, ``level="full"``; at the default level the
+    first steps, sampled ones and suspicious ones: ``test_adaptive.py``)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with _watch() as gw:
+    with _watch(level="full") as gw:
         for i in range(6):
             opt.zero_grad()
             loss = model(torch.randn(8, 4)).pow(2).mean()  # 7 nodes, 5 saved tensors per step

@@ -361,7 +361,7 @@ def test_repeated_error_is_one_finding() -> None:
 
 # ------------------------------------------------------------ carried silently
 def test_carried_graph_names_the_tensor_and_how_the_time_grows() -> None:
-    with watch() as gw:
+    with watch(level="full") as gw:  # every step's evidence (the default level sees steps 6 and 7 light)
         run(leaky_rnn_retained)
     finding = only(gw.findings, "graph-carried-across-steps")
     assert finding.severity == "warning" and finding.step == 1
@@ -438,7 +438,7 @@ def test_validation_under_no_grad_and_gan_with_detach_keep_nothing() -> None:
 
 # --------------------------------------------------------------- memory growth
 def test_memory_growth_fits_bytes_per_step_and_projects() -> None:
-    with watch() as gw:
+    with watch(level="full") as gw:  # every step's saved tensors counted (a light step's are not)
         run(leaky_rnn_retained)
     finding = only(gw.findings, "memory-growth")
     ev = finding.evidence

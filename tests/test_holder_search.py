@@ -1,4 +1,7 @@
-"""The holder search at step ends: what it keeps between searches is right, and a holder's steps are spans."""
+"""The holder search at step ends: what it keeps between searches is right, and a holder's steps are spans.
+
+The loops run with every step in full detail (``level="full"``), so that every step end searches; the
+default level searches at the ends of the steps it sees in full detail (``test_adaptive.py``)."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ def _loop(steps: int) -> tuple[graphwatch.Session, list[list[int]]]:
     losses: list[torch.Tensor] = []
     kept: list[int] = []
     held: list[list[int]] = []
-    with graphwatch.watch(summary=False, snapshots="off", keep_steps=100) as gw:
+    with graphwatch.watch(summary=False, snapshots="off", keep_steps=100, level="full") as gw:
         for step in range(steps):
             opt.zero_grad()
             loss = model(torch.randn(8, 4)).pow(2).mean()
@@ -37,7 +40,7 @@ def test_a_sum_that_keeps_every_step_holds_one_span_of_steps() -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with graphwatch.watch(summary=False, snapshots="off") as gw:
+    with graphwatch.watch(summary=False, snapshots="off", level="full") as gw:
         total_loss = torch.zeros(())
         for _ in range(60):
             opt.zero_grad()

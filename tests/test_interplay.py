@@ -297,6 +297,11 @@ def test_model_moved_between_dtypes_mid_training(bare_and_watched, same_tensors)
 
     bare, watched, gw = bare_and_watched(fn)
     same_tensors(bare, watched)
+    assert [s.source for s in gw.trace.steps][:6] == ["optimizer"] * 6
+    # every step's saved tensors: the default level sees steps 3 to 5 light, and the bf16 forward after them
+    # saves nothing it sees, so the step it makes is told at level="full" only
+    _, watched, gw = bare_and_watched(fn, level="full")
+    same_tensors(bare, watched)
     assert [s.source for s in gw.trace.steps] == ["optimizer"] * 6 + ["session-end"]  # the bf16 forward: last
     packed = [s.saved_bytes_packed for s in gw.trace.steps[:6]]
     assert packed[0] > 0 and packed == [packed[0]] * 2 + [2 * packed[0]] * 2 + [packed[0]] * 2  # float64: twice

@@ -2,7 +2,9 @@
 
 2,000 steps of a tiny training loop in which every 100th step keeps its loss
 (``kept.append(loss)``: 20 graphs leak, one every 100 steps), watched with
-``keep_steps=10``.  What must hold:
+``keep_steps=10`` and every step in full detail (``level="full"``: the most
+records a session keeps; the default level's sampled steps are checked in
+``test_adaptive.py``).  What must hold:
 
 * the per-node records (``trace.nodes``, ``trace.saved``) stay within the
   window of recent steps plus the steps kept for their findings, however long
@@ -55,7 +57,7 @@ def long_run(tmp_path_factory) -> LongRun:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     folder = tmp_path_factory.mktemp("long")
     kept = []
-    with graphwatch.watch(summary=False, keep_steps=KEEP_STEPS) as gw:
+    with graphwatch.watch(summary=False, keep_steps=KEEP_STEPS, level="full") as gw:
         run = LongRun(gw)
         for step in range(STEPS):
             opt.zero_grad()
@@ -132,7 +134,7 @@ def test_looking_for_holders_costs_what_the_step_added_not_what_is_kept():
     model = nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     looked_at = []
-    with graphwatch.watch(summary=False) as gw:
+    with graphwatch.watch(summary=False, level="full") as gw:  # a holder search at every step end
         total_loss = 0
         for _ in range(40):
             loss = model(torch.randn(2, 4)).pow(2).mean()

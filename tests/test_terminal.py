@@ -37,11 +37,13 @@ def render(renderable: object, terminal_: bool = False, width: int = 120) -> str
 # ------------------------------------------------------------------------ real runs
 @pytest.fixture(scope="module")
 def rnn_leak() -> Trace:
-    """An RNN whose hidden state is never detached, backwarded with retain_graph=True: 30 steps."""
+    """An RNN whose hidden state is never detached, backwarded with retain_graph=True: 30 steps, each seen in
+    full detail (``level="full"``: the tests read the carried graph and the memory of every step, where the
+    default level sees steps light once the retained graph is judged)."""
     torch.manual_seed(0)
     cell = torch.nn.RNNCell(4, 8)
     h = torch.zeros(2, 8)
-    with graphwatch.watch(summary=False, snapshots="off") as gw:
+    with graphwatch.watch(summary=False, snapshots="off", level="full") as gw:
         for _ in range(30):
             with gw.step():
                 h = cell(torch.randn(2, 4), h)  # the carried hidden state

@@ -207,18 +207,21 @@ def _quiet(trace: Trace, step: StepRecord) -> bool:
     return bool(previous) and not any(backwards[i].retain_graph for i in previous)
 
 
-def step_findings(trace: Trace, step: StepRecord, refresh: bool = True) -> list[Finding]:
+def step_findings(
+    trace: Trace, step: StepRecord, refresh: bool = True, before: StepRecord | None = None
+) -> list[Finding]:
     """Every finding the records of one finished step support.
 
     ``refresh=False``: a holder already reported as keeping graphs alive is not looked at again (its
     evidence grows with every step it keeps; the session refreshes it at steps 1, 2, 4, 8, ... and at
-    the end, so that a run of n steps spends O(n log n) on it, not O(n²)).
+    the end, so that a run of n steps spends O(n log n) on it, not O(n²)).  ``before``: the step end growth
+    is judged against (see :func:`~graphwatch.analysis.leaks.graph_kept_alive`).
     """
     if _quiet(trace, step):
         return []
     findings: list[Finding] = []
     findings.extend(carried_across_steps(trace, step))
     findings.extend(retained_graph(trace, step))
-    findings.extend(graph_kept_alive(trace, step, refresh))
+    findings.extend(graph_kept_alive(trace, step, refresh, before))
     findings.extend(missing_zero_grad(trace, step))
     return findings

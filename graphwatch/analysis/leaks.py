@@ -147,20 +147,27 @@ def _beyond_lag(kept: list[int], index: int) -> list[int]:
     return [s for s in kept if s < index - LAG_STEPS]
 
 
-def _leaks(kept: list[int], step: StepRecord, before: list[int], holds_saved: bool) -> bool:
-    """Growing (several old graphs, more than at the previous step's end), or one graph held for long."""
+def _leaks(kept: list[int], step: StepRecord, before: list[int], before_index: int, holds_saved: bool) -> bool:
+    """Growing (several old graphs, more than at the end of step ``before_index``, when it kept ``before``), or
+    one graph held for long."""
     old = _beyond_lag(kept, step.index)
-    if len(old) >= GROWING_STEPS and len(old) > len(_beyond_lag(before, step.index - 1)):
+    if len(old) >= GROWING_STEPS and len(old) > len(_beyond_lag(before, before_index)):
         return True
     loop = [s for s in old if s >= FIRST_LOOP_STEP]
     return holds_saved and bool(loop) and loop[0] <= step.index - HELD_STEPS
 
 
-def _kept_before(trace: Trace, step: StepRecord, key: tuple) -> list[int]:
-    """The steps the same holder kept at the previous step's end (empty when unknown)."""
-    if step.index < 1 or step.index - 1 >= len(trace.steps):
+def _previous(trace: Trace, step: StepRecord, before: StepRecord | None) -> StepRecord | None:
+    """The step end to compare with: ``before`` when given, else the step before ``step`` (None: none)."""
+    if before is not None:
+        return before
+    return trace.steps[step.index - 1] if 0 < step.index <= len(trace.steps) else None
+
+
+def _kept_before(previous: StepRecord | None, key: tuple) -> list[int]:
+    """The steps the same holder kept at the end of ``previous`` (empty when unknown)."""
+    if previous is None:
         return []
-    previous = trace.steps[step.index - 1]
     return sorted({s for h in previous.holders if _holder_key(h) == key for s in h.steps})
 
 
@@ -192,11 +199,16 @@ def _evaluation_lines(trace: Trace, kept: set[int]) -> list[CallSite]:
     return [lines[w] for w in sorted((w for w in alive if w not in trained), key=lambda w: -alive[w])]
 
 
-def graph_kept_alive(trace: Trace, step: StepRecord, refresh: bool = True) -> list[Finding]:
+def graph_kept_alive(
+    trace: Trace, step: StepRecord, refresh: bool = True, before: StepRecord | None = None
+) -> list[Finding]:
     """Graphs of earlier steps alive at this step's end that its backwards did not use (see the thresholds).
 
     ``refresh=False`` skips the holders already reported (see :func:`~graphwatch.analysis.step_findings`).
+    ``before``: the step end that growth is judged against (default: the previous step's; at the default level
+    the last one looked at in full detail, as it was then).
     """
+    previous = _previous(trace, step, before)
     used = {s for bw in backwards_of(trace, step) for s in bw.earlier_steps}
     groups: dict[tuple, list[Holder]] = {}
     for holder in step.holders:
@@ -208,11 +220,11 @@ def graph_kept_alive(trace: Trace, step: StepRecord, refresh: bool = True) -> li
             continue
         kept = sorted({s for h in holders for s in h.steps if s not in used})
         moment = kept_moment(step, kept)
-        if not _leaks(kept, step, _kept_before(trace, step, key), moment["bytes"] > 0):
+        if not _leaks(kept, step, _kept_before(previous, key), previous.index if previous else -1, moment["bytes"] > 0):
             continue
         findings.append(_kept_finding(trace, step, holders, kept, moment))
     if not step.holders:  # a named holder's walk stops at freed nodes: what lies below it is its, too
-        findings.extend(_unnamed_kept(trace, step, used))
+        findings.extend(_unnamed_kept(trace, step, used, previous))
     return findings
 
 
@@ -249,10 +261,10 @@ def kept_size(moment: dict, short: bool = False) -> str:
 
 
 def _finding_key(trace: Trace, holder: Holder) -> str:
-    """The key of a holder's kept-alive finding: its line, or its scope and name."""
+    """The key of a holder's kept-alive finding: its line, or where the name lives and the name."""
     name, site_id = _holder_key(holder)
     site = trace.site(site_id)
-    return site.where if site else f"{holder.scope}: {name}"
+    return site.where if site else f"{holder.namespace}: {name}"
 
 
 def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: list[int], moment: dict) -> Finding:
@@ -302,17 +314,16 @@ def _alive_in(trace: Trace, step: StepRecord, s: int) -> bool:
     return not detail or any(r.alive and r.step == s for r in trace.saved.values())
 
 
-def _unnamed_kept(trace: Trace, step: StepRecord, explained: set[int]) -> list[Finding]:
+def _unnamed_kept(trace: Trace, step: StepRecord, explained: set[int], previous: StepRecord | None) -> list[Finding]:
     candidates = set(step.saved_alive_by_step) | set(step.nodes_alive_by_step)
     kept = sorted(s for s in candidates if s < step.index and s not in explained and _alive_in(trace, step, s))
     moment = kept_moment(step, kept)
     live = moment["bytes"]
     before: list[int] = []
-    if 0 < step.index <= len(trace.steps):
-        previous = trace.steps[step.index - 1]
+    if previous is not None:
         alive = set(previous.saved_alive_by_step) | set(previous.nodes_alive_by_step)
         before = sorted(s for s in alive if s < previous.index)
-    if not _leaks(kept, step, before, live > 0):
+    if not _leaks(kept, step, before, previous.index if previous else -1, live > 0):
         return []
     graph = alive_graph_sites(trace, kept)
     evidence = {

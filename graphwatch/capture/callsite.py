@@ -114,6 +114,12 @@ class SiteTable:
             return None
         return self._walk(frame, None, None)
 
+    def at(self, positions: tuple[int, ...], frame: FrameType | None) -> int | None:
+        """:meth:`here` for the user frames above ``frame`` whose ``positions`` were read already
+        (:meth:`~graphwatch.capture.loop_steps.LoopSteps.positions`): a dict lookup once the position is known."""
+        site_id = self._positions.get(positions[:4])
+        return site_id if site_id is not None or not positions else self._walk(frame, None, None)
+
     def from_frame(self, frame: FrameType | None, line: int | None = None) -> int | None:
         """Like :meth:`here`, starting the walk at ``frame`` (at ``line`` instead of its current line)."""
         if frame is None:

@@ -34,6 +34,7 @@ import torch
 
 from ..model import NodeRecord, StepSpans
 from .node_tags import METADATA_KEY, NodeGroup, NodeTag
+from .post_hoc import saved_tensors
 from .saved import SavedHandle
 from .saved_views import SavedTensor, raw_data, raw_unpack_hook
 from .step_clock import next_sequence_nr
@@ -116,9 +117,11 @@ def _new_tag(recorder: Recorder, metadata: dict, step: int, seq: int) -> NodeTag
     return tag
 
 
-def _record(recorder: Recorder, node: Any, info: _NodeType, tag: NodeTag | NodeGroup | None) -> NodeTag:
+def _record(
+    recorder: Recorder, node: Any, info: _NodeType, tag: NodeTag | NodeGroup | None, ran: int | None = None
+) -> NodeTag:
     """Tag ``node`` (a tag of its own if a quick walk grouped it) and build its record, linked to its saved
-    tensors."""
+    tensors; ``ran``: a backward known to have run through the node that led the walk here (its parent's)."""
     if tag is None or tag.recorder is not recorder:  # (another session's tag: a graph carried into this one)
         seq = node._sequence_nr()
         tag = _new_tag(recorder, node.metadata, recorder.clock.step_of(seq), seq)
@@ -142,7 +145,51 @@ def _record(recorder: Recorder, node: Any, info: _NodeType, tag: NodeTag | NodeG
         record.site_inferred = record.site is not None
         if tag.backward is not None and _buffers_freed(node, info):  # a quick walk's backward freed them
             record.freed_by = tag.backward
+    if not record.saved and tag.step >= 0 and not recorder.is_full_step(tag.step):
+        _record_after_the_fact(recorder, node, info, tag, record, ran)
     return tag
+
+
+def _record_after_the_fact(
+    recorder: Recorder, node: Any, info: _NodeType, tag: NodeTag, record: NodeRecord, ran: int | None
+) -> None:
+    """A node of a step seen light (no pack hook ran): its saved tensors read from it now, which backward ran
+    through it (``ran``, or the one that started from it), and whether they were freed, and by which backward
+    (:mod:`~graphwatch.capture.post_hoc`)."""
+    backwards = recorder.trace.backwards
+    if ran is None or backwards[ran].error is not None:
+        ran = recorder.light_backwards.started_from(recorder, record.seq)
+    if ran is not None and backwards[ran].api == "backward":  # (grad() runs only what its inputs need)
+        record.backward = tag.backward = ran
+    saved = saved_tensors(recorder, node, tag.step)
+    if record.site is None:  # the template's line is the node's own where it packed there, as on a full step
+        record.site = recorder.template_site(node, record.seq, info.op, tag.step)
+        record.site_inferred = record.site is not None and not saved
+    for saved_record in saved:  # (saved by this node's op: its line, as a pack hook would have noted it)
+        saved_record.node, saved_record.site = record.id, record.site
+        record.saved.append(saved_record.id)
+    tag.post_hoc = saved or None
+    if _buffers_freed(node, info):
+        _freed_after_the_fact(recorder, node, tag, record)
+
+
+def _freed_after_the_fact(recorder: Recorder, node: Any, tag: NodeTag, record: NodeRecord) -> None:
+    """A walk finds freed the saved tensors of a node of a step seen light: by the last backward known to have
+    run through it, or the one :class:`~graphwatch.capture.post_hoc.LightBackwards` tells; when no earlier
+    backward can have, by the one failing now on its way (then the node is no stale part of the graph)."""
+    backward = record.backward
+    known = None if backward is None else recorder.trace.backwards[backward]
+    running = recorder.backward.id if recorder.backward is not None else None
+    if known is None or known.retain_graph or known.error is not None:
+        backward, earlier = recorder.light_backwards.freeing(recorder, node, record.seq)
+        if not earlier and running is not None:
+            backward = running
+    tag.freed = backward is None or backward != running
+    if backward is not None:
+        record.freed_by = record.backward = tag.backward = backward
+    if tag.post_hoc:
+        recorder.post_hoc_released(tag.post_hoc, backward)
+        tag.post_hoc = None
 
 
 def _buffers_freed(node: Any, info: _NodeType) -> bool:
@@ -199,6 +246,7 @@ def _quick_walk(
 ) -> WalkResult | None:
     first_seq = recorder.step_seq
     params = result.params_reached
+    ops = recorder.step_ops if recorder.templates is not None else None  # a full step's ops, for light steps
     made = next_sequence_nr() - first_seq  # nodes this step made: the walk reaches no others
     budget = made if recorder.detail_always else min(made, recorder.tracked_per_step)
     seen = bytearray(made if budget < made else 0)  # a byte per node of this step, when the budget can be reached
@@ -234,22 +282,26 @@ def _quick_walk(
             seen[seq - first_seq] = 1
         metadata[METADATA_KEY] = group
         result.nodes_reached += 1
+        if ops is not None:
+            ops.append((seq, info.op))
         for child, _ in node.next_functions:
             if child is not None:
                 stack.append(child)
     return result
 
 
-def _first_visit(recorder: Recorder, node: Any, mark: int) -> NodeTag | None:
+def _first_visit(recorder: Recorder, node: Any, mark: int, ran: int | None = None) -> NodeTag | None:
     """The tag of ``node``, its record built (and the node tagged) if need be, the first time a walk
-    marked ``mark`` meets it; None when that walk has met it already."""
+    marked ``mark`` meets it; None when that walk has met it already.  (``ran``: as for :func:`_record`.)"""
     found: NodeTag | NodeGroup | None = node.metadata.get(METADATA_KEY)
     if found is None or found.record is None or found.recorder is not recorder:
-        tag = _record(recorder, node, _node_type(node), found)
+        tag = _record(recorder, node, _node_type(node), found, ran)
     else:
         tag = cast(NodeTag, found)  # (a tag with a record is a NodeTag)
         if tag.mark == mark:
             return None
+        if tag.post_hoc and _buffers_freed(node, _node_type(node)):  # freed since it was recorded
+            _freed_after_the_fact(recorder, node, tag, cast(NodeRecord, tag.record))
     tag.mark = mark
     return tag
 
@@ -275,18 +327,19 @@ def walk(
     mark = next(_marks)
     step = recorder.step
     backwards = recorder.trace.backwards
-    stack: list[tuple[Any, NodeRecord | None]] = [(root, None) for root in roots if root is not None]
+    stack: list[tuple[Any, NodeRecord | None, int | None]] = [(root, None, None) for root in roots if root is not None]
     while stack:
-        node, parent = stack.pop()
+        node, parent, ran = stack.pop()
         if _node_type(node).is_accumulate_grad:
             if collect_params:
                 result.params_reached.append(node.variable)
             continue
-        tag = _first_visit(recorder, node, mark)
+        tag = _first_visit(recorder, node, mark, ran)
         if tag is None:
             continue
         record = tag.record
         assert record is not None  # (_first_visit builds it)
+        ran = record.backward  # (before this walk's backward takes its place)
         result.nodes_reached += 1
         if reached is not None:
             reached.add(record.id)
@@ -298,12 +351,14 @@ def walk(
                     result.crossings.append((parent.id, record.id))
         if backward_id is not None:
             record.backward = tag.backward = backward_id
-        if record.freed_by is not None:
+            if tag.post_hoc:  # its saved tensors, read after the fact: this backward may free them
+                recorder.run_through.append(tag)
+        if (record.freed_by is not None and record.freed_by != backward_id) or tag.freed:  # (not on its own way)
             result.freed.append(record)
             continue
         for child, _ in node.next_functions:
             if child is not None:
-                stack.append((child, record))
+                stack.append((child, record, ran))
     return result
 
 
@@ -363,10 +418,10 @@ def reach(recorder: Recorder, root: Any, known: dict[int, Reach]) -> tuple[int |
     steps: set[int] = set()
     mark = next(_marks)
     root_record: NodeRecord | None = None
-    stack = [root]
+    stack: list[tuple[Any, int | None]] = [(root, None)]
     while stack:
-        node = stack.pop()
-        tag = None if _node_type(node).is_accumulate_grad else _first_visit(recorder, node, mark)
+        node, ran = stack.pop()
+        tag = None if _node_type(node).is_accumulate_grad else _first_visit(recorder, node, mark, ran)
         if tag is None:
             continue
         record = tag.record
@@ -383,8 +438,8 @@ def reach(recorder: Recorder, root: Any, known: dict[int, Reach]) -> tuple[int |
                 result.backwarded_before += 1
             else:
                 result.backwarded_in_step += 1
-        if record.freed_by is None:
-            stack.extend(child for child, _ in node.next_functions if child is not None)
+        if record.freed_by is None and not tag.freed:
+            stack.extend((child, record.backward) for child, _ in node.next_functions if child is not None)
     if root_record is None:  # the root is an AccumulateGrad: a parameter holds no graph
         return None, result
     result.spans = _merge_spans(result.spans, [(s, s + 1) for s in steps])

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..model import Holder, NodeRecord, StepSpans
-from .callsite import is_user_file
+from ..model import GLOBALS_SCOPE, Holder, NodeRecord, StepSpans
+from .callsite import display_path, is_user_file
 from .graph_walk import Reach, reach
 from .source import assigned_names, assignments, function_node, module_node
 
@@ -190,12 +190,16 @@ def _assignment(code: CodeType, name: str) -> tuple[int, bool] | None:
     return found[-1] if found else None
 
 
-def _attribute_site(recorder: Recorder, frame: FrameType, name: str) -> int | None:
-    """For ``obj.attr`` (``model.outputs``): the line of ``obj``'s class that assigns or adds to ``self.attr``."""
+def _attribute_site(recorder: Recorder, frame: FrameType | None, name: str, names: dict | None = None) -> int | None:
+    """For ``obj.attr`` (``model.outputs``): the line of ``obj``'s class that assigns or adds to ``self.attr``
+    (``obj`` as ``frame`` names it, or else as ``names``, a finished script's globals, does)."""
     head, _, rest = name.split("[")[0].partition(".")
     if not rest:
         return None
-    owner = local_value(frame, head) if head in frame.f_code.co_varnames else frame.f_globals.get(head)
+    if frame is not None:
+        owner = local_value(frame, head) if head in frame.f_code.co_varnames else frame.f_globals.get(head)
+    else:
+        owner = (names or {}).get(head)
     *path, attr = rest.split(".")
     for part in path:
         owner = getattr(owner, part, None)
@@ -234,12 +238,14 @@ class HolderSearch:
         self._reaches: dict[int, Reach] = {}  # what the last search's tensors reach, by their node's record id
 
     def at_step_end(
-        self, recorder: Recorder, start: FrameType | None, census: bool = False, script: dict | None = None
+        self, recorder: Recorder, start: FrameType | None, census: bool = False, script: dict | None = None,
+        step: int | None = None,
     ) -> list[Holder]:
         """The holders of the graphs of the earlier steps alive (searched now, or kept from the last search).
 
         ``census``: search whatever is alive, walking every graph the frames reach; that also counts the
         nodes of graphs no backward walks (a chain an in-place update of a parameter grows each step).
+        ``step``: the step whose end it is (default: the current one; the last one ended, at the session's end).
         """
         appeared, vanished = recorder.live.changes()
         self._unsearched.update(appeared)
@@ -247,7 +253,7 @@ class HolderSearch:
         # this step's graphs (and the next one's, after a pending end) are not earlier yet: they stay unsearched
         new = {s for s in self._unsearched if s < recorder.step}
         if census or new:
-            self._holders = find_holders(recorder, start, script if census else None, self._reaches)
+            self._holders = find_holders(recorder, start, script if census else None, self._reaches, step)
             self._unsearched -= new
             return list(self._holders)
         dead = [s for s in vanished if not recorder.live.is_alive(s)]
@@ -262,28 +268,34 @@ class HolderSearch:
 
 
 def find_holders(
-    recorder: Recorder, start: FrameType | None, script: dict | None = None, reaches: dict[int, Reach] | None = None
+    recorder: Recorder, start: FrameType | None, script: dict | None = None, reaches: dict[int, Reach] | None = None,
+    step: int | None = None,
 ) -> list[Holder]:
-    """Holders of earlier-step graphs among the values user frames can reach (and a finished script's
-    globals, ``script``, which ``graphwatch run`` hands over when the session ends).
+    """Holders of graphs of steps before ``step`` (default: the current one) among the values user frames can
+    reach (and a finished script's globals, ``script``, which ``graphwatch run`` hands over when the session
+    ends).
 
     ``reaches``: what an earlier search found below the tensors it looked at; used where the same
     nodes are met again, and replaced by what this search looked at (see :func:`reach`).
     """
+    step = recorder.step if step is None else step
     holders: list[Holder] = []
     seen: set[int] = set()
     known = reaches if reaches is not None else {}
     found_now: dict[int, Reach] = {}
     for frame in user_frames(start):
         scope = f"{recorder.trace.where(recorder.sites.from_frame(frame))} in {frame.f_code.co_name}"
-        found = _holders_among(recorder, tensors_in_frame(frame), seen, scope, known, found_now)
+        found = _holders_among(recorder, tensors_in_frame(frame), seen, scope, known, found_now, step)
         holders += [h if h.site is not None else replace(h, site=_making_site(recorder, frame, h.name)) for h in found]
     if script is not None and isinstance(script.get("__file__"), str):
         names = [(name, value) for name, value in list(script.items()) if not name.startswith("__")]
         pairs = [pair for name, value in names for pair in _tensors_in(name, value)]
-        for holder in _holders_among(recorder, pairs, seen, f"{script['__file__']} (its globals)", known, found_now):
+        scope = display_path(script["__file__"]) + GLOBALS_SCOPE
+        for holder in _holders_among(recorder, pairs, seen, scope, known, found_now, step):
             line = _script_line(script["__file__"], holder.name) if holder.site is None else None
             site = recorder.sites.from_file(script["__file__"], line) if line is not None else holder.site
+            if site is None:  # an object's attribute (``model.running``): the line of its class that assigns it
+                site = _attribute_site(recorder, None, holder.name, script)
             holders.append(replace(holder, site=site))
     if reaches is not None:
         reaches.clear()
@@ -298,10 +310,10 @@ def _holders_among(
     scope: str,
     known: dict[int, Reach],
     found: dict[int, Reach],
+    step: int,
 ) -> list[Holder]:
-    """Holders (with no site yet) among ``pairs`` of names and tensors, each tensor looked at once;
-    what each reaches is added to ``found``."""
-    step = recorder.step
+    """Holders (with no site yet) of graphs of steps before ``step`` among ``pairs`` of names and tensors, each
+    tensor looked at once; what each reaches is added to ``found``."""
     holders = []
     for name, tensor in pairs:
         if id(tensor) in seen:
@@ -313,10 +325,18 @@ def _holders_among(
         earlier, nodes = reached.earlier(step)
         if earlier:
             record = recorder.trace.nodes.get(root) if root is not None else None
-            backwarded = record is not None and record.backward is not None
+            backwarded = record is not None and (record.backward is not None or _light_backwarded(recorder, record, tensor))
             site = _running_site(recorder, record, name)
             holders.append(Holder(name, site, scope, earlier, nodes, tensor.numel(), backwarded))
     return holders
+
+
+def _light_backwarded(recorder: Recorder, record: NodeRecord, tensor: torch.Tensor) -> bool:
+    """Whether a backward with no walk (on a step seen light) ran, or may have run, through the node of a held
+    tensor that a step seen light made (:meth:`~graphwatch.capture.post_hoc.LightBackwards.ran_through`)."""
+    if record.step < 0 or recorder.is_full_step(record.step):
+        return False  # (made before the session, or a backward's walk would have noted it)
+    return recorder.light_backwards.ran_through(recorder, tensor.grad_fn, record.seq) is not False
 
 
 def _running_site(recorder: Recorder, record: NodeRecord | None, name: str) -> int | None:

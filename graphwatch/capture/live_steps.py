@@ -39,6 +39,8 @@ class LiveSteps:
         self.activation_total = 0
         self._old_version = 0  # changes whenever an old table does
         self._shared: tuple[int, dict[int, int], dict[int, int]] = (-1, {}, {})  # (version, copies) of the old
+        self._version = 0  # changes whenever any table does
+        self._last: tuple[int, StepTable, StepTable] | None = None  # the last snapshot, shared while nothing changes
         self._emptied: list[int] = []  # steps whose count reached 0 (finalizers only append here)
         self._appeared: list[int] = []  # steps that came alive in a table since the last changes()
         self._vanished: list[int] = []  # steps gone from both tables since then
@@ -59,6 +61,7 @@ class LiveSteps:
         self.activation_total += nbytes
 
     def _add(self, step: int, amount: int, recent: dict[int, int], old: dict[int, int]) -> None:
+        self._version += 1
         if step >= self.boundary:
             table = recent
         else:
@@ -87,6 +90,7 @@ class LiveSteps:
                 if not table.get(step, 1):
                     del table[step]
                     dropped = True
+                    self._version += 1
             if dropped and not self.is_alive(step):  # (the count that reached 0 already changed the version)
                 self._vanished.append(step)
 
@@ -98,20 +102,28 @@ class LiveSteps:
         return appeared, vanished
 
     def snapshot(self) -> tuple[StepTable, StepTable]:
-        """(nodes alive by step, live activation bytes by step) as they are now, for a step's record."""
+        """(nodes alive by step, live activation bytes by step) as they are now, for a step's record: the
+        last snapshot's tables again while nothing changed (a step seen light, whose graphs are not counted)."""
         self.forget_emptied()
+        last = self._last
+        if last is not None and last[0] == self._version:
+            return last[1], last[2]
         version, old_nodes, old_activation = self._shared
         if version != self._old_version:
             old_nodes, old_activation = dict(self.old_nodes), dict(self.old_activation)
             self._shared = (self._old_version, old_nodes, old_activation)
-        return StepTable(dict(self.nodes), old_nodes), StepTable(dict(self.activation), old_activation)
+        nodes, activation = StepTable(dict(self.nodes), old_nodes), StepTable(dict(self.activation), old_activation)
+        self._last = (self._version, nodes, activation)
+        return nodes, activation
 
     def advance(self, step: int) -> None:
-        """The run reached ``step``: once the recent tables span two batches, move the older batch out."""
+        """The run reached ``step``: once the recent tables span two batches, move the older batch out (the
+        recorder calls it only then)."""
         if step - self.boundary < 2 * OLD_BATCH:
             return
         self.forget_emptied()  # (emptied steps are looked up on the side of the boundary they were counted)
         self.boundary = step - OLD_BATCH
+        self._version += 1
         for recent, old in ((self.nodes, self.old_nodes), (self.activation, self.old_activation)):
             for moved in [s for s in list(recent) if s < self.boundary]:  # (list: a copy in C, whatever the finalizers do)
                 old[moved] = recent.pop(moved)

@@ -179,20 +179,23 @@ class LoopSteps:
         return self._plans[code]
 
     # ------------------------------------------------------------ decisions
-    def ends_step(self, frame: FrameType | None, kind: str, frees_graph: bool = True) -> bool:
+    def ends_step(
+        self, frame: FrameType | None, kind: str, frees_graph: bool = True, positions: tuple[int, ...] | None = None
+    ) -> bool:
         """Whether a training event of ``kind`` ("backward" or "step") that ``frame`` runs ends the step.
 
         The answer for one chain of user call positions is kept until a new line is learnt: after the
-        first iteration an event costs a walk up its frames and a dict lookup.
+        first iteration an event costs a walk up its frames and a dict lookup (none when the event's
+        ``positions`` were read already, :meth:`positions`).
         """
-        frames = self._user_frames(frame)
-        key = tuple((id(f.f_code), f.f_lasti) for f in frames)
+        key = self.positions(frame) if positions is None else positions
         if kind == "step":
             self.optimizer_seen = True
         known = self._answers.get(key)
         if known is not None and known[0] == len(self._learnt_lines):
             answer = known[1]
         else:
+            frames = self._user_frames(frame)
             self._learn(frames)
             answer = self._from_source(frames)
             self._answers[key] = (len(self._learnt_lines), answer)
@@ -200,14 +203,33 @@ class LoopSteps:
             return kind == "step" or (frees_graph and not self.optimizer_seen)
         return answer
 
+    def positions(self, frame: FrameType | None) -> tuple[int, ...]:
+        """Where the innermost user frames from ``frame`` outwards are: (code id, instruction) of each, flat.
+        (Its first four numbers are the innermost user frame's and its user caller's: a
+        :class:`~graphwatch.capture.callsite.SiteTable` position.)"""
+        positions: list[int] = []
+        user_code = self._user_code
+        while frame is not None:
+            code = frame.f_code
+            known = user_code.get(id(code))  # by id: hashing a code object costs a microsecond
+            if known is None:
+                known = self._classify(code)
+            if known[1]:
+                positions += (id(code), frame.f_lasti)
+                if len(positions) == 2 * _MAX_CALLERS:
+                    break
+            frame = frame.f_back
+        return tuple(positions)
+
+    def _classify(self, code: CodeType) -> tuple[CodeType, bool]:
+        known = self._user_code[id(code)] = (code, is_user_file(code.co_filename))
+        return known
+
     def _user_frames(self, frame: FrameType | None) -> list[FrameType]:
         frames: list[FrameType] = []
         while frame is not None and len(frames) < _MAX_CALLERS:
             code = frame.f_code
-            known = self._user_code.get(id(code))  # by id: hashing a code object costs a microsecond
-            if known is None:
-                known = self._user_code[id(code)] = (code, is_user_file(code.co_filename))
-            if known[1]:
+            if (self._user_code.get(id(code)) or self._classify(code))[1]:
                 frames.append(frame)
             frame = frame.f_back
         return frames

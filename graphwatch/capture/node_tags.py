@@ -39,16 +39,18 @@ from typing import TYPE_CHECKING
 from .stack_limit import TouchedNodes
 
 if TYPE_CHECKING:
-    from ..model import NodeRecord
+    from ..model import NodeRecord, SavedRecord
     from .recorder import Recorder
 
 METADATA_KEY = "graphwatch"
 
 
 class NodeTag:
-    """One node's tag: its step, sequence number, the last backward that ran through it, and its record."""
+    """One node's tag: its step, sequence number, the last backward that ran through it, and its record;
+    for a node of a step seen light, the records of its saved tensors read after the fact (``post_hoc``,
+    counted alive until the node dies) and whether a backward freed them (``freed``, by whom unknown)."""
 
-    __slots__ = ("backward", "mark", "record", "recorder", "seq", "step")
+    __slots__ = ("backward", "freed", "mark", "post_hoc", "record", "recorder", "seq", "step")
 
     def __init__(self, recorder: Recorder, step: int, seq: int) -> None:
         self.recorder = recorder
@@ -57,6 +59,8 @@ class NodeTag:
         self.backward: int | None = None  # id of the last backward whose walk visited the node
         self.mark = -1  # id of the last walk that visited the node
         self.record: NodeRecord | None = None
+        self.post_hoc: list[SavedRecord] | None = None
+        self.freed = False
         TouchedNodes.alive += 1
 
     def __del__(self) -> None:
@@ -75,6 +79,8 @@ class NodeGroup:
 
     __slots__ = ("__weakref__", "backward", "counted", "recorder", "step")
     record: NodeRecord | None = None  # as a NodeTag's before a full walk: a grouped node has no record
+    post_hoc: list[SavedRecord] | None = None  # (its nodes' saved tensors went through the pack hook)
+    freed = False
 
     def __init__(self, recorder: Recorder, step: int, backward: int) -> None:
         self.recorder = recorder
@@ -143,6 +149,8 @@ class NodeGroups:
         (``everything``: of the old groups too, as at the session's end)."""
         self._ends += 1
         old = everything or self._ends % self._old_every == 0
+        if not old and not self._recent:  # (a step that walked no graph: nothing to recount)
+            return
         recent: list[weakref.ref[NodeGroup]] = []
         kept_old: list[weakref.ref[NodeGroup]] = []
         for ref in self._recent + self._old if old else self._recent:

@@ -26,10 +26,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..model import BackwardRecord, NodeRecord, SavedRecord, StepRecord, Trace
-from ..model.columns import averaged_steps, freeze_step
+from ..model.columns import averaged_steps, freeze_steps
+from ..model.packed import PackedArray
 from .callsite import SiteTable
-from .live_steps import LiveSteps
+from .line_templates import LineTemplates, Template
+from .live_steps import OLD_BATCH, LiveSteps
 from .node_tags import NodeGroups
+from .post_hoc import LightBackwards
 from .resident import ResidentMemory
 from .step_clock import StepClock, next_sequence_nr
 
@@ -44,6 +47,9 @@ FREEZE_BATCH = 256
 # Saved tensors of one step tracked one by one at the default level; later ones are only counted, so that one
 # backward through a graph of millions of nodes holds graphwatch to a fraction of torch's own memory.
 TRACKED_PER_STEP = 100_000
+_NO_TABLE: dict[int, int] = {}  # a settled step's tables: empty (shared, never written to)
+RSS_EVERY = 8  # steps seen light read the resident memory on every this many steps
+MAX_TEMPLATE_NODES = TRACKED_PER_STEP  # a bigger step seen in full detail leaves no lines for light steps
 
 
 class Recorder:
@@ -68,6 +74,14 @@ class Recorder:
         self.step_started_cpu = time.process_time()
         self.step_seq = self.clock.mark()
         self.backward: BackwardRecord | None = None  # the backward running now, if any
+        self.backward_starts = PackedArray("q")  # per backward id: the next node sequence number when it started
+        self.is_full_step: Callable[[int], bool] = lambda step: True  # was a step seen in full detail (the plan)
+        # the tensors the last backwards started from, weakly, by backward id (kept by the session's BackwardWatch)
+        self.losses: dict[int, list[weakref.ref]] = {}
+        self.light_backwards = LightBackwards(self.losses)  # backwards that ran with no walk (light steps)
+        self.run_through: list[NodeTag] = []  # tags with saved tensors read after the fact, in this backward's graph
+        self.templates: LineTemplates | None = None  # full steps' lines by node offset, for light steps' nodes
+        self.step_ops: list[tuple[int, str]] = []  # (sequence number, op) of this step's nodes its walks met
         self.boundary_pending = False  # a freeing backward ended the step; commit at the next pack
         self.pending_source = "backward"
         self._pending_seq = 0
@@ -85,11 +99,13 @@ class Recorder:
         self._node_ids_by_step: dict[int, list[int]] = {}
         self._saved_ids_by_step: dict[int, list[int]] = {}
         self._fresh: list[weakref.ref] = []  # this step's handles: those alive at its end get records
+        self._post_hoc: dict[int, tuple | None] = {}  # saved records read from a light step's nodes -> storage key
         self._settled: list[int] = []  # pruned steps waiting to go into columns
         self._site_seq = -1  # node sequence number at the last pack-site lookup, and its result
         self._op_site: int | None = None
         self.closed = False
         self._rss = ResidentMemory()
+        self._rss_read = 0
         # id(optimizer) -> (weak ref to it, site of its last step() call, step index then): what changed
         # parameters in place, for the "modified by an inplace operation" hint
         self._optimizer_steps: dict[int, tuple[weakref.ref, int | None, int]] = {}
@@ -111,6 +127,8 @@ class Recorder:
         """The NodeRecord of a tagged node, kept in the trace while its step is in the detail window."""
         record = NodeRecord(self._next_node, op, tag.step, tag.seq, backward=tag.backward)
         self._next_node += 1
+        if self.templates is not None and tag.step == self.step:
+            self.step_ops.append((tag.seq, op))
         self._keep_in_window(tag.step, record, self.trace.nodes, self._node_ids_by_step)
         return record
 
@@ -127,6 +145,8 @@ class Recorder:
         self.live.node_died(tag.step)
         if tag.record is not None:
             tag.record.died_step = self.step
+        if tag.post_hoc:
+            self.post_hoc_released(tag.post_hoc, None)
 
     def dtype_name(self, dtype: torch.dtype) -> str:
         name = self.dtype_names.get(dtype)
@@ -201,6 +221,54 @@ class Recorder:
         self._keep_in_window(handle.step, record, self.trace.saved, self._saved_ids_by_step)
         return record
 
+    def post_hoc_saved(self, tensor: torch.Tensor, step: int, output: bool = False) -> SavedRecord:
+        """The record of a tensor a node of a light step saved with no hook (read from the node now; ``output``:
+        the op's own output), counted alive until :meth:`post_hoc_released` (:mod:`~graphwatch.capture.post_hoc`)."""
+        if output:
+            kind = "activation"
+        elif tensor.is_leaf:
+            kind = "parameter" if tensor.requires_grad else "input"
+        else:
+            base = tensor._base
+            kind = "activation" if base is None or not base.is_leaf else "parameter"
+        try:
+            untyped = tensor.untyped_storage()
+            key: tuple | None = (untyped.data_ptr(), tensor.is_cuda)
+            nbytes = untyped.nbytes()
+        except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested or storage-less
+            key, nbytes = None, 0
+        shape = () if tensor.is_nested else tuple(tensor.shape)
+        device = "cpu" if tensor.is_cpu else tensor.device.type
+        record = SavedRecord(self._next_saved, step, None, nbytes, kind, shape, self.dtype_name(tensor.dtype), device)
+        self._next_saved += 1
+        self._keep_in_window(step, record, self.trace.saved, self._saved_ids_by_step)
+        self._post_hoc[record.id] = key
+        if key is not None:
+            entry = self._storages.get(key)
+            if entry is not None:
+                entry[0] += 1
+                record.nbytes = 0  # the storage is counted already
+                return record
+            self._storages[key] = [1, nbytes, step, kind != "parameter"]
+        self._count_live(nbytes, step, kind != "parameter")
+        return record
+
+    def post_hoc_released(self, records: list[SavedRecord], backward: int | None) -> None:
+        """Saved tensors recorded after the fact were freed (by ``backward``) or their node died."""
+        for record in records:
+            if record.id not in self._post_hoc:
+                continue
+            key = self._post_hoc.pop(record.id)
+            record.freed_step, record.freed_by = self.step, backward
+            if key is None:
+                self._count_live(-record.nbytes, record.step, record.kind != "parameter")
+                continue
+            entry = self._storages[key]
+            entry[0] -= 1
+            if not entry[0]:
+                del self._storages[key]
+                self._count_live(-entry[1], entry[2], entry[3])
+
     def _count_live(self, nbytes: int, step: int, activation: bool) -> None:
         if not nbytes:  # also keeps finalizers from adding keys while a step end iterates the table
             return
@@ -253,6 +321,10 @@ class Recorder:
         """Whether any of these nodes was made after the pending step boundary."""
         return any(root._sequence_nr() >= self._pending_seq for root in roots)
 
+    def nodes_made(self) -> int:
+        """Autograd nodes (of this thread) made since the current step started, up to its end if one is pending."""
+        return (self._pending_seq if self.boundary_pending else next_sequence_nr()) - self.step_seq
+
     def commit_boundary(self) -> None:
         """End the pending step (called from the pack hook of the next forward op)."""
         self.boundary_hook(self.pending_source)
@@ -269,17 +341,51 @@ class Recorder:
         else:
             seq = self.clock.mark()
         record.nodes_created = max(0, seq - self.step_seq)
-        self._keep_outliving()
+        if self.step_ops:  # (collected for the templates of full steps only)
+            if self.is_full_step(record.index):
+                self._keep_template(self.step_seq, seq)
+            self.step_ops = []
+        if self._fresh:
+            self._keep_outliving()
         self._snapshot_live(record)
         self.trace.steps.append(record)
-        self.step += 1
-        self.live.advance(self.step)
-        self.current = StepRecord(index=self.step, source="explicit")
+        step = self.step = self.step + 1
+        live = self.live
+        if step - live.boundary >= 2 * OLD_BATCH:
+            live.advance(step)
+        self.current = StepRecord(index=step, source="explicit")
         self.step_seq = seq
         self.step_started = time.perf_counter()
         self.step_started_cpu = time.process_time()
-        self._prune()
+        if step > self.keep_steps:
+            self._prune()
         return record
+
+    def _keep_template(self, first: int, end: int) -> None:
+        """The lines of the step seen in full detail that ends here, by node offset (:mod:`.line_templates`)."""
+        count = end - first
+        ops: list[str | None] = [None] * count if count <= MAX_TEMPLATE_NODES else []
+        for seq, op in self.step_ops if ops else ():
+            if first <= seq < end:
+                ops[seq - first] = op
+        if ops:
+            assert self.templates is not None
+            self.templates.keep(Template(count, ops, self.clock.lines_between(first, end)))
+
+    def template_site(self, node: Any, seq: int, op: str, step: int) -> int | None:
+        """The line of a node of a step seen light, from a full step that ran the same code (or None)."""
+        if self.templates is None:
+            return None
+        bounds = self.clock.bounds
+        first = bounds[step]
+        finished = step + 1 < len(bounds)
+        count = (bounds[step + 1] if finished else next_sequence_nr()) - first
+        nodes = [(seq - first, op)]
+        for child, _ in node.next_functions:
+            child_seq = -1 if child is None else child._sequence_nr()
+            if first <= child_seq < first + count:
+                nodes.append((child_seq - first, child.name()))
+        return self.templates.site(count, finished, nodes)
 
     def _keep_outliving(self) -> None:
         """Build the records of this step's saved tensors that outlive it (the others were counted only)."""
@@ -290,15 +396,36 @@ class Recorder:
                 self.saved_record(handle)
 
     def _snapshot_live(self, record: StepRecord) -> None:
-        self.groups.recount(self.step)
-        record.nodes_alive_by_step, record.saved_alive_by_step = self.live.snapshot()
-        record.live_activation_bytes = self.live.activation_total
+        self.groups.recount(self.step)  # (at once when there is no group: a step that walked no graph)
+        live = self.live
+        record.nodes_alive_by_step, record.saved_alive_by_step = live.snapshot()
+        record.live_activation_bytes = live.activation_total
         record.live_leaf_bytes = self._live_leaf
-        record.live_nodes = self.live.nodes_total
-        record.rss_bytes = self._rss.bytes()
+        record.live_nodes = live.nodes_total
+        if self.is_full_step(record.index) or not record.index % RSS_EVERY:
+            self._rss_read = self._rss.bytes()
+        record.rss_bytes = self._rss_read  # (a step seen light repeats the last reading, taken every few steps)
         if self.cuda_seen and torch.cuda.is_available():
             record.cuda_allocated = torch.cuda.memory_allocated()
             record.cuda_reserved = torch.cuda.memory_reserved()
+
+    def saves_seen(self, step: int) -> bool:
+        """Whether a saved tensor of ``step`` has a record (on a step seen light: one read after the fact)."""
+        return bool(self._saved_ids_by_step.get(step))
+
+    def recount_ended(self, record: StepRecord) -> None:
+        """Add to the live tables of ``record``, the last step that ended, what a walk since its end (the
+        session's last census) tagged of the graphs alive then: it was seen light, so its own graphs were not
+        counted at its end.  A graph of a step up to it that is alive now was alive then; one counted then
+        may have died since: each step's count is the larger of the two (what was made since belongs to no
+        step of the trace)."""
+        index = record.index
+        for name, now in zip(("nodes_alive_by_step", "saved_alive_by_step"), self.live.snapshot()):
+            then = getattr(record, name)
+            steps = {s for s in now if s <= index} | set(then)
+            setattr(record, name, {s: max(then.get(s, 0), now.get(s, 0)) for s in sorted(steps)})
+        record.live_nodes = sum(record.nodes_alive_by_step.values())
+        record.live_activation_bytes = sum(record.saved_alive_by_step.values())
 
     def keep_detail(self, step: int) -> None:
         """Keep per-node records of ``step`` in the trace (it has a finding)."""
@@ -309,30 +436,37 @@ class Recorder:
         if cutoff < 1 or (cutoff - 1) in self.kept_steps:
             return
         old = cutoff - 1
-        if old < len(self.trace.steps):
-            record = self.trace.steps[old]
+        trace = self.trace
+        record = trace.steps.object_at(old)  # type: ignore[attr-defined]  # a RecordList
+        if record is not None:
             record.detail = False
             # What grows with the number of graphs alive (a leak keeps more each step) goes with the
             # step's detail, so that every step past the window costs the same few bytes: the totals stay.
-            record.nodes_alive_by_step = {}
-            record.saved_alive_by_step = {}
-            record.holders = []
-            backwards = self.trace.backwards
+            record.nodes_alive_by_step = record.saved_alive_by_step = _NO_TABLE
+            if record.holders:
+                record.holders = []
             for backward_id in record.backwards:
-                backwards[backward_id].roots = []  # node records that go with the detail
-            self._settled.append(old)  # numbers only now: into columns with the next batch
-            if len(self._settled) >= FREEZE_BATCH:
+                backward = trace.backwards.object_at(backward_id)  # type: ignore[attr-defined]  # a RecordList
+                if backward is not None and backward.roots:
+                    backward.roots = []  # node records that go with the detail
+            settled = self._settled
+            settled.append(old)  # numbers only now: into columns with the next batch
+            if len(settled) >= FREEZE_BATCH:
                 self._freeze_settled()
-        self.clock.forget_before(self.clock.bounds[old + 1])
-        for node_id in self._node_ids_by_step.pop(old, ()):
-            self.trace.nodes.pop(node_id, None)
-        for saved_id in self._saved_ids_by_step.pop(old, ()):
-            self.trace.saved.pop(saved_id, None)
+        self.clock.forget_before(old + 1)
+        if self._node_ids_by_step:
+            for node_id in self._node_ids_by_step.pop(old, ()):
+                trace.nodes.pop(node_id, None)
+        if self._saved_ids_by_step:
+            for saved_id in self._saved_ids_by_step.pop(old, ()):
+                trace.saved.pop(saved_id, None)
 
     # ----------------------------------------------------------- optimizers
     def optimizer_stepped(self, optimizer: torch.optim.Optimizer, site: int | None) -> None:
         """``optimizer.step()`` at ``site`` just updated its parameters in place."""
-        self._optimizer_steps[id(optimizer)] = (weakref.ref(optimizer), site, self.step)
+        known = self._optimizer_steps.get(id(optimizer))
+        ref = known[0] if known is not None and known[0]() is optimizer else weakref.ref(optimizer)
+        self._optimizer_steps[id(optimizer)] = (ref, site, self.step)
 
     def optimized_parameters(self, optimizers: list[torch.optim.Optimizer] | None = None) -> set[int]:
         """``id()`` of every parameter of ``optimizers`` (default: of those that stepped so far)."""
@@ -401,6 +535,7 @@ class Recorder:
 
     # ------------------------------------------------------------ backward
     def begin_backward(self, record: BackwardRecord) -> None:
+        self.backward_starts.append(next_sequence_nr())
         self.trace.backwards.append(record)
         self.current.backwards.append(record.id)
         self.backward = record
@@ -411,10 +546,16 @@ class Recorder:
         self.current.backward_seconds += seconds
         self.current.backward_cpu_seconds += cpu_seconds
         self.backward = None
+        if self.run_through:
+            run_through, self.run_through = self.run_through, []
+            if not record.retain_graph and record.error is None:  # it freed what it ran through
+                for tag in run_through:
+                    if tag.post_hoc:
+                        self.post_hoc_released(tag.post_hoc, record.id)
+                        tag.post_hoc = None
 
     def _freeze_settled(self) -> None:
-        for index in self._settled:
-            freeze_step(self.trace.steps, self.trace.backwards, index)  # type: ignore[arg-type]  # RecordLists
+        freeze_steps(self.trace.steps, self.trace.backwards, self._settled)  # type: ignore[arg-type]  # RecordLists
         self._settled.clear()
 
     def close(self) -> None:

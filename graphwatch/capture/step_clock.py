@@ -9,7 +9,10 @@ numbered, so it also notes (number, line) whenever the line changes: a node
 that saves no tensor takes the line of the nearest pack at or before it.
 That is exact for the tensors a call returns (its last nodes); the first
 nodes of a composite call that saves nothing before them take the line of the
-call before.  The numbers are per thread: the clock speaks for the thread that trains.
+call before.  A step seen light runs no pack hook: its start is noted as
+"no line from here" (:meth:`StepClock.note_unknown`), so that its nodes get no
+line rather than a wrong one.  The numbers are per thread: the clock speaks
+for the thread that trains.
 
 Example::
 
@@ -62,6 +65,13 @@ class StepClock:
             self._line_seqs.append(next_sequence_nr() - 1)
             self._line_sites.append(site)
 
+    def note_unknown(self) -> None:
+        """The nodes numbered from now on have no line (until the next pack): a step seen light starts."""
+        if self._last_site is not None or not self._line_seqs:
+            self._last_site = None
+            self._line_seqs.append(next_sequence_nr())
+            self._line_sites.append(None)
+
     def note_call(self, first_seq: int, site: int | None) -> None:
         """A torch call at ``site`` made the nodes numbered from ``first_seq`` on (the precise level)."""
         self._line_seqs.append(first_seq)
@@ -75,8 +85,16 @@ class StepClock:
             i = 0 if self._line_sites else -1
         return self._line_sites[i] if i >= 0 else None
 
-    def forget_before(self, seq: int) -> None:
-        """Drop line changes older than ``seq`` once the timeline is long (nodes that old are pruned)."""
+    def lines_between(self, first: int, end: int) -> list[tuple[int, int | None]]:
+        """The line changes of the nodes numbered ``first`` to ``end - 1``, as (offset from ``first``, site),
+        starting with the line in effect at ``first``."""
+        start = max(0, bisect_right(self._line_seqs, first) - 1)
+        stop = bisect_right(self._line_seqs, end - 1)
+        return [(max(0, seq - first), site) for seq, site in zip(self._line_seqs[start:stop], self._line_sites[start:stop])]
+
+    def forget_before(self, step: int) -> None:
+        """Drop line changes older than step ``step``'s start once the timeline is long (nodes that old are
+        pruned)."""
         if len(self._line_seqs) > _PRUNE_AT:
-            cut = max(0, bisect_right(self._line_seqs, seq) - 1)
+            cut = max(0, bisect_right(self._line_seqs, self.bounds[step]) - 1)
             del self._line_seqs[:cut], self._line_sites[:cut]

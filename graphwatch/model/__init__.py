@@ -2,10 +2,12 @@
 
 from .patch_check import PatchCheck
 from .records import (
+    GLOBALS_SCOPE,
     SAVED_KINDS,
     STEP_SOURCES,
     BackwardRecord,
     CallSite,
+    DetailSpan,
     Finding,
     Holder,
     NodeRecord,
@@ -32,12 +34,14 @@ from .training import OptimizerRecord, ParameterRecord
 __all__ = [
     "EDIT_KINDS",
     "FORMAT",
+    "GLOBALS_SCOPE",
     "SAVED_KINDS",
     "STEP_SOURCES",
     "VALUE_TYPES",
     "VERSION",
     "BackwardRecord",
     "CallSite",
+    "DetailSpan",
     "Edit",
     "Finding",
     "Holder",

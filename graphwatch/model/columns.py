@@ -117,20 +117,26 @@ class RecordList(Sequence, Generic[R]):
         self._numbers = attrgetter(*columns.numbers)
         self._number_arrays = [self._arrays[name] for name in columns.numbers]
         self._row = PackedArray("q")  # per index: its row in the arrays, or -1 while it is an object
+        self._length = 0  # len(self._row), kept (appends are the hot path of a session's step ends)
         self._objects: dict[int, R] = {}
         self.extend(records)
 
     # ------------------------------------------------------------ the list
     def append(self, record: R) -> None:
-        self._objects[len(self._row)] = record
+        self._objects[self._length] = record
         self._row.append(-1)
+        self._length += 1
 
     def extend(self, records: Iterable[R]) -> None:
         for record in records:
             self.append(record)
 
     def __len__(self) -> int:
-        return len(self._row)
+        return self._length
+
+    def object_at(self, index: int) -> R | None:
+        """Record ``index`` while it is kept as an object (not in the columns), else None."""
+        return self._objects.get(index)
 
     @overload
     def __getitem__(self, index: int) -> R: ...
@@ -155,34 +161,42 @@ class RecordList(Sequence, Generic[R]):
     # ------------------------------------------------------------ columns
     def freeze(self, index: int) -> bool:
         """Store record ``index`` in the columns; False (it stays an object) if it carries more than numbers."""
-        record = self._objects.get(index)
-        if record is None:
+        if index not in self._objects:
             return self._row[index] >= 0
+        return bool(self.freeze_many([index]))
+
+    def freeze_many(self, indices: Iterable[int]) -> list[int]:
+        """:meth:`freeze` the records at ``indices`` (kept as objects) a column at a time; returns those stored."""
+        records = [(i, r) for i in indices if (r := self._objects.get(i)) is not None and self._numbers_only(r)]
+        if not records:
+            return []
+        arrays, columns = self._arrays, self.columns
+        rows = [self._numbers(record) for _, record in records]
+        for k, column in enumerate(self._number_arrays):
+            column.extend([NONE_CODE if (value := row[k]) is None else value for row in rows])
+        for name, allowed in columns.choices.items():
+            arrays[name].extend([allowed.index(getattr(record, name)) for _, record in records])
+        for name in columns.ranges:
+            spans = [getattr(record, name) for _, record in records]
+            arrays[f"{name}.first"].extend([values[0] if values else 0 for values in spans])
+            arrays[f"{name}.count"].extend([len(values) for values in spans])
+        row = len(self._number_arrays[0]) - len(records)
+        for index, _ in records:
+            self._row[index] = row
+            row += 1
+            del self._objects[index]
+        return [index for index, _ in records]
+
+    def _numbers_only(self, record: R) -> bool:
+        """Whether a record carries nothing but what the columns store (numbers, choices, consecutive ranges)."""
         if any(getattr(record, name) != default for name, default in self._defaults.items()):
             return False
-        ranges = {}
         for name in self.columns.ranges:
             values = getattr(record, name)
             first = values[0] if values else 0
             if values != list(range(first, first + len(values))):
                 return False
-            ranges[name] = (first, len(values))
-        choices = {}
-        for name, allowed in self.columns.choices.items():
-            if getattr(record, name) not in allowed:
-                return False
-            choices[name] = allowed.index(getattr(record, name))
-        arrays = self._arrays
-        for column, value in zip(self._number_arrays, self._numbers(record)):
-            column.append(NONE_CODE if value is None else value)
-        for name, value in choices.items():
-            arrays[name].append(value)
-        for name, (first, count) in ranges.items():
-            arrays[f"{name}.first"].append(first)
-            arrays[f"{name}.count"].append(count)
-        self._row[index] = len(arrays[next(iter(arrays))]) - 1
-        del self._objects[index]
-        return True
+        return all(getattr(record, name) in allowed for name, allowed in self.columns.choices.items())
 
     def _thaw(self, row: int) -> R:
         arrays, columns = self._arrays, self.columns
@@ -229,6 +243,7 @@ class RecordList(Sequence, Generic[R]):
             else:
                 rows.append(row)
                 row += 1
+        records._length = count
         records._objects = dict(objects)
         return records
 
@@ -297,7 +312,10 @@ def averaged_steps(trace: Trace) -> tuple[int, int]:
 
 def freeze_step(steps: RecordList, backwards: RecordList, index: int) -> None:
     """Store step ``index`` and its backwards in columns, where they carry only numbers."""
-    ids = steps[index].backwards
-    if steps.freeze(index):
-        for backward_id in ids:
-            backwards.freeze(backward_id)
+    freeze_steps(steps, backwards, [index])
+
+
+def freeze_steps(steps: RecordList, backwards: RecordList, indices: list[int]) -> None:
+    """:func:`freeze_step` for many steps at once, a column at a time."""
+    ids = {index: record.backwards for index in indices if (record := steps.object_at(index)) is not None}
+    backwards.freeze_many([b for index in steps.freeze_many(indices) for b in ids[index]])

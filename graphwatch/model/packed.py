@@ -167,8 +167,15 @@ class PackedArray:
             self._seal()
 
     def extend(self, values: Iterable[Number]) -> None:
-        for value in values:
-            self.append(value)
+        values = values if isinstance(values, list) else list(values)
+        start = 0
+        while start < len(values):
+            tail = self._tail
+            room = CHUNK - len(tail)
+            tail.extend(values[start : start + room])
+            start += room
+            if len(tail) == CHUNK:
+                self._seal()
 
     def _sealed(self) -> int:
         return self._starts[-1] + self._chunks[-1].count if self._chunks else 0

@@ -269,6 +269,9 @@ class StepSpans(Sequence[int]):
         return repr(list(self)) if self._length <= 16 else f"StepSpans({list(self._spans)!r})"
 
 
+GLOBALS_SCOPE = " (its globals)"  # a Holder's scope when a finished script's globals hold it: "train.py (its globals)"
+
+
 @dataclass(slots=True)
 class Holder:
     """A live Python value that keeps a graph of earlier steps alive (found at a step end)."""
@@ -280,6 +283,19 @@ class Holder:
     nodes: int = 0  # earlier-step nodes it reaches
     numel: int | None = None  # elements of the tensor it holds (one item's, for a container's items); None: unknown
     backwarded: bool = False  # a backward ran through the held tensor itself (a loss, or a part of one)
+
+    @property
+    def namespace(self) -> str:
+        """Where the name lives, whatever line its frame stood at when it was found: a finished script's globals
+        (scope ``"train.py (its globals)"``) are its module's.
+
+        >>> Holder("total", None, "train.py:12 in main").namespace, Holder("total", None, "t.py (its globals)").namespace
+        ('train.py in main', 't.py in <module>')
+        """
+        if self.scope.endswith(GLOBALS_SCOPE):
+            return f"{self.scope[: -len(GLOBALS_SCOPE)]} in <module>"
+        where, _, function = self.scope.rpartition(" in ")
+        return f"{where.rpartition(':')[0] or where} in {function}" if where else self.scope
 
 
 @dataclass(slots=True)
@@ -376,6 +392,17 @@ class Snapshot:
 
 
 @dataclass(slots=True)
+class DetailSpan:
+    """Steps ``first`` to ``end - 1`` were seen in full detail (saved tensors, graph walks, holders, the step
+    detectors), and why: ``"first steps"``, ``"sampled"``, ``"every step"`` (``level="full"``) or the signal
+    that asked for a closer look.  Steps in no span were seen at the light level's cost."""
+
+    first: int
+    end: int
+    reason: str
+
+
+@dataclass(slots=True)
 class Trace:
     """Everything a session recorded.  ``graphwatch.load`` returns one of these."""
 
@@ -392,6 +419,7 @@ class Trace:
     findings: list[Finding] = field(default_factory=list)
     snapshots: list[Snapshot] = field(default_factory=list)
     sources: list[SourceLines] = field(default_factory=list)  # the lines findings cite, read when recorded
+    full_detail: list[DetailSpan] = field(default_factory=list)  # the steps seen in full detail, and why
     untracked_saved: int = 0  # tensors saved under user hooks we could not see
     ended_early: str | None = None  # why the run stopped before the session ended
     averaged_from: int = 0  # first step whose times and sizes read as span means (long runs: model.packed)

@@ -33,6 +33,7 @@ from .patch_check import PatchCheck
 from .records import (
     BackwardRecord,
     CallSite,
+    DetailSpan,
     Finding,
     Holder,
     NodeRecord,
@@ -67,6 +68,7 @@ _LIST_FIELDS: dict[str, type] = {
     "sources": SourceLines,
     "optimizers": OptimizerRecord,
     "parameters": ParameterRecord,
+    "full_detail": DetailSpan,
 }
 _DICT_FIELDS: dict[str, type] = {"nodes": NodeRecord, "saved": SavedRecord}
 # Records held inside records: (field, record type) per type (a list of them, or one record or None).
@@ -164,7 +166,7 @@ def _record(cls: type, row: Any) -> Any:
                 setattr(record, name, [_record(part, row) for row in value])
             elif isinstance(value, dict):
                 setattr(record, name, _record(part, value))
-        except TypeError as exc:
+        except TypeError as exc:  # (a record of the wrong shape inside: named by the field that holds it)
             raise TypeError(f"{cls.__name__} field {name!r}: {exc}") from None
     check_fields(record, cls.__name__)
     if isinstance(record, Holder):

@@ -49,6 +49,7 @@ from .visible import html_attr
 from .wording import (
     averaged_text,
     counted_only_text,
+    detail_text,
     ending_text,
     marked_steps,
     sample_steps,
@@ -256,7 +257,7 @@ def _meta_html(trace: Trace, trace_file: str) -> str:
             f'<p class="notice">{counted(trace.untracked_saved, "saved tensor")} went through saved-tensor hooks '
             "entered inside the session, which graphwatch cannot see; they are not counted.</p>"
         )
-    for notice in (averaged_text(trace), counted_only_text(trace)):
+    for notice in (detail_text(trace), averaged_text(trace), counted_only_text(trace)):
         if notice:
             notes.append(f'<p class="notice">{html_attr(notice)}</p>')
     times = f'<p class="meta">{html_attr(time_text(trace))}</p>' if time_text(trace) else ""  # (below the facts: small)

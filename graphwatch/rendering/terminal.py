@@ -46,6 +46,7 @@ from .wording import (
     averaged_text,
     cited_sites,
     counted_only_text,
+    detail_text,
     ending_text,
     explained_in_error,
     finding_steps,
@@ -299,7 +300,7 @@ class Summary:
                 "(saved_tensors_hooks entered inside the session); they are not counted",
                 style="dim",
             )
-        for notice in (averaged_text(trace), counted_only_text(trace)):
+        for notice in (detail_text(trace), averaged_text(trace), counted_only_text(trace)):
             if notice:
                 yield Text(notice, style="dim")
         patches = numbered_patches(trace.findings)

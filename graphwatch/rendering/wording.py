@@ -154,6 +154,42 @@ def averaged_text(trace: Trace) -> str:
     )
 
 
+def detail_text(trace: Trace, groups: int = 6) -> str:
+    """At the default level, which steps were seen in full detail and why ("" when every step was).
+
+    >>> from graphwatch.model import DetailSpan
+    >>> spans = [DetailSpan(0, 3, "first steps"), DetailSpan(16, 17, "sampled"), DetailSpan(64, 65, "sampled")]
+    >>> steps = [StepRecord(index=i, source="optimizer") for i in range(100)]
+    >>> print(detail_text(Trace(options={"level": "default"}, steps=steps, full_detail=spans)))  # doctest: +NORMALIZE_WHITESPACE
+    full detail in 5 steps of 100: 0-2 (first steps); 16, 64 (sampled); the other 95 were seen light (backward
+    calls, optimizer steps and each step's totals; an error is explained in full on any step)
+    """
+    total = len(trace.steps)
+    if trace.options.get("level") != "default" or not total:
+        return ""
+    by_reason: dict[str, list[str]] = {}
+    full = 0
+    for span in trace.full_detail:
+        end = min(span.end, total)
+        if end > span.first:
+            full += end - span.first
+            text = f"{span.first}" if end - span.first == 1 else f"{span.first}-{end - 1}"
+            by_reason.setdefault(span.reason, []).append(text)
+    if full >= total:
+        return ""
+    parts = [
+        f"{', '.join(spans[:4])}{', ...' if len(spans) > 4 else ''} ({reason})"
+        for reason, spans in list(by_reason.items())[:groups]
+    ]
+    if len(by_reason) > groups:
+        parts.append(f"{len(by_reason) - groups} more reasons")
+    listed = "; ".join(parts) + "; " if parts else ""
+    return (
+        f"full detail in {counted(full, 'step')} of {total:,}: {listed}the other {total - full:,} were seen light "
+        "(backward calls, optimizer steps and each step's totals; an error is explained in full on any step)"
+    )
+
+
 def counted_only_text(trace: Trace) -> str:
     """The notice for steps so large that part of them was counted, not tracked ("" when none was).
 

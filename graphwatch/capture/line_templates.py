@@ -1,0 +1,72 @@
+"""The lines of a step seen light, taken from a step seen in full detail that ran the same code.
+
+On a light step no pack hook notes which line made each node
+(:mod:`.step_clock`).  But a training loop runs the same code step after
+step, and autograd numbers the nodes of a thread in order, so the node made
+``k``-th in a light step is made by the same line as the ``k``-th node of a
+full step that ran the same code.  A full step's :class:`Template` keeps, by
+node offset from its start, the op of each node its walks met and the line
+of each pack.  A node of a light step takes the template's line when the
+light step made as many nodes as the full step (the current step: no more so
+far), and the node and its children of the same step are the ops the
+template has at their offsets; otherwise its line stays unknown.
+
+Example::
+
+    >>> templates = LineTemplates()
+    >>> templates.keep(Template(3, ["MulBackward0", "SumBackward0", None], [(0, 7), (1, 8)]))
+    >>> templates.site(3, True, [(1, "SumBackward0"), (0, "MulBackward0")])  # the node, then its children
+    8
+    >>> templates.site(3, True, [(1, "ExpBackward0")]) is None  # another op there: not the same code
+    True
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MAX_TEMPLATES = 16  # node counts kept (one template each, the latest)
+
+
+@dataclass(slots=True)
+class Template:
+    """A full step's nodes: ``count`` made, each one's op by offset (None: no walk met it), and its lines as
+    (offset of the first node, site) from each line change on."""
+
+    count: int
+    ops: list[str | None]
+    lines: list[tuple[int, int | None]]
+
+    def site_at(self, offset: int) -> int | None:
+        i = bisect_right(self.lines, offset, key=lambda line: line[0]) - 1
+        return self.lines[i][1] if i >= 0 else None
+
+
+class LineTemplates:
+    """The latest full step's template for each number of nodes a step made."""
+
+    def __init__(self) -> None:
+        self._by_count: dict[int, Template] = {}
+
+    def keep(self, template: Template) -> None:
+        self._by_count.pop(template.count, None)
+        self._by_count[template.count] = template
+        if len(self._by_count) > MAX_TEMPLATES:
+            del self._by_count[next(iter(self._by_count))]
+
+    def site(self, count: int, finished: bool, nodes: Sequence[tuple[int, str]]) -> int | None:
+        """The line of a light step's node, ``nodes[0]`` as (offset, op), whose children of the same step are
+        ``nodes[1:]``, in a step that made ``count`` nodes (``finished``; else so far); None when no template
+        ran the same code there."""
+        if finished:
+            found = self._by_count.get(count)
+            templates = [found] if found is not None else []
+        else:
+            templates = [t for t in self._by_count.values() if t.count >= count]
+        for template in templates:
+            ops = template.ops
+            if all(offset < len(ops) and ops[offset] == op for offset, op in nodes):
+                return template.site_at(nodes[0][0])
+        return None
