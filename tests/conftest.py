@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -44,6 +44,16 @@ def no_session_left():
     if session is not None:
         session.__exit__(None, None, None)
         pytest.fail("the test left a graphwatch session active")
+
+
+@pytest.fixture
+def one_thread(no_session_left: None) -> Iterator[None]:
+    """One torch thread for the test (timings and per-op records that do not depend on the thread pool), and
+    no graphwatch session left after it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

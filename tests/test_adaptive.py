@@ -9,7 +9,7 @@ Lines are found by the ``# at: <tag>`` comments of this file.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,12 +30,7 @@ def at(tag: str) -> str:
     return f"{display_path(__file__)}:{lines[0]}"
 
 
-@pytest.fixture(autouse=True)
-def one_thread(no_session_left: None) -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest: one torch thread, no session left)
 
 
 def watch(level: str = "default") -> graphwatch.Session:
