@@ -192,7 +192,7 @@ def _issue_25_section(
             cells = []
             for c in configs:
                 if c not in r.results:
-                    cells.append("skipped" if c in r.workload.skip else ("failed" if c in r.errors else "-"))
+                    cells.append(_missing(r, c))
                     continue
                 ms = med([x.ms_from(STEADY_FROM) for x in r.results[c]])
                 cells.append(f"{fmt_ms(ms)} ms" + ("" if c == "bare" else f", **{fmt_x(r.ratio_from(c, STEADY_FROM))}**"))
@@ -214,6 +214,11 @@ def _issue_25_section(
     return lines
 
 
+def _missing(result: WorkloadResult, config: str) -> str:
+    """The table cell of a configuration that has no figures for a workload."""
+    return "skipped" if config in result.workload.skip else ("failed" if config in result.errors else "-")
+
+
 def _ratio_tables(results: dict[str, WorkloadResult]) -> list[str]:
     configs = list(CONFIGS)
     lines = [
@@ -232,7 +237,7 @@ def _ratio_tables(results: dict[str, WorkloadResult]) -> list[str]:
         cells = []
         for c in configs:
             if c not in r.results:
-                cells.append("skipped" if c in r.workload.skip else ("failed" if c in r.errors else "-"))
+                cells.append(_missing(r, c))
             else:
                 cells.append(f"{fmt_ms(r.ms(c))} ms" + ("" if c == "bare" else f", **{fmt_x(r.ratio(c))}**"))
         lines.append(
