@@ -166,7 +166,8 @@ class LoopSteps:
         self._learnt: dict[CodeType, set[int]] = {}  # lines that led to training events
         self._learnt_lines: set[tuple[CodeType, int]] = set()
         self._answers: dict[tuple, tuple[int, bool | None]] = {}  # call positions -> (lines learnt, answer)
-        self._user_code: dict[int, tuple[CodeType, bool]] = {}  # holds the codes, so that their ids stay theirs
+        self._user_code: dict[int, bool] = {}  # id(code) -> is it the user's code
+        self._codes: list[CodeType] = []  # keeps the codes classified alive, so that their ids stay theirs
         self._receivers: dict[tuple[CodeType, str], bool] = {}  # is this receiver an optimizer?
         self.in_optimizer_step = 0  # depth of optimizer.step() calls running now
         self.optimizer_seen = False
@@ -208,28 +209,32 @@ class LoopSteps:
         (Its first four numbers are the innermost user frame's and its user caller's: a
         :class:`~graphwatch.capture.callsite.SiteTable` position.)"""
         positions: list[int] = []
+        add = positions.append
         user_code = self._user_code
+        left = _MAX_CALLERS
         while frame is not None:
             code = frame.f_code
-            known = user_code.get(id(code))  # by id: hashing a code object costs a microsecond
-            if known is None:
-                known = self._classify(code)
-            if known[1]:
-                positions += (id(code), frame.f_lasti)
-                if len(positions) == 2 * _MAX_CALLERS:
+            is_user = user_code.get(id(code))  # by id: hashing a code object costs a microsecond
+            if is_user or (is_user is None and self._classify(code)):
+                add(id(code))
+                add(frame.f_lasti)
+                left -= 1
+                if not left:
                     break
             frame = frame.f_back
         return tuple(positions)
 
-    def _classify(self, code: CodeType) -> tuple[CodeType, bool]:
-        known = self._user_code[id(code)] = (code, is_user_file(code.co_filename))
-        return known
+    def _classify(self, code: CodeType) -> bool:
+        self._codes.append(code)
+        is_user = self._user_code[id(code)] = is_user_file(code.co_filename)
+        return is_user
 
     def _user_frames(self, frame: FrameType | None) -> list[FrameType]:
         frames: list[FrameType] = []
         while frame is not None and len(frames) < _MAX_CALLERS:
             code = frame.f_code
-            if (self._user_code.get(id(code)) or self._classify(code))[1]:
+            is_user = self._user_code.get(id(code))
+            if is_user or (is_user is None and self._classify(code)):
                 frames.append(frame)
             frame = frame.f_back
         return frames

@@ -333,8 +333,9 @@ class Recorder:
         """Close the current step with its totals and open the next one."""
         record = self.current
         record.source = source
-        record.seconds = time.perf_counter() - self.step_started
-        record.cpu_seconds = time.process_time() - self.step_started_cpu
+        now, now_cpu = time.perf_counter(), time.process_time()  # (this step's end is the next one's start)
+        record.seconds = now - self.step_started
+        record.cpu_seconds = now_cpu - self.step_started_cpu
         if self.boundary_pending:
             self.boundary_pending = False
             seq = self._pending_seq
@@ -355,8 +356,7 @@ class Recorder:
             live.advance(step)
         self.current = StepRecord(index=step, source="explicit")
         self.step_seq = seq
-        self.step_started = time.perf_counter()
-        self.step_started_cpu = time.process_time()
+        self.step_started, self.step_started_cpu = now, now_cpu
         if step > self.keep_steps:
             self._prune()
         return record

@@ -107,6 +107,10 @@ class RecordList(Sequence, Generic[R]):
     def __init__(self, columns: Columns, records: Iterable[R] = ()) -> None:
         self.columns = columns
         self._defaults = columns.defaults()
+        # a record's fields that must hold their defaults to be frozen, read in one call (a tuple, even of one)
+        self._default_fields = attrgetter(*self._defaults, "__class__")
+        self._default_values = (*self._defaults.values(), columns.cls)
+        self._choices = [(attrgetter(name), allowed) for name, allowed in columns.choices.items()]
         typecodes = {name: "q" if code == "n" else code for name, code in columns.numbers.items()}
         typecodes.update({name: "b" for name in columns.choices})
         typecodes.update({f"{name}.{part}": "q" for name in columns.ranges for part in ("first", "count")})
@@ -115,7 +119,7 @@ class RecordList(Sequence, Generic[R]):
             for name, code in typecodes.items()
         }
         self._numbers = attrgetter(*columns.numbers)
-        self._number_arrays = [self._arrays[name] for name in columns.numbers]
+        self._number_arrays = [(self._arrays[name], code == "n") for name, code in columns.numbers.items()]
         self._row = PackedArray("q")  # per index: its row in the arrays, or -1 while it is an object
         self._length = 0  # len(self._row), kept (appends are the hot path of a session's step ends)
         self._objects: dict[int, R] = {}
@@ -172,15 +176,15 @@ class RecordList(Sequence, Generic[R]):
             return []
         arrays, columns = self._arrays, self.columns
         rows = [self._numbers(record) for _, record in records]
-        for k, column in enumerate(self._number_arrays):
-            column.extend([NONE_CODE if (value := row[k]) is None else value for row in rows])
+        for (column, nullable), values in zip(self._number_arrays, zip(*rows)):  # (zip(*rows): a column a time)
+            column.extend([NONE_CODE if value is None else value for value in values] if nullable else values)
         for name, allowed in columns.choices.items():
             arrays[name].extend([allowed.index(getattr(record, name)) for _, record in records])
         for name in columns.ranges:
             spans = [getattr(record, name) for _, record in records]
             arrays[f"{name}.first"].extend([values[0] if values else 0 for values in spans])
             arrays[f"{name}.count"].extend([len(values) for values in spans])
-        row = len(self._number_arrays[0]) - len(records)
+        row = len(self._number_arrays[0][0]) - len(records)
         for index, _ in records:
             self._row[index] = row
             row += 1
@@ -189,14 +193,14 @@ class RecordList(Sequence, Generic[R]):
 
     def _numbers_only(self, record: R) -> bool:
         """Whether a record carries nothing but what the columns store (numbers, choices, consecutive ranges)."""
-        if any(getattr(record, name) != default for name, default in self._defaults.items()):
+        if self._default_fields(record) != self._default_values:
             return False
         for name in self.columns.ranges:
             values = getattr(record, name)
             first = values[0] if values else 0
             if values != list(range(first, first + len(values))):
                 return False
-        return all(getattr(record, name) in allowed for name, allowed in self.columns.choices.items())
+        return all(field(record) in allowed for field, allowed in self._choices)
 
     def _thaw(self, row: int) -> R:
         arrays, columns = self._arrays, self.columns

@@ -257,6 +257,11 @@ class PackedArray:
         return self._unpacked(chunk)[offset] if value is None else value
 
     def __setitem__(self, index: int, value: Number) -> None:
+        tail = self._tail
+        offset = index - self._sealed() if index >= 0 else index + len(tail)
+        if 0 <= offset < len(tail):  # (the recent values: most writes)
+            tail[offset] = value
+            return
         chunk, offset = self._position(index)
         if chunk == len(self._chunks):
             self._tail[offset] = value
