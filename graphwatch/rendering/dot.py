@@ -24,12 +24,14 @@ import gc
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Any, cast
 
 import graphviz
 import torch
 
 from ..model import Trace
+from . import dot_writer
 from .focus import FOCUS_BOXES, focus
 from .graph_items import (
     BACKWARD_FILL,
@@ -48,7 +50,6 @@ from .graph_items import (
     tensor_label,
 )
 from .kept import add_holders, note_what_each_keeps
-from .visible import visible
 
 _HEAD = 40  # nodes nearest the outputs kept when a large graph is summarised
 _IMPORTANT = 40  # at most this many crossing / freed-frontier nodes kept besides
@@ -176,17 +177,17 @@ def _tooltip(item: Item, label: str, trace: Trace | None) -> dict[str, str]:
 
 
 def _emit(graph: GraphBuilder, rep: list[int], carried: dict[int, dict], overlaid: bool,
-          legend: bool, trace: Trace | None = None) -> graphviz.Digraph:
-    """The Digraph of the drawn items, named ``n0, n1, ...`` in walk order (with hover titles from ``trace``
-    for a session's snapshot; :func:`make_dot` without a trace stays torchviz's)."""
-    dot = graphviz.Digraph(node_attr=NODE_ATTR, graph_attr={"size": "12,12"})
-    items, names = graph.items, cast(dict[int, str], {})
+          legend: bool, trace: Trace | None = None) -> tuple[list[str], dict[str, str]]:
+    """The DOT body lines of the drawn items, named ``n0, n1, ...`` in walk order (with hover titles from
+    ``trace`` for a session's snapshot; :func:`make_dot` without a trace stays torchviz's), and the graph's
+    attributes."""
+    items, names, body = graph.items, cast(dict[int, str], {}), []
     for index, item in enumerate(items):
         if rep[index] == index:
             names[index] = f"n{len(names)}"
             label = item.label if item.value is None else tensor_label(item, overlaid and item.role == SAVED)
             attrs = {**({"fillcolor": item.fill} if item.fill else {}), **(item.attrs or {}), **_tooltip(item, label, trace)}
-            dot.node(names[index], dot_text(label), **_texts(attrs))
+            body.append(dot_writer.node(names[index], label, attrs))
     merged: set[tuple[str, str]] = set()  # edges between boxes that draw several items: each drawn once
     for k, (tail, head, attrs) in enumerate([(c, p, {}) for c, p in graph.flow] + graph.links):
         remapped = rep[tail] != tail or rep[head] != head
@@ -202,32 +203,11 @@ def _emit(graph: GraphBuilder, rep: list[int], carried: dict[int, dict], overlai
         if trace is not None and "tooltip" not in edge:
             tail_op, head_op = items[tail].op or items[tail].label.split("\n")[0] or "tensor", items[head].op or "tensor"
             edge = {**edge, "tooltip": f"{tail_op} → {head_op}"}
-        dot.edge(*pair, **_texts(edge))
+        body.append(dot_writer.edge(*pair, edge))
     if legend:
-        _add_legend(dot, summarised=any(item.collapsed for item in items))
-    size = max(12, len(dot.body) * 0.15)  # torchviz's sizing: grows with the number of statements
-    dot.graph_attr["size"] = f"{size},{size}"
-    return dot
-
-
-_TEXT_ATTRIBUTES = frozenset({"label", "tooltip", "xlabel"})
-
-
-def dot_text(text: str) -> str:
-    """``text`` (a name, a line, a file name: anything the user's code spells) as a DOT string that shows it as
-    it is: hidden characters made visible (:func:`~graphwatch.rendering.visible.visible`: ESC would make the
-    SVG ill-formed), backslashes doubled (DOT reads ``\\"``, ``\\l`` and a final ``\\`` as its own), never an
-    HTML-like label (``<...>``).
-
-    >>> import graphviz
-    >>> graphviz.quoting.quote(dot_text('held\\\\')), graphviz.quoting.quote(dot_text("<b>x</b>"))
-    ('"held\\\\\\\\"', '"<b>x</b>"')
-    """
-    return graphviz.nohtml(visible(text).replace("\\", "\\\\"))
-
-
-def _texts(attrs: Mapping[str, str]) -> dict[str, str]:
-    return {key: dot_text(value) if key in _TEXT_ATTRIBUTES else value for key, value in attrs.items()}
+        body.extend(_legend_lines(summarised=any(item.collapsed for item in items)))
+    size = max(12, len(body) * 0.15)  # torchviz's sizing: grows with the number of statements
+    return body, {"size": f"{size},{size}"}
 
 
 def legend_entries(summarised: bool = True) -> list[tuple[str, dict[str, str]]]:
@@ -252,15 +232,16 @@ def legend_entries(summarised: bool = True) -> list[tuple[str, dict[str, str]]]:
     return entries
 
 
-def _add_legend(dot: graphviz.Digraph, summarised: bool) -> None:
-    """A cluster explaining the colours and lifecycle marks, in one column."""
-    entries = legend_entries(summarised)
-    with dot.subgraph(name="cluster_legend") as legend:
-        legend.attr(label="graphwatch legend", fontsize="10", fontname="monospace", style="dashed", color="gray60")
-        for k, (label, attrs) in enumerate(entries):
-            legend.node(f"legend{k}", label, **attrs)
-            if k:
-                legend.edge(f"legend{k - 1}", f"legend{k}", style="invis")
+@lru_cache(maxsize=2)
+def _legend_lines(summarised: bool) -> tuple[str, ...]:
+    """A cluster explaining the colours and lifecycle marks, in one column (the same lines for every drawing)."""
+    lines = []
+    for k, (label, attrs) in enumerate(legend_entries(summarised)):
+        lines.append(dot_writer.node(f"legend{k}", label, attrs))
+        if k:
+            lines.append(dot_writer.edge(f"legend{k - 1}", f"legend{k}", {"style": "invis"}))
+    legend = {"label": "graphwatch legend", "fontsize": "10", "fontname": "monospace", "style": "dashed", "color": "gray60"}
+    return tuple(dot_writer.subgraph("cluster_legend", legend, lines))
 
 
 @contextmanager
@@ -276,9 +257,10 @@ def _gc_paused() -> Iterator[None]:
 
 
 def _finish(graph: GraphBuilder, trace: Trace | None, current_step: int | None, retained: Collection[int] | None,
-            legend: bool | None, max_nodes: int, focus_on: Collection[int] | None = None) -> graphviz.Digraph:
+            legend: bool | None, max_nodes: int, focus_on: Collection[int] | None = None
+            ) -> tuple[list[str], dict[str, str]]:
     """Overlay, summarise (or focus on the NodeRecord ids ``focus_on`` and where steps cross) and emit a walked
-    graph."""
+    graph: its body lines and graph attributes."""
     overlaid, carried = _lifecycle(graph, trace, current_step, retained)
     return _draw(graph, overlaid, carried, legend, max_nodes, focus_on, trace)
 
@@ -292,7 +274,7 @@ def _lifecycle(graph: GraphBuilder, trace: Trace | None, current_step: int | Non
 
 
 def _draw(graph: GraphBuilder, overlaid: bool, carried: dict[int, dict], legend: bool | None, max_nodes: int,
-          focus_on: Collection[int] | None, trace: Trace | None) -> graphviz.Digraph:
+          focus_on: Collection[int] | None, trace: Trace | None) -> tuple[list[str], dict[str, str]]:
     """Summarise (or focus; that adds to the labels of the nodes it folds into: draw it last) and emit; the boxes
     either adds to the graph's items for this picture are taken out again."""
     drawn = len(graph.items)
@@ -302,9 +284,14 @@ def _draw(graph: GraphBuilder, overlaid: bool, carried: dict[int, dict], legend:
         rep = focus(graph, [graph.flow[k] for k in carried], targets, max_nodes)
     elif len(graph.items) > max_nodes:
         rep = _summarise(graph, [graph.flow[k] for k in carried], max_nodes)
-    dot = _emit(graph, rep, carried, overlaid, overlaid if legend is None else legend, trace)
+    drawing = _emit(graph, rep, carried, overlaid, overlaid if legend is None else legend, trace)
     del graph.items[drawn:]
-    return dot
+    return drawing
+
+
+def _source(drawing: tuple[list[str], dict[str, str]]) -> str:
+    body, graph_attrs = drawing
+    return dot_writer.digraph(body, graph_attrs, NODE_ATTR)
 
 
 def make_dot(var: torch.Tensor | Sequence[torch.Tensor], params: Mapping[str, torch.Tensor] | None = None,
@@ -341,7 +328,8 @@ def make_dot(var: torch.Tensor | Sequence[torch.Tensor], params: Mapping[str, to
         outputs: Sequence[torch.Tensor] = var if isinstance(var, (tuple, list)) else [cast(torch.Tensor, var)]
         for tensor in outputs:
             graph.add_output(tensor)
-        return _finish(graph, trace, current_step, retained, legend, max_nodes)
+        body, graph_attrs = _finish(graph, trace, current_step, retained, legend, max_nodes)
+        return graphviz.Digraph(node_attr=NODE_ATTR, graph_attr=graph_attrs, body=body)
 
 
 def _check_options(params: Any, max_attr_chars: Any, trace: Any, current_step: Any, retained: Any, max_nodes: Any) -> None:
@@ -394,7 +382,7 @@ def snapshot_dot(roots: Iterable[Any], trace: Trace, step: int, *, retained: Col
     """
     with _gc_paused():
         graph = _snapshot_graph(roots, params, outputs, notes)
-        return _finish(graph, trace, step, retained, legend, max_nodes, focus_on).source
+        return _source(_finish(graph, trace, step, retained, legend, max_nodes, focus_on))
 
 
 def snapshot_dots(roots: Iterable[Any], trace: Trace, step: int, *, retained: Collection[int] | None = None,
@@ -416,8 +404,8 @@ def snapshot_dots(roots: Iterable[Any], trace: Trace, step: int, *, retained: Co
     with _gc_paused():
         graph = _snapshot_graph(roots, params, outputs, notes)
         overlaid, carried = _lifecycle(graph, trace, step, retained)
-        whole = _draw(graph, overlaid, carried, True, max_nodes, None, trace).source
-        return whole, _draw(graph, overlaid, carried, False, FOCUS_NODES, focus_on, trace).source
+        whole = _source(_draw(graph, overlaid, carried, True, max_nodes, None, trace))
+        return whole, _source(_draw(graph, overlaid, carried, False, FOCUS_NODES, focus_on, trace))
 
 
 def _snapshot_graph(roots: Iterable[Any], params: Mapping[str, Any] | None,
