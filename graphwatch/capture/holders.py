@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 import types
 from collections.abc import Iterable, Iterator
@@ -44,35 +45,56 @@ _CONTAINER_LIMIT = 64  # items looked at per list/tuple/dict
 _OBJECT_LEVELS = 2  # objects of the user's classes looked into: a trainer's policy's attributes, not deeper
 
 
-def _tensors_in(name: str, value: Any, depth: int = 0, objects: int = _OBJECT_LEVELS) -> Iterator[tuple[str, torch.Tensor]]:
+# Exact types whose values hold no tensor and are never looked into: not a tensor, container or module, and
+# (static types, so no instance can have a ``__dict__``) never of a user class.  Skipped before anything else.
+_INERT = frozenset({
+    types.NoneType, bool, int, float, complex, str, bytes, bytearray, range, slice, set, frozenset, property,
+    types.EllipsisType, types.NotImplementedType, types.CodeType, types.BuiltinFunctionType, types.MethodWrapperType,
+    types.WrapperDescriptorType, types.MethodDescriptorType, types.ClassMethodDescriptorType,
+    types.GetSetDescriptorType, types.MemberDescriptorType,
+})
+
+
+def _tensors_in(name: str, value: Any, objects: int = _OBJECT_LEVELS) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for the tensors with a grad_fn ``value`` holds: itself, the items of a list or tuple (the
+    last 64) or dict (the first 64), the attributes of an ``nn.Module``'s submodules and of objects of the user's
+    classes (``objects`` levels of them).  A name is built only for a tensor found."""
     if isinstance(value, torch.Tensor):
         if value.grad_fn is not None:
             yield name, value
-    elif depth > 0:
-        return
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value[-_CONTAINER_LIMIT:]):
-            yield from _tensors_in(f"{name}[{i}]", item, depth + 1)
+            if isinstance(item, torch.Tensor) and item.grad_fn is not None:  # (no deeper than the items)
+                yield f"{name}[{i}]", item
     elif isinstance(value, dict):
         for i, (key, item) in enumerate(value.items()):
             if i == _CONTAINER_LIMIT:
                 break
-            yield from _tensors_in(f"{name}[{key!r}]", item, depth + 1)
+            if isinstance(item, torch.Tensor) and item.grad_fn is not None:
+                yield f"{name}[{key!r}]", item
     elif isinstance(value, torch.nn.Module):
         for module_name, module in value.named_modules(prefix=name):
-            for attr, item in vars(module).items():
-                if not attr.startswith("_") and not isinstance(item, torch.nn.Module):  # a list kept on self too
-                    yield from _tensors_in(f"{module_name}.{attr}", item, depth, objects - 1)
+            for attr, item in vars(module).items():  # a list kept on self too
+                if not attr.startswith("_") and type(item) not in _INERT and not isinstance(item, torch.nn.Module):
+                    yield from _tensors_in(f"{module_name}.{attr}", item, objects - 1)
             for attr, buffer in module._buffers.items():  # a running statistic updated outside no_grad
                 if buffer is not None:
-                    yield from _tensors_in(f"{module_name}.{attr}", buffer, depth)
+                    yield from _tensors_in(f"{module_name}.{attr}", buffer)
             for attr, param in module._parameters.items():  # a parameter updated in place outside no_grad
                 if param is not None and param.grad_fn is not None:
                     yield f"{name}.parameters()[{f'{module_name}.{attr}'[len(name) + 1:]}]", param
     elif objects > 0 and _of_a_user_class(value):  # a Trainer subclass keeping self.losses, its policy's baseline
         for attr, item in list(vars(value).items())[:_CONTAINER_LIMIT]:
-            if not attr.startswith("_"):
-                yield from _tensors_in(f"{name}.{attr}", item, depth, objects - 1)
+            if not attr.startswith("_") and type(item) not in _INERT:
+                yield from _tensors_in(f"{name}.{attr}", item, objects - 1)
+
+
+def _tensors_among(names: Iterable[tuple[str, Any]]) -> list[tuple[str, torch.Tensor]]:
+    """:func:`_tensors_in` of each (name, value) whose name is not a dunder."""
+    return [
+        pair for name, value in names
+        if type(value) not in _INERT and not name.startswith("__") for pair in _tensors_in(name, value)
+    ]
 
 
 def _of_a_user_class(value: Any) -> bool:
@@ -86,18 +108,48 @@ def _of_a_user_class(value: Any) -> bool:
     else:
         module = sys.modules.get(kind.__module__)
     filename = getattr(module, "__file__", None) or ""  # none: __main__ in a notebook or with python -c
-    return hasattr(value, "__dict__") and is_user_file(filename) and "-packages" not in filename
+    return _is_users_file(filename) and hasattr(value, "__dict__")
 
 
-def tensors_in_frame(frame: FrameType, include_globals: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every tensor with a grad_fn a frame can reach by name."""
+def _is_users_file(filename: str) -> bool:
+    """Whether a module's ``filename`` is the user's: not torch's, graphwatch's, the standard library's or an
+    installed package's.  Kept per name, unless the answer depends on the working directory (a name that is
+    not its own absolute path: a relative one, or none)."""
+    known = _USERS_FILES.get(filename)
+    if known is not None:
+        return known
+    users = is_user_file(filename) and "-packages" not in filename
+    if filename.startswith("<") or os.path.abspath(filename) == filename:
+        if len(_USERS_FILES) >= _USERS_FILES_LIMIT:
+            _USERS_FILES.clear()
+        _USERS_FILES[filename] = users
+    return users
+
+
+_USERS_FILES: dict[str, bool] = {}
+_USERS_FILES_LIMIT = 4096
+
+
+def tensors_in_frame(
+    frame: FrameType, include_globals: bool = True, seen_globals: set[int] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor with a grad_fn a frame can reach by name.
+
+    ``seen_globals``: the ids of the globals of the frames looked at before in one look at the stack, whose
+    tensors that look has named already: not looked at again (this frame's are added)."""
     local_names = frame.f_locals
-    items = list(local_names.items())
+    namespaces = [local_names]
     if include_globals and frame.f_globals is not local_names:
-        items += frame.f_globals.items()
+        namespaces.append(frame.f_globals)
+    if seen_globals is not None and namespaces[-1] is frame.f_globals:  # (a module's frame: its locals)
+        if id(frame.f_globals) in seen_globals:
+            namespaces.pop()
+        seen_globals.add(id(frame.f_globals))  # (alive while the frames looked at are: the id is not reused)
+    items = [item for names in namespaces for item in names.items()]
+    del namespaces
     _drop_locals_snapshot(frame, local_names)
     del local_names
-    pairs = [pair for name, value in items if not name.startswith("__") for pair in _tensors_in(name, value)]
+    pairs = _tensors_among(items)
     del items
     return iter(pairs)
 
@@ -134,8 +186,9 @@ def tensors_in_user_frames(start: FrameType | None, limit: int = 8) -> Iterator[
     """(name, tensor) for the tensors with a graph the innermost ``limit`` user frames reach by name, each
     tensor once (see :func:`tensors_in_frame`)."""
     seen: set[int] = set()
+    seen_globals: set[int] = set()
     for frame in list(user_frames(start))[:limit]:
-        for name, tensor in tensors_in_frame(frame):
+        for name, tensor in tensors_in_frame(frame, seen_globals=seen_globals):
             if id(tensor) not in seen:
                 seen.add(id(tensor))
                 yield name, tensor
@@ -283,13 +336,14 @@ def find_holders(
     seen: set[int] = set()
     known = reaches if reaches is not None else {}
     found_now: dict[int, Reach] = {}
+    seen_globals: set[int] = set()
     for frame in user_frames(start):
         scope = f"{recorder.trace.where(recorder.sites.from_frame(frame))} in {frame.f_code.co_name}"
-        found = _holders_among(recorder, tensors_in_frame(frame), seen, scope, known, found_now, step)
+        named = tensors_in_frame(frame, seen_globals=seen_globals)
+        found = _holders_among(recorder, named, seen, scope, known, found_now, step)
         holders += [h if h.site is not None else replace(h, site=_making_site(recorder, frame, h.name)) for h in found]
     if script is not None and isinstance(script.get("__file__"), str):
-        names = [(name, value) for name, value in list(script.items()) if not name.startswith("__")]
-        pairs = [pair for name, value in names for pair in _tensors_in(name, value)]
+        pairs = _tensors_among(list(script.items()))
         scope = display_path(script["__file__"]) + GLOBALS_SCOPE
         for holder in _holders_among(recorder, pairs, seen, scope, known, found_now, step):
             line = _script_line(script["__file__"], holder.name) if holder.site is None else None

@@ -1,0 +1,180 @@
+"""The census of what the user's frames hold: values of types that can never hold a tensor are passed over
+without a look, the globals two frames share are looked at once, and the names found are the same as the long
+way finds them; nothing looked at is kept alive after the look."""
+
+from __future__ import annotations
+
+import sys
+import types
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import graphwatch
+from graphwatch.capture.holders import _INERT, _of_a_user_class, _tensors_in, tensors_in_frame, tensors_in_user_frames
+
+
+class _Keeper:
+    """A class of the user's own: its instances' attributes are looked into."""
+
+
+def _graph(value: float) -> torch.Tensor:
+    return torch.ones(1, requires_grad=True) * value
+
+
+def _inert_values() -> list[object]:
+    """One value of each type the census passes over without a look."""
+    values: list[object] = [
+        None, True, 1, 1.5, 2j, "s", b"b", bytearray(b"b"), range(2), slice(1), {1}, frozenset({2}), property(),
+        ..., NotImplemented, _graph.__code__, print, (1).__add__, int.__add__, str.join, dict.__dict__["fromkeys"],
+        types.FunctionType.__dict__["__code__"], slice.__dict__["start"],
+    ]
+    assert {type(v) for v in values} == _INERT  # (one of each)
+    return values
+
+
+def test_values_passed_over_hold_nothing_the_long_way_either(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Looked at the long way (a builtin's module has no file: in a working directory of the user's, it counts
+    as the user's), none of them is looked into or holds a tensor."""
+    monkeypatch.chdir(tmp_path)
+    for value in _inert_values():
+        assert not isinstance(value, (torch.Tensor, list, tuple, dict, nn.Module)), value
+        assert not _of_a_user_class(value), value
+        assert list(_tensors_in("value", value)) == [], value
+
+
+def every_kind_of_value() -> dict[str, object]:
+    """Names of a frame: a value of each type passed over (also as attributes of a user's object, module and
+    function and of an ``nn.Module``), and of each kind that must be looked at."""
+    inert = {f"a_{type(value).__name__}": value for value in _inert_values()}
+    own_module = types.ModuleType("user_settings")
+    own_module.__file__ = __file__
+    vars(own_module).update(inert)
+    own_module.held = _graph(2)  # a user module's global
+
+    def own_function() -> None:
+        pass
+
+    vars(own_function).update(inert)
+    own_function.cache = [_graph(3)]
+    keeper = _Keeper()
+    vars(keeper).update(inert)
+    keeper.loss = _graph(4)
+    keeper.inner = _Keeper()
+    keeper.inner.history = {"loss": _graph(5), "lr": 0.1}
+    model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    vars(model[0]).update(inert)
+    model[0].outputs = [1.0, _graph(6), "x"]  # a module attribute list
+    return {
+        **inert,
+        "library_module": torch,
+        "library_class": nn.Linear,
+        "library_function": torch.nn.functional.relu,
+        "library_object": torch.optim.SGD([nn.Parameter(torch.ones(1))]),
+        "builtin_module": sys,  # (in a working directory of the user's, looked into the long way too)
+        "builtin_class": float,
+        "own_module": own_module,
+        "own_function": own_function,
+        "keeper": keeper,
+        "model": model,
+        "losses": [0.5, _graph(7), None, _graph(8)],
+        "pair": (_graph(9), 3),
+        "metrics": {"loss": _graph(10), 3: 1.0, None: _graph(11)},  # a dict with tensors
+        "plain": _graph(12),
+        "__dunder": _graph(13),
+    }
+
+
+def test_a_frame_with_every_kind_of_value_names_what_the_long_way_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    namespace = {**every_kind_of_value(), "sys": sys, "tensors_in_frame": tensors_in_frame}
+    exec(compile("found = list(tensors_in_frame(sys._getframe()))", "<census>", "exec"), namespace)  # its own frame
+    assert [name for name, _ in namespace["found"]] == [
+        "own_module.held",
+        "own_function.cache[0]",
+        "keeper.loss",
+        "keeper.inner.history['loss']",
+        "model.0.outputs[1]",
+        "losses[1]",
+        "losses[3]",
+        "pair[0]",
+        "metrics['loss']",
+        "metrics[None]",
+        "plain",
+    ]
+
+
+def test_globals_two_frames_share_are_looked_at_once_with_the_same_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The inner frame's globals (this module's) are its caller's too: each tensor keeps the name the first look
+    gives it, as when every frame's globals are looked at."""
+    monkeypatch.chdir(tmp_path)
+    global _SHARED
+    _SHARED = [_graph(1)]
+    outer = _graph(2)
+    also = _SHARED[0]  # (named by the inner frame's look at the globals)
+
+    def inner() -> tuple[list[str], list[str]]:
+        mine = _graph(3)
+        frames = [sys._getframe(), sys._getframe(1)]
+        once = [name for name, _ in tensors_in_user_frames(frames[0], limit=2)]
+        seen: set[int] = set()
+        every_frame = []
+        for frame in frames:
+            for name, tensor in tensors_in_frame(frame):
+                if id(tensor) not in seen:
+                    seen.add(id(tensor))
+                    every_frame.append(name)
+        del mine
+        return once, every_frame
+
+    try:
+        once, every_frame = inner()
+    finally:
+        del _SHARED
+    assert once == every_frame == ["mine", "_SHARED[0]", "outer"]
+    del outer, also
+
+
+_SHARED: list[torch.Tensor]
+
+
+def test_the_census_keeps_nothing_it_looked_at_alive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    keeper = _Keeper()
+    keeper.loss = _graph(1)
+    keeper.inner = _Keeper()
+    model = nn.Linear(2, 2)
+    model.kept = [_graph(2)]
+    looked_at = [weakref.ref(keeper), weakref.ref(keeper.inner), weakref.ref(keeper.loss), weakref.ref(model)]
+    looked_at.append(weakref.ref(model.kept[0]))
+    names = [name for name, _ in tensors_in_user_frames(sys._getframe(), limit=1)]
+    assert names == ["keeper.loss", "model.kept[0]"]
+    del keeper, model  # (before 3.13, the frame's locals snapshot that the look filled must not hold them)
+    assert [ref() for ref in looked_at] == [None] * len(looked_at)
+
+
+def test_step_end_searches_keep_nothing_they_looked_at_alive(one_thread: None) -> None:
+    """Each step end of a session (every step in full detail) searches a keeper that carries every step's graph;
+    the keeper the loop replaces is gone at once, while the session still runs."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    with graphwatch.watch(summary=False, snapshots="off", level="full") as gw:
+        keeper = _Keeper()
+        keeper.total = torch.zeros(())
+        for _ in range(6):
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss.backward()
+            old, keeper = keeper, _Keeper()
+            keeper.total = old.total + loss  # the graphs of every step so far
+            looked_at = weakref.ref(old)
+            del old
+            assert looked_at() is None
+            gw.end_step()
+    assert "keeper.total" in {h.name for s in gw.trace.steps for h in s.holders}
