@@ -46,6 +46,26 @@ def test_values_passed_over_hold_nothing_the_long_way_either(tmp_path: Path, mon
         assert list(_tensors_in("value", value)) == [], value
 
 
+def test_modules_built_into_python_are_never_the_users(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sys``, ``gc`` or ``time`` have no file, as ``__main__`` has none in a notebook: in a working directory of the
+    user's, they are still not looked into (a census in a script that imports ``sys`` used to walk ``vars(sys)``),
+    nor are the builtin classes and functions they define; a file-less module of another name still is."""
+    monkeypatch.chdir(tmp_path)
+    import gc
+    import time
+
+    for value in (sys, gc, time, float, dict, print, sys.getsizeof):
+        assert not _of_a_user_class(value), value
+    sys.graphwatch_census_probe = _graph(1)  # type: ignore[attr-defined]
+    try:
+        assert list(_tensors_in("sys", sys)) == []
+    finally:
+        del sys.graphwatch_census_probe  # type: ignore[attr-defined]
+    notebook = types.ModuleType("__main__")  # (no __file__: a notebook's main module)
+    notebook.loss = _graph(2)
+    assert _of_a_user_class(notebook) and [name for name, _ in _tensors_in("nb", notebook)] == ["nb.loss"]
+
+
 def every_kind_of_value() -> dict[str, object]:
     """Names of a frame: a value of each type passed over (also as attributes of a user's object, module and
     function and of an ``nn.Module``), and of each kind that must be looked at."""
@@ -74,7 +94,7 @@ def every_kind_of_value() -> dict[str, object]:
         "library_class": nn.Linear,
         "library_function": torch.nn.functional.relu,
         "library_object": torch.optim.SGD([nn.Parameter(torch.ones(1))]),
-        "builtin_module": sys,  # (in a working directory of the user's, looked into the long way too)
+        "builtin_module": sys,  # (a module built into Python: never the user's, whatever the working directory)
         "builtin_class": float,
         "own_module": own_module,
         "own_function": own_function,

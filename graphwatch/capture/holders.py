@@ -107,6 +107,8 @@ def _of_a_user_class(value: Any) -> bool:
         module = sys.modules.get(getattr(value, "__module__", None) or "")
     else:
         module = sys.modules.get(kind.__module__)
+    if module is not None and module.__name__ in _BUILTIN_MODULES:  # sys, gc, time: no file, never the user's
+        return False
     filename = getattr(module, "__file__", None) or ""  # none: __main__ in a notebook or with python -c
     return _is_users_file(filename) and hasattr(value, "__dict__")
 
@@ -126,6 +128,7 @@ def _is_users_file(filename: str) -> bool:
     return users
 
 
+_BUILTIN_MODULES = frozenset(sys.builtin_module_names)
 _USERS_FILES: dict[str, bool] = {}
 _USERS_FILES_LIMIT = 4096
 
