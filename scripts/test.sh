@@ -12,5 +12,8 @@ echo "test: ruff check" >&2
 .venv/bin/ruff check --quiet .
 echo "test: mypy" >&2
 .venv/bin/mypy --no-error-summary
-# On every core (pytest-xdist; GRAPHWATCH_TEST_WORKERS=0 runs in this process, as `-n 0` after your arguments).
+# On every core (pytest-xdist; GRAPHWATCH_TEST_WORKERS=0 runs in this process, as `-n 0` after your arguments),
+# with one torch intra-op thread per process (yours if OMP_NUM_THREADS is set): the workers and the processes
+# the tests start already fill the cores, where torch's own threads would only spin waiting for one.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 exec .venv/bin/python -m pytest -n "${GRAPHWATCH_TEST_WORKERS:-auto}" "$@"

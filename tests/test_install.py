@@ -25,7 +25,8 @@ def test_pip_install_into_an_environment_with_torch_keeps_its_torch_and_gives_th
         done = subprocess.run([str(python), "-m", "pip", "install", "-q", *args], capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr
 
-    pip(TORCH_PIN)  # the user's own torch, installed first
+    pip("--no-compile", TORCH_PIN)  # the user's own torch, installed first (byte-compiling its 2,300 modules took
+    # most of this test's time; Python compiles what it imports)
     pip(str(REPO))  # the README's line
     versions = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"], capture_output=True,
                               text=True, check=True).stdout.strip()  # fmt: skip

@@ -101,7 +101,9 @@ def _start(copy: Path, level: str, tests: list[str], name: str) -> tuple[subproc
     """One pytest process over ``tests`` in ``copy``, bare (``level=""``) or with every test in a session."""
     outcomes, log = copy.parent / f"{name}.json", copy.parent / f"{name}.log"
     paths = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": paths, "GRAPHWATCH_SUITE_LEVEL": level, "GRAPHWATCH_SUITE_OUTCOMES": str(outcomes)}
+    env = {**os.environ, "PYTHONPATH": paths, "GRAPHWATCH_SUITE_LEVEL": level, "GRAPHWATCH_SUITE_OUTCOMES": str(outcomes),
+           # one torch intra-op thread each (unless set): the runs share the cores, where more would only spin
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # fmt: skip
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "graphwatch_everywhere"]
     with open(log, "w") as output:
         process = subprocess.Popen([*command, "-p", "no:graphwatch", *tests], cwd=copy, env=env, stdout=output,

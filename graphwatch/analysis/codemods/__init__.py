@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar, cast
 
@@ -34,7 +35,8 @@ class SourceTree:
     """One file's syntax tree, with where each node stands (1-based lines, as tracebacks count them)."""
 
     def __init__(self, source: str) -> None:
-        self.wrapper = MetadataWrapper(cst.parse_module(source))
+        # (no deep copy: a tree straight from the parser holds no node twice, and copying it took a quarter of the time)
+        self.wrapper = MetadataWrapper(cst.parse_module(source), unsafe_skip_copy=True)
         self.module = self.wrapper.module
         self._positions = self.wrapper.resolve(PositionProvider)
 
@@ -69,6 +71,13 @@ class SourceTree:
         return cast(cst.Module, self.module.deep_replace(old, new)).code  # type: ignore[type-var]
 
 
+@functools.lru_cache(maxsize=1)
+def file_tree(source: str) -> SourceTree:
+    """The tree of a whole file's ``source``, kept until the next file's: the sessions of a test suite patch
+    the same file again and again (each test its own session), and a large file takes seconds to parse."""
+    return SourceTree(source)
+
+
 Codemod = Callable[[SourceTree, Edit], "str | None"]
 CODEMODS: dict[str, Codemod] = {}
 
@@ -96,7 +105,7 @@ def apply_edits(source: str, edits: Iterable[Edit]) -> str | None:
         if make is None:
             return None
         try:
-            tree = SourceTree(source)
+            tree = file_tree(source)
         except cst.ParserSyntaxError:
             return None
         edited = make(tree, edit)
