@@ -61,6 +61,9 @@ def test_modules_built_into_python_are_never_the_users(tmp_path: Path, monkeypat
         assert list(_tensors_in("sys", sys)) == []
     finally:
         del sys.graphwatch_census_probe  # type: ignore[attr-defined]
+    odd = type("Odd", (), {"__module__": "graphwatch_census_odd"})  # sys.modules may hold any object
+    monkeypatch.setitem(sys.modules, "graphwatch_census_odd", object())
+    assert _of_a_user_class(odd())  # (no file, no name: as before, the user's in a working directory of theirs)
     notebook = types.ModuleType("__main__")  # (no __file__: a notebook's main module)
     notebook.loss = _graph(2)
     assert _of_a_user_class(notebook) and [name for name, _ in _tensors_in("nb", notebook)] == ["nb.loss"]

@@ -107,7 +107,8 @@ def _of_a_user_class(value: Any) -> bool:
         module = sys.modules.get(getattr(value, "__module__", None) or "")
     else:
         module = sys.modules.get(kind.__module__)
-    if module is not None and module.__name__ in _BUILTIN_MODULES:  # sys, gc, time: no file, never the user's
+    name = getattr(module, "__name__", None)  # (sys.modules may hold any object)
+    if isinstance(name, str) and name in _BUILTIN_MODULES:  # sys, gc, time: no file, never the user's
         return False
     filename = getattr(module, "__file__", None) or ""  # none: __main__ in a notebook or with python -c
     return _is_users_file(filename) and hasattr(value, "__dict__")
