@@ -11,6 +11,8 @@ table is printed in the terminal summary.  The precise level runs from ``bash sc
 from __future__ import annotations
 
 import importlib.util
+import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -70,3 +72,22 @@ def test_an_impossibility_that_passes_fails_the_suite():
     result = suite.compare("default", _outcomes(**{impossible: "passed"}), _outcomes(**{impossible: "passed"}))
     assert result.stale == [impossible]
     assert result.unexpected
+
+
+def test_a_test_that_crashes_torch_itself_is_left_out_of_every_run():
+    """``CRASH_TORCH`` lists tests that segfault torch now and then without graphwatch: a run of one of them, bare
+    or inside a session, deselects it (a crash would leave no outcomes to compare), and the table says so."""
+    folder = suite.find_folder()
+    if folder is None:
+        pytest.skip("PyTorch's autograd tests not run: no shared/pytorch-tests beside the repository")
+    crashing = next(iter(suite.CRASH_TORCH))
+    copy = suite.writable_copy(folder)
+    try:
+        for level in ("", "default"):
+            process, outcomes, log = suite._start(copy, level, [crashing], level or "bare")
+            assert process.wait() == 5, log.read_text()  # pytest's "no test ran": the only test was deselected
+            assert "1 deselected" in log.read_text()
+            assert crashing not in (json.loads(outcomes.read_text()) if outcomes.is_file() else {})
+    finally:
+        shutil.rmtree(copy.parent, ignore_errors=True)
+    assert f"left out of every run: `{crashing.rsplit('::', 1)[-1]}`" in suite.table([])

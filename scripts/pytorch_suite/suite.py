@@ -42,6 +42,15 @@ IMPOSSIBLE: dict[str, tuple[frozenset[str], str]] = {
         "asserts `grad_fn._saved_self is a`; torch re-wraps whatever an unpack hook returns",
     ),
 }
+# Tests that crash PyTorch itself now and then, bare as inside a session: left out of every run, each with what
+# shows it (docs/pytorch-suite.md).  A run that dies compares nothing, so one such crash would hide every result.
+CRASH_TORCH: dict[str, str] = {
+    "test_autograd.py::TestAutograd::test_profiler_propagation": (
+        "segfaults torch 2.13 now and then without graphwatch (the profiler's results against a `torch.jit._fork` "
+        "continuation on another thread): its body run 100 times a process crashed 2 of 31 bare processes, and "
+        "5 of 15 under `saved_tensors_hooks(lambda t: t, lambda t: t)`, which any saved-tensor hooks make likelier"
+    ),
+}
 DOC_BEGIN, DOC_END = "<!-- suite table: begin -->", "<!-- suite table: end -->"
 
 
@@ -104,7 +113,8 @@ def _start(copy: Path, level: str, tests: list[str], name: str) -> tuple[subproc
     env = {**os.environ, "PYTHONPATH": paths, "GRAPHWATCH_SUITE_LEVEL": level, "GRAPHWATCH_SUITE_OUTCOMES": str(outcomes),
            # one torch intra-op thread each (unless set): the runs share the cores, where more would only spin
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # fmt: skip
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "graphwatch_everywhere"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "graphwatch_everywhere",
+               *[arg for test in CRASH_TORCH for arg in ("--deselect", test)]]  # fmt: skip
     with open(log, "w") as output:
         process = subprocess.Popen([*command, "-p", "no:graphwatch", *tests], cwd=copy, env=env, stdout=output,
                                    stderr=subprocess.STDOUT)  # fmt: skip
@@ -197,6 +207,7 @@ def table(results: list[LevelResult]) -> str:
     listed = sorted({t for r in results for t in r.impossible})
     notes = [f"- `{_short(t)}` ({', '.join(sorted(IMPOSSIBLE[t][0]))}): {IMPOSSIBLE[t][1]}." for t in listed]
     notes += [f"- flaky at {r.level}: `{_short(t)}` differed once, not when run again." for r in results for t, _ in r.flaky]
+    notes += [f"- left out of every run: `{_short(t)}`: {why}." for t, why in CRASH_TORCH.items()]
     return "\n".join(rows + (["", *notes] if notes else []))
 
 
