@@ -8,12 +8,22 @@ as in real use.  ``bare`` is the baseline every ratio is taken against.
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
+import threading
+import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 import graphwatch
+from graphwatch.capture.backward import EnginePatch, parse_engine_args
+from graphwatch.capture.callsite import is_user_file
+from graphwatch.capture.loop_steps import _MAX_CALLERS as _CALLERS  # (user frames a loop position spans)
+from graphwatch.capture.optimizer import OptimizerHooks
+from graphwatch.capture.recorder import RSS_EVERY as _RSS_EVERY
 from graphwatch.capture.stack_limit import claim_stack
 
 _next_sequence_nr = torch._C._autograd._get_sequence_nr
@@ -54,6 +64,84 @@ def _floor() -> Iterator[None]:
         give_back()
 
 
+class _LightFloor:
+    """The least the light level must do to keep what it keeps, as plain tuples in lists: per backward its
+    loop position (the user frames' code and instruction, up to :data:`_CALLERS`, the key of its line and of
+    whether it ends the step), wall and CPU time and the loss's weak reference (what an error is explained
+    from); per step its wall and CPU time, the autograd nodes made and the resident memory every
+    :data:`_RSS_EVERY` steps.  No records, no analysis, no step-end decision beyond a dictionary lookup."""
+
+    def __init__(self) -> None:
+        self._thread = threading.get_ident()
+        self._user: dict[int, bool] = {}  # code id -> a user file's
+        self._known: dict[tuple[int, ...], bool] = {}  # loop positions -> whether the event ends the step
+        self._losses: dict[int, list[weakref.ref]] = {}
+        self._at: tuple[int, ...] = ()
+        self.backwards: list[tuple[Any, ...]] = []
+        self.steps: list[tuple[Any, ...]] = []
+        self._rss_fd = os.open("/proc/self/statm", os.O_RDONLY) if os.path.exists("/proc/self/statm") else None
+        self._rss = 0
+        self._clock = (time.perf_counter(), time.process_time(), _next_sequence_nr())
+
+    def _positions(self, frame: Any) -> tuple[int, ...]:
+        found: list[int] = []
+        left, user = _CALLERS, self._user
+        while frame is not None and left:
+            code = frame.f_code
+            mine = user.get(id(code))
+            if mine is None:
+                mine = user[id(code)] = is_user_file(code.co_filename)
+            if mine:
+                found += (id(code), frame.f_lasti)
+                left -= 1
+            frame = frame.f_back
+        return tuple(found)
+
+    def engine(self, run: Callable[..., Any], outputs: Any, args: tuple, kwargs: dict) -> Any:
+        if threading.get_ident() != self._thread:
+            return run(outputs, *args, **kwargs)
+        _, retain_graph, create_graph, _ = parse_engine_args(outputs, args, kwargs)
+        at = self._positions(sys._getframe(1))
+        number = len(self.backwards)
+        self._losses[number] = [weakref.ref(t) for t in outputs if isinstance(t, torch.Tensor)]
+        self._losses.pop(number - 64, None)
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            return run(outputs, *args, **kwargs)
+        finally:
+            done = (time.perf_counter() - wall, time.process_time() - cpu)
+            self.backwards.append((number, len(self.steps), at, retain_graph, create_graph, *done))
+            self._known.setdefault(at, False)
+
+    def before_step(self, *_: Any) -> None:
+        self._at = self._positions(sys._getframe(2))
+
+    def after_step(self, *_: Any) -> None:
+        if self._known.setdefault(self._at, True):
+            now = (time.perf_counter(), time.process_time(), _next_sequence_nr())
+            if self._rss_fd is not None and not len(self.steps) % _RSS_EVERY:
+                self._rss = int(os.pread(self._rss_fd, 128, 0).split()[1])
+            self.steps.append((*(a - b for a, b in zip(now, self._clock)), self._rss, len(self.backwards)))
+            self._clock = now
+
+    def close(self) -> None:
+        if self._rss_fd is not None:
+            os.close(self._rss_fd)
+
+
+@contextlib.contextmanager
+def _light_floor() -> Iterator[None]:
+    floor = _LightFloor()
+    patch = EnginePatch(floor.engine).install()
+    hooks = OptimizerHooks(floor.before_step, floor.after_step)
+    try:
+        yield
+    finally:
+        hooks.remove()
+        patch.remove()
+        floor.close()
+
+
 def _profiler() -> Any:
     return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
 
@@ -80,6 +168,12 @@ CONFIGS: dict[str, tuple[str, Callable[[], Any]]] = {
         "the Python floor of the default level: a pack hook whose handle keeps what torch keeps and counts "
         "itself in __del__ (no graphwatch; the least any Python tool that knows each saved tensor's lifetime does)",
         _floor,
+    ),
+    "light_floor": (
+        "the Python floor of the light level: an engine wrapper and optimizer hooks that keep what the light "
+        "level keeps (each backward's loop position, times and loss, each step's times, nodes made and resident "
+        "memory) as tuples in lists, with no records and no analysis (no graphwatch session)",
+        _light_floor,
     ),
     "anomaly": ("torch.autograd.detect_anomaly()", torch.autograd.detect_anomaly),
     "profiler": ("torch.profiler.profile(activities=[CPU], profile_memory=True)", _profiler),

@@ -172,7 +172,8 @@ def _issue_25_section(
             f"{STEADY_FROM} on of sessions of the listed length, as a median over rounds of the paired ratio to bare; the "
             f"sampled steps ({', '.join(map(str, SAMPLED_EARLY))}, then every {SAMPLE_EVERY}th) are in it. `floor` is the "
             "least a Python tool that knows every saved "
-            "tensor's lifetime costs (see Configurations): what full detail on every step cannot go below."
+            "tensor's lifetime costs (see Configurations): what full detail on every step cannot go below; on the light "
+            "level's row it is `light_floor`, what keeping the light level's figures costs with no records or analysis."
         ),
         "",
         "| measure | goal | measured | floor | status |",

@@ -77,6 +77,20 @@ def test_writes_in_order_into_packed_chunks_read_back_everywhere() -> None:
     assert array_.nbytes() < 300  # packed again as arithmetic chunks
 
 
+def test_assign_writes_each_index_its_value_in_the_tail_and_in_packed_chunks() -> None:
+    """A batch of records frozen at once writes its row numbers in one call: a consecutive run in the
+    unfinished tail, or any indices (unordered, in packed chunks) one by one, as ``array_[i] = v`` would."""
+    values = [-1] * (CHUNK + 40)
+    array_ = PackedArray("q", values)
+    for indices in ([CHUNK + 3, CHUNK + 4, CHUNK + 5], [CHUNK + 10, CHUNK + 12, CHUNK + 11], [7, CHUNK + 20, 2], []):
+        written = [100 + i for i in range(len(indices))]
+        array_.assign(indices, written)
+        for index, value in zip(indices, written):
+            values[index] = value
+        assert array_.tolist() == values
+    assert array_[CHUNK + 11] == 102 and array_[CHUNK + 12] == 101  # (unordered: not taken for a run)
+
+
 def test_bisect_right_finds_what_bisect_finds_on_the_list() -> None:
     rng = random.Random(1)
     values = sorted(rng.randrange(0, 10 * CHUNK) for _ in range(3 * CHUNK + 100))

@@ -73,34 +73,34 @@ class LightBackwards:
     """The recent backwards that ran with no walk of their graph (on light steps): which of them freed a node's
     saved tensors can be told later, from their roots' sequence numbers and, while they live, the tensors each
     started from (weakly referenced by the recorder for every backward, ``Recorder.losses``).  A ring of the
-    last :data:`RECENT_BACKWARDS`, each (backward id, its roots' sequence numbers), and the backwards by root:
-    a light backward's cost is one entry written and one replaced."""
+    last :data:`RECENT_BACKWARDS`, each (backward id, its roots' sequence numbers): a light backward's cost is
+    one entry written; the backwards by root are indexed when an explanation first asks after a change."""
 
     def __init__(self, losses: dict[int, list[weakref.ref]]) -> None:
         self._losses = losses
         self._ring: list[tuple[int, tuple[int, ...]] | None] = [None] * RECENT_BACKWARDS
-        self._by_root: dict[int, list[int]] = {}  # root node sequence number -> the backwards that started there
+        self._by_root: dict[int, list[int]] | None = {}  # root sequence number -> backwards (None: to index)
 
     def started(self, backward_id: int, roots: list[Any]) -> None:
         """Backward ``backward_id`` starts from ``roots``, unwalked."""
         seqs = (roots[0]._sequence_nr(),) if len(roots) == 1 else tuple(root._sequence_nr() for root in roots)
-        slot = backward_id % RECENT_BACKWARDS
-        by_root, replaced = self._by_root, self._ring[slot]
-        if replaced is not None:
-            for seq in replaced[1]:
-                ids = by_root[seq]
-                ids.remove(replaced[0])
-                if not ids:
-                    del by_root[seq]
-        self._ring[slot] = (backward_id, seqs)
-        for seq in seqs:
-            by_root.setdefault(seq, []).append(backward_id)
+        self._ring[backward_id % RECENT_BACKWARDS] = (backward_id, seqs)
+        self._by_root = None
+
+    def _index(self) -> dict[int, list[int]]:
+        """The remembered backwards by the sequence number of each of their roots, in the order they ran."""
+        if self._by_root is None:
+            self._by_root = {}
+            for backward_id, seqs in sorted(entry for entry in self._ring if entry is not None):
+                for seq in seqs:
+                    self._by_root.setdefault(seq, []).append(backward_id)
+        return self._by_root
 
     def started_from(self, recorder: Recorder, seq: int) -> int | None:
         """A remembered light backward that started from the node numbered ``seq`` and did not fail: the first
         that freed the graph, else the first (None: none did)."""
         backwards = recorder.trace.backwards
-        ran = [b for b in self._by_root.get(seq, ()) if backwards[b].error is None]
+        ran = [b for b in self._index().get(seq, ()) if backwards[b].error is None]
         return next((b for b in ran if not backwards[b].retain_graph), ran[0] if ran else None)
 
     def freeing(self, recorder: Recorder, node: Any, seq: int) -> tuple[int | None, bool]:

@@ -185,11 +185,12 @@ class RecordList(Sequence, Generic[R]):
             arrays[f"{name}.first"].extend([values[0] if values else 0 for values in spans])
             arrays[f"{name}.count"].extend([len(values) for values in spans])
         row = len(self._number_arrays[0][0]) - len(records)
-        for index, _ in records:
-            self._row[index] = row
-            row += 1
-            del self._objects[index]
-        return [index for index, _ in records]
+        frozen = [index for index, _ in records]
+        self._row.assign(frozen, range(row, row + len(frozen)))
+        objects = self._objects
+        for index in frozen:
+            del objects[index]
+        return frozen
 
     def _numbers_only(self, record: R) -> bool:
         """Whether a record carries nothing but what the columns store (numbers, choices, consecutive ranges)."""
@@ -197,10 +198,12 @@ class RecordList(Sequence, Generic[R]):
             return False
         for name in self.columns.ranges:
             values = getattr(record, name)
-            first = values[0] if values else 0
-            if values != list(range(first, first + len(values))):
+            if len(values) > 1 and values != list(range(values[0], values[0] + len(values))):
                 return False
-        return all(field(record) in allowed for field, allowed in self._choices)
+        for field, allowed in self._choices:  # (a loop, not all() over a generator: once per record frozen)
+            if field(record) not in allowed:
+                return False
+        return True
 
     def _thaw(self, row: int) -> R:
         arrays, columns = self._arrays, self.columns

@@ -269,6 +269,17 @@ class PackedArray:
         self._unpacked(chunk)[offset] = value
         self._dirty = True
 
+    def assign(self, indices: list[int], values: Iterable[Number]) -> None:
+        """``self[i] = v`` for each of ``indices`` and ``values`` in turn; a run of consecutive indices in the
+        unpacked tail (a batch of recent records frozen) is written in one slice."""
+        tail, count = self._tail, len(indices)
+        first = indices[0] - self._sealed() if indices else -1
+        if 0 <= first and first + count <= len(tail) and indices == list(range(indices[0], indices[0] + count)):
+            tail[first : first + count] = array(self.typecode, values)
+            return
+        for index, value in zip(indices, values):
+            self[index] = value
+
     def __iter__(self) -> Iterator[Any]:
         for i, chunk in enumerate(self._chunks):
             yield from self._unpacked(i) if chunk.data or i == self._cached_at else chunk.values(self.typecode)
