@@ -38,7 +38,7 @@ import graphwatch
 
 warnings.filterwarnings("ignore")
 
-# (label, file suffix, function name): the cumulative time of each, per step
+# (label, file suffix or suffixes, function name or names): the cumulative time of each, per step
 PHASES = [
     ("pack hook (saved.py make_hooks.pack), all of it", "capture/saved.py", "pack"),
     ("  _new_handle: handle, kind, storage key", "capture/saved.py", "_new_handle"),
@@ -64,7 +64,7 @@ PHASES = [
     ("      Recorder._keep_outliving (records of saved tensors alive at step end)", "capture/recorder.py", "_keep_outliving"),
     ("      RecordList.freeze (settled steps into columns)", "model/columns.py", "freeze"),
     ("    analysis: step_findings", "analysis/detectors.py", "step_findings"),
-    ("      Trace.where / CallSite.where (call-site strings)", "model/records.py", "where"),
+    ("      Trace.where / CallSite.where (call-site strings)", ("model/trace.py", "model/records.py"), "where"),
     ("snapshot (BackwardWatch.snapshot)", "backwards.py", "snapshot"),
 ]
 

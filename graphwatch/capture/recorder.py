@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..model import BackwardRecord, NodeRecord, SavedRecord, StepRecord, Trace
-from ..model.columns import averaged_steps, freeze_steps
+from ..model.columns import freeze_steps
 from ..model.packed import PackedArray
+from ..model.trace import averaged_steps
 from .callsite import SiteTable
 from .line_templates import LineTemplates, Template
 from .live_steps import OLD_BATCH, LiveSteps

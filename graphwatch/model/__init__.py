@@ -16,10 +16,10 @@ from .records import (
     StepRecord,
     StepSpans,
     StepTable,
-    Trace,
 )
 from .remedies import EDIT_KINDS, VALUE_TYPES, Edit, Remedy
 from .source_lines import SourceLines
+from .trace import Trace
 from .trace_io import (
     FORMAT,
     VERSION,

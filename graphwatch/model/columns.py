@@ -32,7 +32,7 @@ from operator import attrgetter, itemgetter
 from typing import Any, Generic, TypeVar, overload
 
 from .packed import NONE_CODE, PackedArray
-from .records import STEP_SOURCES, BackwardRecord, StepRecord, Trace
+from .records import STEP_SOURCES, BackwardRecord, StepRecord
 
 R = TypeVar("R")
 AVERAGE_AFTER = 2**18  # rows of a long run whose measurements stay exact; older ones are averaged over spans
@@ -300,21 +300,6 @@ def field_values(records: Sequence[Any], name: str) -> list[Any]:
     if isinstance(records, RecordList):
         return records.field(name)
     return [getattr(record, name) for record in records]
-
-
-def averaged_steps(trace: Trace) -> tuple[int, int]:
-    """(first, stop): the steps whose times and sizes, or those of their backwards, read as the mean of
-    their span; (0, 0) when every step's read as recorded.
-
-    Only a run longer than :data:`AVERAGE_AFTER` steps (or backwards) has averaged ones; steps that carry
-    detail (a finding's evidence) are never averaged.
-    """
-    spans = []
-    if isinstance(trace.steps, RecordList) and (span := trace.steps.averaged())[1]:
-        spans.append(span)
-    if isinstance(trace.backwards, RecordList) and (span := trace.backwards.averaged())[1]:
-        spans.append((trace.backwards[span[0]].step, trace.backwards[span[1] - 1].step + 1))
-    return (min(a for a, _ in spans), max(b for _, b in spans)) if spans else (0, 0)
 
 
 def freeze_step(steps: RecordList, backwards: RecordList, index: int) -> None:

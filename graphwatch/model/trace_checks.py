@@ -27,7 +27,7 @@ from typing import Any
 
 from .column_json import ID_FIELDS, LARGEST, SITE_FIELDS
 from .columns import RecordList
-from .records import Trace
+from .trace import Trace
 
 _HINTS: dict[type, dict[str, Any]] = {}
 

@@ -28,7 +28,7 @@ from .column_json import (
     records_from_json_columns,
     to_json_columns,
 )
-from .columns import TRACE_COLUMNS, RecordList, averaged_steps, freeze_step
+from .columns import TRACE_COLUMNS, RecordList, freeze_step
 from .patch_check import PatchCheck
 from .records import (
     BackwardRecord,
@@ -42,10 +42,10 @@ from .records import (
     StepRecord,
     StepSpans,
     StepTable,
-    Trace,
 )
 from .remedies import Edit, Remedy
 from .source_lines import SourceLines
+from .trace import Trace, averaged_steps
 from .trace_checks import check_fields, check_ranges, loose_records
 from .training import OptimizerRecord, ParameterRecord
 
