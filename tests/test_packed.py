@@ -89,6 +89,9 @@ def test_assign_writes_each_index_its_value_in_the_tail_and_in_packed_chunks() -
             values[index] = value
         assert array_.tolist() == values
     assert array_[CHUNK + 11] == 102 and array_[CHUNK + 12] == 101  # (unordered: not taken for a run)
+    with pytest.raises(ValueError):
+        array_.assign([CHUNK + 1, CHUNK + 2], [5])  # (a short slice would shift every value after it)
+    assert array_.tolist() == values
 
 
 def test_bisect_right_finds_what_bisect_finds_on_the_list() -> None:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import zlib
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate, pairwise, repeat
 from typing import Any
 
@@ -269,10 +269,12 @@ class PackedArray:
         self._unpacked(chunk)[offset] = value
         self._dirty = True
 
-    def assign(self, indices: list[int], values: Iterable[Number]) -> None:
-        """``self[i] = v`` for each of ``indices`` and ``values`` in turn; a run of consecutive indices in the
-        unpacked tail (a batch of recent records frozen) is written in one slice."""
+    def assign(self, indices: Sequence[int], values: Sequence[Number]) -> None:
+        """``self[i] = v`` for each of ``indices`` and ``values`` in turn (as many of each); a run of consecutive
+        indices in the unpacked tail (a batch of recent records frozen) is written in one slice."""
         tail, count = self._tail, len(indices)
+        if len(values) != count:
+            raise ValueError(f"{count} indices and {len(values)} values")
         first = indices[0] - self._sealed() if indices else -1
         if 0 <= first and first + count <= len(tail) and indices == list(range(indices[0], indices[0] + count)):
             tail[first : first + count] = array(self.typecode, values)
