@@ -152,9 +152,10 @@ def issue_25_rows(
     floors = {name: ratio(r, "light_floor") for name, r in steady.items()}
     shown = ", ".join(f"{name} {v:.2f}x" for name, v in light.items() if not math.isnan(v)) or "-"
     floors_shown = ", ".join(f"{name} {v:.2f}x" for name, v in floors.items() if not math.isnan(v)) or "-"
-    worst = max((v for v in light.values() if not math.isnan(v)), default=math.nan)
-    # the light level's floor is above the goal where the worst workload's floor is
-    floor = floors.get(max((n for n, v in light.items() if not math.isnan(v)), key=light.__getitem__, default=""), math.nan)
+    measured = {name: v for name, v in light.items() if not math.isnan(v)}
+    worst_name = max(measured, key=measured.__getitem__, default="")
+    worst = measured.get(worst_name, math.nan)
+    floor = floors.get(worst_name, math.nan)  # (the goal is below the floor where the worst workload's floor is over it)
     rows.append(
         f"| lightest level (`level='light'`), steady state, every workload | <= {LIGHT_GOAL:.2f}x | {shown} "
         f"| {floors_shown} | {_status(worst, worst <= LIGHT_GOAL, floor, LIGHT_GOAL)} |"

@@ -8,7 +8,6 @@ as in real use.  ``bare`` is the baseline every ratio is taken against.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
@@ -20,10 +19,10 @@ import torch
 
 import graphwatch
 from graphwatch.capture.backward import EnginePatch, parse_engine_args
-from graphwatch.capture.callsite import is_user_file
-from graphwatch.capture.loop_steps import _MAX_CALLERS as _CALLERS  # (user frames a loop position spans)
+from graphwatch.capture.loop_steps import LoopSteps
 from graphwatch.capture.optimizer import OptimizerHooks
 from graphwatch.capture.recorder import RSS_EVERY as _RSS_EVERY
+from graphwatch.capture.resident import ResidentMemory
 from graphwatch.capture.stack_limit import claim_stack
 
 _next_sequence_nr = torch._C._autograd._get_sequence_nr
@@ -66,45 +65,32 @@ def _floor() -> Iterator[None]:
 
 class _LightFloor:
     """The least the light level must do to keep what it keeps, as plain tuples in lists: per backward its
-    loop position (the user frames' code and instruction, up to :data:`_CALLERS`, the key of its line and of
-    whether it ends the step), wall and CPU time and the loss's weak reference (what an error is explained
-    from); per step its wall and CPU time, the autograd nodes made and the resident memory every
-    :data:`_RSS_EVERY` steps.  No records, no analysis, no step-end decision beyond a dictionary lookup."""
+    loop position (graphwatch's own :meth:`LoopSteps.positions`, the key of its line and of whether it ends
+    the step), wall and CPU time and the loss's weak reference (what an error is explained from); per step
+    its wall and CPU time, the autograd nodes made and the resident memory (graphwatch's own
+    :class:`ResidentMemory`) every :data:`_RSS_EVERY` steps.  No records, no analysis, no step-end decision
+    beyond a dictionary lookup."""
 
     def __init__(self) -> None:
         self._thread = threading.get_ident()
-        self._user: dict[int, bool] = {}  # code id -> a user file's
+        self._loop = LoopSteps()
         self._known: dict[tuple[int, ...], bool] = {}  # loop positions -> whether the event ends the step
         self._losses: dict[int, list[weakref.ref]] = {}
         self._at: tuple[int, ...] = ()
         self.backwards: list[tuple[Any, ...]] = []
         self.steps: list[tuple[Any, ...]] = []
-        self._rss_fd = os.open("/proc/self/statm", os.O_RDONLY) if os.path.exists("/proc/self/statm") else None
+        self._resident = ResidentMemory()
         self._rss = 0
         self._clock = (time.perf_counter(), time.process_time(), _next_sequence_nr())
-
-    def _positions(self, frame: Any) -> tuple[int, ...]:
-        found: list[int] = []
-        left, user = _CALLERS, self._user
-        while frame is not None and left:
-            code = frame.f_code
-            mine = user.get(id(code))
-            if mine is None:
-                mine = user[id(code)] = is_user_file(code.co_filename)
-            if mine:
-                found += (id(code), frame.f_lasti)
-                left -= 1
-            frame = frame.f_back
-        return tuple(found)
 
     def engine(self, run: Callable[..., Any], outputs: Any, args: tuple, kwargs: dict) -> Any:
         if threading.get_ident() != self._thread:
             return run(outputs, *args, **kwargs)
         _, retain_graph, create_graph, _ = parse_engine_args(outputs, args, kwargs)
-        at = self._positions(sys._getframe(1))
+        at = self._loop.positions(sys._getframe(1))
         number = len(self.backwards)
         self._losses[number] = [weakref.ref(t) for t in outputs if isinstance(t, torch.Tensor)]
-        self._losses.pop(number - 64, None)
+        self._losses.pop(number - 64, None)  # (the last 64, as a session remembers them)
         wall, cpu = time.perf_counter(), time.process_time()
         try:
             return run(outputs, *args, **kwargs)
@@ -114,19 +100,18 @@ class _LightFloor:
             self._known.setdefault(at, False)
 
     def before_step(self, *_: Any) -> None:
-        self._at = self._positions(sys._getframe(2))
+        self._at = self._loop.positions(sys._getframe(2))
 
     def after_step(self, *_: Any) -> None:
         if self._known.setdefault(self._at, True):
             now = (time.perf_counter(), time.process_time(), _next_sequence_nr())
-            if self._rss_fd is not None and not len(self.steps) % _RSS_EVERY:
-                self._rss = int(os.pread(self._rss_fd, 128, 0).split()[1])
+            if not len(self.steps) % _RSS_EVERY:
+                self._rss = self._resident.bytes()
             self.steps.append((*(a - b for a, b in zip(now, self._clock)), self._rss, len(self.backwards)))
             self._clock = now
 
     def close(self) -> None:
-        if self._rss_fd is not None:
-            os.close(self._rss_fd)
+        self._resident.close()
 
 
 @contextlib.contextmanager
