@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import gc
 import re
+import subprocess
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -317,6 +319,43 @@ def test_torch_func_vmap_gradients_bit_identical(bare_and_watched, same_tensors)
     bare, watched, gw = bare_and_watched(fn)
     same_tensors(bare, watched)
     assert len(gw.trace.saved) == 3
+
+
+# Whether torch.func's per-thread state exists, read through the accessor libtorch exports (reading it this way
+# creates nothing); then a session at each level trains, and torch.func's own stack read shows the probe sees it.
+_FUNCTORCH_STATE = r"""
+import ctypes, os, torch
+library = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+accessor = library._ZN2at9functorch20functorchTLSAccessorEv
+accessor.restype = ctypes.c_void_p
+created = lambda: ctypes.c_void_p.from_address(accessor()).value is not None
+import graphwatch
+print(created())
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for level in ("default", "light", "full", "precise"):
+    with graphwatch.watch(summary=False, level=level):
+        for _ in range(5):
+            optimizer.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            optimizer.step()
+print(created())
+torch._C._functorch.peek_interpreter_stack()
+print(created())
+"""
+
+
+def test_a_session_leaves_torch_funcs_thread_state_uncreated(tmp_path):
+    """torch.func's per-thread state, once created, is copied by the engine at every node of every later
+    backward of the thread: a session that only trains must not create it (graphwatch looks for a running
+    transform only while torch says one is alive)."""
+    script = tmp_path / "probe.py"
+    script.write_text(_FUNCTORCH_STATE)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    if "AttributeError" in done.stderr and "functorchTLSAccessor" in done.stderr:
+        pytest.skip("this torch build does not export at::functorch::functorchTLSAccessor")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False", "True"]
 
 
 def test_torch_compile_first_compiled_inside_the_session_gradients_bit_identical(same_tensors):

@@ -99,8 +99,16 @@ _hidden = False
 
 
 def transforming() -> bool:
-    """True while torch.compile traces (fake tensors) or a torch.func transform runs: no real backward."""
-    return torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None
+    """True while torch.compile traces (fake tensors) or a torch.func transform runs: no real backward.
+
+    The interpreter stack is read only while some transform is alive (torch's global table of transform
+    levels is not empty): reading it creates torch.func's per-thread state, which the autograd engine then
+    copies at every node it runs, in every backward of that thread from then on, after the session too
+    (0.2 us a node, 5% of a chain of small ops' backward, measured on torch 2.13).
+    """
+    return torch.compiler.is_compiling() or (
+        torch._C._are_functorch_transforms_active() and torch._C._functorch.peek_interpreter_stack() is not None
+    )
 
 
 def step_aside_for_disable(hooks: tuple) -> Callable[[], None]:
