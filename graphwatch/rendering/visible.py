@@ -68,7 +68,7 @@ def visible(text: str) -> str:
 
 
 def _readable(text: str) -> str:
-    return _ESCAPED_BYTES.sub(_decoded, text) if "\udc80" <= max(text, default="") else text
+    return text if text.isascii() else _ESCAPED_BYTES.sub(_decoded, text)  # (isascii: a flag, not a scan)
 
 
 def hidden_characters(text: str) -> list[str]:
