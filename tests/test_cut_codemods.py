@@ -96,6 +96,24 @@ def test_remove_statement_removes_only_a_backward(line):
     assert changed(LOOP, Edit("remove-statement", "t.py", line)) is None
 
 
+@pytest.mark.parametrize(
+    ("line", "after"),
+    [
+        ("cur = total / n; loss.backward()  # log", "cur = total / n  # log"),
+        ("loss.backward(); cur = total / n", "cur = total / n"),
+        ("a = 1; loss.backward(); b = 2", "a = 1; b = 2"),
+    ],
+)
+def test_remove_statement_removes_the_backward_beside_other_statements_on_its_line(line, after):
+    source = f"for x in data:\n    loss = f(x)\n    {line}\n"
+    assert changed(source, Edit("remove-statement", "t.py", 3)) == [f"    {after}"]
+
+
+@pytest.mark.parametrize("line", ["a.backward(); b.backward()", "cur = total / n; log(loss)"])
+def test_remove_statement_refuses_a_line_with_two_backwards_or_none(line):
+    assert changed(f"{line}\n", Edit("remove-statement", "t.py", 1)) is None
+
+
 def test_enable_grad_wraps_whole_statements_of_one_block_and_reindents_them():
     edited = apply_edits(LOOP, [Edit("enable-grad", "t.py", 15, until=17)])
     assert edited is not None and (

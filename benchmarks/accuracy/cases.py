@@ -59,6 +59,8 @@ GAN_AT = "36d3c77e5ff20ebe0aeefd322326a134a279b93e"
 WLM = Source(EXAMPLES, EXAMPLES_AT, "word_language_model", "main.py")
 WLM_ARGS = ("--epochs", "1", "--emsize", "16", "--nhid", "16", "--bptt", "10", "--batch_size", "8", "--save", "m.pt")
 WLM_DATA = "data/wikitext-2"
+WLM_LOG5 = (*WLM_ARGS, "--log-interval", "5")
+WLM_LOG = "            cur_loss = total_loss / args.log_interval"
 TSP = Source(EXAMPLES, EXAMPLES_AT, "time_sequence_prediction", "train.py")
 TSP_ENV = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "MPLBACKEND": "Agg"}  # the script predates torch 2.6
 WGAN = Source(GAN, GAN_AT, "implementations/wgan_gp", "wgan_gp.py")
@@ -102,6 +104,27 @@ REAL: list[Case] = [
         mutation=(("        total_loss += loss.item()", "        total_loss += loss"),),
         expect=("graph-kept-alive",),
         cite="total_loss += loss",
+    ),
+    # The logging branch first runs at batch 5, on a step the default level sees light (steps 3-63): a graph
+    # kept from there is found from a light step (issue 25). A second backward there is a training event in
+    # the source, so the loop's step ends only after it: batches 0-5 are step 0, seen in full detail.
+    Case("word-language-model, logging every 5 batches", WLM, args=WLM_LOG5, setup="wikitext"),
+    Case(
+        "word-language-model, each logged loss kept (from batch 5, a light step)",
+        WLM, args=WLM_LOG5, setup="wikitext",
+        mutation=(
+            (WLM_LOG, f"{WLM_LOG}; logged_losses.append(loss)"),
+            ("    start_time = time.time()", "    start_time = time.time(); logged_losses = []"),
+        ),
+        expect=("graph-kept-alive",),
+        cite="cur_loss = total_loss / args.log_interval; logged_losses.append(loss)",
+    ),
+    Case(
+        "word-language-model, a second backward at each log line (first at batch 5)",
+        WLM, args=WLM_LOG5, setup="wikitext",
+        mutation=((WLM_LOG, f"{WLM_LOG}; loss.backward()"),),
+        expect=("backward-through-freed-graph",),
+        cite="cur_loss = total_loss / args.log_interval; loss.backward()",
     ),
     Case("time-sequence-prediction (LBFGS closure)", TSP, args=("--steps", "3"), env=TSP_ENV, setup="sine"),
     Case(

@@ -142,14 +142,20 @@ def _is_backward_call(expression: cst.BaseExpression) -> bool:
 
 @codemod("remove-statement")
 def remove_statement(tree: SourceTree, edit: Edit) -> str | None:
-    """The statement on ``edit.line`` removed: only a statement that is one backward call on a line of its
-    own (``pass`` takes its place when it is the only statement of its block)."""
+    """The backward call on ``edit.line`` removed: a statement that is one backward call, on a line of its own
+    (``pass`` takes its place when it is the only statement of its block) or beside other statements on the
+    line (``total = ...; loss.backward()``: the others stay).  A line with more than one backward call, or none,
+    is refused."""
     statement = tree.statement_at(edit.line)
-    if statement is None or len(statement.body) != 1:
+    if statement is None:
         return None
-    small = statement.body[0]
-    if not isinstance(small, cst.Expr) or not _is_backward_call(small.value):
+    backwards = [small for small in statement.body if isinstance(small, cst.Expr) and _is_backward_call(small.value)]
+    if len(backwards) != 1:
         return None
+    if len(statement.body) > 1:
+        kept = [small for small in statement.body if small is not backwards[0]]
+        kept[-1] = kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)  # (no `;` left at the line's end)
+        return tree.replaced(statement, statement.with_changes(body=kept))
     blocks = [b for b in tree.nodes(cst.IndentedBlock) if any(s is statement for s in b.body)]
     if blocks and len(blocks[0].body) == 1:
         return tree.replaced(statement, statement.with_changes(body=[cst.Pass()]))
