@@ -79,7 +79,7 @@ def test_save_then_load_round_trips_every_record(rich_session, tmp_path):
 def test_saved_file_is_versioned_json(rich_session, tmp_path):
     path = rich_session.save(tmp_path / "trace.json")
     data = json.loads(path.read_text(encoding="utf-8"))
-    assert (data["format"], data["version"]) == (FORMAT, VERSION) == ("graphwatch-trace", 6)
+    assert (data["format"], data["version"]) == (FORMAT, VERSION) == ("graphwatch-trace", 7)
     assert set(data["steps"]) == set(data["backwards"]) == {"count", "columns", "extra"}  # version 2: columns
     assert data["steps"]["count"] == len(rich_session.trace.steps)
 

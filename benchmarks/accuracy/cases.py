@@ -61,6 +61,7 @@ WLM_ARGS = ("--epochs", "1", "--emsize", "16", "--nhid", "16", "--bptt", "10", "
 WLM_DATA = "data/wikitext-2"
 WLM_LOG5 = (*WLM_ARGS, "--log-interval", "5")
 WLM_LOG = "            cur_loss = total_loss / args.log_interval"
+WLM_EVAL = "            total_loss += len(data) * criterion(output, targets)"
 TSP = Source(EXAMPLES, EXAMPLES_AT, "time_sequence_prediction", "train.py")
 TSP_ENV = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "MPLBACKEND": "Agg"}  # the script predates torch 2.6
 WGAN = Source(GAN, GAN_AT, "implementations/wgan_gp", "wgan_gp.py")
@@ -125,6 +126,19 @@ REAL: list[Case] = [
         mutation=((WLM_LOG, f"{WLM_LOG}; loss.backward()"),),
         expect=("backward-through-freed-graph",),
         cite="cur_loss = total_loss / args.log_interval; loss.backward()",
+    ),
+    # Evaluation without no_grad whose loss stays a tensor: evaluate() returns a graph the epoch loop keeps
+    # (`best_val_loss = val_loss`); epoch 1's evaluation runs on a step the default level sees light. The bug
+    # is the evaluation's accumulation (as `total_loss += loss` is); its known fix, the unchanged script.
+    Case(
+        "word-language-model, evaluation without no_grad and its loss kept as a tensor",
+        WLM, args=(*WLM_ARGS[:1], "2", *WLM_ARGS[2:]), setup="wikitext",
+        mutation=(
+            ("    with torch.no_grad():", "    if True:"),
+            (f"{WLM_EVAL}.item()", WLM_EVAL),
+        ),
+        expect=("graph-kept-alive",),
+        cite=WLM_EVAL.strip(),
     ),
     Case("time-sequence-prediction (LBFGS closure)", TSP, args=("--steps", "3"), env=TSP_ENV, setup="sine"),
     Case(

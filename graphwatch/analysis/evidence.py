@@ -118,13 +118,6 @@ def site_chain(trace: Trace, site_id: int | None) -> list[CallSite]:
     return chain
 
 
-def line_in(trace: Trace, site_id: int, functions: set[tuple[str, str]]) -> CallSite:
-    """The site's frame that runs in one of ``functions`` ((file, function) pairs: the training loop's), else
-    the site itself: the loop's call of a module rather than the module's own line."""
-    chain = site_chain(trace, site_id)
-    return next((s for s in chain if (s.file, s.function) in functions), chain[0])
-
-
 def outermost_assignment(trace: Trace, site_id: int | None) -> tuple[CallSite | None, str | None]:
     """The innermost site in the chain that assigns a variable, and that variable.
 

@@ -28,7 +28,7 @@ from .evidence import (
     describe,
     describe_site,
     human_bytes,
-    line_in,
+    site_chain,
     spans_text,
     steps_text,
 )
@@ -181,22 +181,33 @@ def _backwarded_names(trace: Trace, step: StepRecord) -> set[str]:
 
 
 def _evaluation_lines(trace: Trace, kept: set[int]) -> list[CallSite]:
-    """The loop's lines whose kept graphs no backward ever freed, and no backward freed any graph of:
-    forwards that only evaluate, safe to put under ``no_grad`` (a training forward never is)."""
+    """The lines of the kept graphs' forwards that only evaluate, safe to put under ``no_grad``, most bytes first.
+
+    For each saved tensor of a kept step that no backward freed: the innermost frame of its calls that no
+    training forward ran through (the training loop's function first, when one is). A training forward is
+    told by the call sites of the saved tensors a backward freed (``CallSite.backwarded``) and every frame
+    that called them: a model's own line runs the training forward too, so the evaluation's call of the model
+    is the line, never the model's. None for a tensor every frame of whose calls also trained, and none at all
+    where backwards ran but no call site was seen to train (a trace without the mark)."""
     trained: set[str] = set()
+    for index, site in enumerate(trace.sites):
+        if site.backwarded:
+            trained.update(s.where for s in site_chain(trace, index))
+    if not trained and len(trace.backwards):
+        return []
+    loops = {(s.file, s.function) for b in trace.backwards[-64:] if (s := trace.site(b.site)) is not None}
     alive: dict[str, int] = {}
     lines: dict[str, CallSite] = {}
-    loops = {(s.file, s.function) for b in trace.backwards[-64:] if (s := trace.site(b.site)) is not None}
     for record in trace.saved.values():
-        if record.site is None:
+        if record.site is None or record.freed_by is not None or not record.alive or record.step not in kept:
             continue
-        line = line_in(trace, record.site, loops)
-        if record.freed_by is not None:
-            trained.add(line.where)
-        elif record.alive and record.step in kept:
-            alive[line.where] = alive.get(line.where, 0) + max(record.nbytes, 1)
-            lines.setdefault(line.where, line)
-    return [lines[w] for w in sorted((w for w in alive if w not in trained), key=lambda w: -alive[w])]
+        untrained = [s for s in site_chain(trace, record.site) if s.where not in trained]
+        if not untrained:
+            continue
+        line = next((s for s in untrained if (s.file, s.function) in loops), untrained[0])
+        alive[line.where] = alive.get(line.where, 0) + max(record.nbytes, 1)
+        lines.setdefault(line.where, line)
+    return [lines[w] for w in sorted(alive, key=lambda w: -alive[w])]
 
 
 def graph_kept_alive(

@@ -285,6 +285,8 @@ class Recorder:
         backward = self.backward
         if backward is not None:
             backward.saved_freed += 1
+            if handle.site is not None:  # a training forward's line (what an evaluation fix must not wrap)
+                self.trace.sites[handle.site].backwarded = True
         record = handle.record
         if record is not None:
             record.freed_step = self.step

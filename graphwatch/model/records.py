@@ -44,6 +44,7 @@ class CallSite:
     function: str
     source: str = ""
     caller: int | None = None  # id of the CallSite of the calling user frame
+    backwarded: bool = False  # a backward freed a tensor saved here (seen on a step in full detail): it trains
 
     @property
     def where(self) -> str:

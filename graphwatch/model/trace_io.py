@@ -55,7 +55,8 @@ FORMAT = "graphwatch-trace"
 # 4: a finding's remedies, as data (earlier traces load with none)
 # 5: the source lines findings cite (earlier traces load with none: their reports show no excerpts)
 # 6: what trained (optimizers, parameters) and a patch's check (earlier traces load without them)
-VERSION = 6
+# 7: the call sites a backward freed a saved tensor of (``CallSite.backwarded``; earlier traces: none)
+VERSION = 7
 # Fields every version wrote: a trace without one of them is damaged, not empty.
 _REQUIRED = ("sites", "nodes", "saved", "backwards", "steps", "findings", "snapshots")
 
