@@ -132,7 +132,7 @@ REAL: list[Case] = [
     # is the evaluation's accumulation (as `total_loss += loss` is); its known fix, the unchanged script.
     Case(
         "word-language-model, evaluation without no_grad and its loss kept as a tensor",
-        WLM, args=(*WLM_ARGS[:1], "2", *WLM_ARGS[2:]), setup="wikitext",
+        WLM, args=("--epochs", "2", *WLM_ARGS[2:]), setup="wikitext",
         mutation=(
             ("    with torch.no_grad():", "    if True:"),
             (f"{WLM_EVAL}.item()", WLM_EVAL),
