@@ -46,6 +46,20 @@ def training_losses_kept(iterations: int = 8) -> None:
         losses.append(loss)
 
 
+def validation_with_retained_training(iterations: int = 8) -> None:
+    """Every training backward keeps its graph (``retain_graph=True``): no backward frees a training tensor."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    history = []
+    x_val = torch.randn(32, 4)
+    for _ in range(iterations):
+        opt.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward(retain_graph=True)
+        opt.step()
+        history.append(model(x_val).pow(2).mean())  # at: retained validation
+
+
 def train_epoch(model: nn.Module, opt: torch.optim.Optimizer) -> None:
     opt.zero_grad()
     model(torch.randn(8, 4)).pow(2).mean().backward()
@@ -91,6 +105,14 @@ def test_validation_in_a_function_the_training_loop_never_calls_gets_no_grad_the
     assert finding.fix.startswith(f"run the forward at {at(evaluate, 'evaluation')} under `with torch.no_grad():`")
     assert at(Net.forward, "forward") not in finding.fix  # the module's forward also trains
     assert finding.patch is not None and "     def forward" not in finding.patch
+
+
+def test_validation_beside_retained_training_graphs_gets_no_grad_at_its_own_line(
+    at: Callable[[object, str], str],
+) -> None:
+    finding = kept_finding(validation_with_retained_training)
+    assert finding.fix.startswith(f"run the forward at {at(validation_with_retained_training, 'retained validation')} ")
+    assert at(Net.forward, "forward") not in finding.fix  # what the retained graphs ran through trains
 
 
 def test_kept_training_losses_never_get_no_grad(at: Callable[[object, str], str]) -> None:

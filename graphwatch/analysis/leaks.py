@@ -185,14 +185,19 @@ def _evaluation_lines(trace: Trace, kept: set[int]) -> list[CallSite]:
 
     For each saved tensor of a kept step that no backward freed: the innermost frame of its calls that no
     training forward ran through (the training loop's function first, when one is). A training forward is
-    told by the call sites of the saved tensors a backward freed (``CallSite.backwarded``) and every frame
-    that called them: a model's own line runs the training forward too, so the evaluation's call of the model
-    is the line, never the model's. None for a tensor every frame of whose calls also trained, and none at all
-    where backwards ran but no call site was seen to train (a trace without the mark)."""
+    told by the call sites of the saved tensors a backward freed (``CallSite.backwarded``) or of the nodes
+    one ran through (recorded in the window), and every frame that called them: a model's own line runs the
+    training forward too, so the evaluation's call of the model is the line, never the model's. None for a
+    tensor every frame of whose calls also trained, and none at all where backwards ran but no call site was
+    seen to train (a trace without the mark)."""
     trained: set[str] = set()
-    for index, site in enumerate(trace.sites):
-        if site.backwarded:
-            trained.update(s.where for s in site_chain(trace, index))
+    sites = [i for i, site in enumerate(trace.sites) if site.backwarded]
+    sites += [  # a node a backward ran through: a retained graph's, whose tensors it did not free (not a line
+        node.site for node in trace.nodes.values()  # taken from a neighbour, nor a parameter's AccumulateGrad)
+        if node.backward is not None and node.site is not None and not node.site_inferred and node.op != "AccumulateGrad"
+    ]
+    for site_id in sites:
+        trained.update(s.where for s in site_chain(trace, site_id))
     if not trained and len(trace.backwards):
         return []
     loops = {(s.file, s.function) for b in trace.backwards[-64:] if (s := trace.site(b.site)) is not None}
