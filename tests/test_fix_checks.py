@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -19,7 +20,8 @@ class Net(nn.Module):
         return self.b(torch.tanh(self.a(x)))  # at: forward
 
 
-def validation_history(iterations: int = 8) -> None:
+def validation_history(iterations: int = 8, retain_graph: bool = False) -> None:
+    """``retain_graph``: every training backward keeps its graph, so that no backward frees a training tensor."""
     torch.manual_seed(0)
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -27,7 +29,7 @@ def validation_history(iterations: int = 8) -> None:
     x_val = torch.randn(32, 4)
     for _ in range(iterations):
         opt.zero_grad()
-        model(torch.randn(8, 4)).pow(2).mean().backward()
+        model(torch.randn(8, 4)).pow(2).mean().backward(retain_graph=retain_graph)
         opt.step()
         val_loss = model(x_val).pow(2).mean()  # at: validation
         history.append(val_loss)
@@ -44,20 +46,6 @@ def training_losses_kept(iterations: int = 8) -> None:
         loss.backward()
         opt.step()
         losses.append(loss)
-
-
-def validation_with_retained_training(iterations: int = 8) -> None:
-    """Every training backward keeps its graph (``retain_graph=True``): no backward frees a training tensor."""
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    history = []
-    x_val = torch.randn(32, 4)
-    for _ in range(iterations):
-        opt.zero_grad()
-        model(torch.randn(8, 4)).pow(2).mean().backward(retain_graph=True)
-        opt.step()
-        history.append(model(x_val).pow(2).mean())  # at: retained validation
 
 
 def train_epoch(model: nn.Module, opt: torch.optim.Optimizer) -> None:
@@ -110,8 +98,8 @@ def test_validation_in_a_function_the_training_loop_never_calls_gets_no_grad_the
 def test_validation_beside_retained_training_graphs_gets_no_grad_at_its_own_line(
     at: Callable[[object, str], str],
 ) -> None:
-    finding = kept_finding(validation_with_retained_training)
-    assert finding.fix.startswith(f"run the forward at {at(validation_with_retained_training, 'retained validation')} ")
+    finding = kept_finding(functools.partial(validation_history, retain_graph=True))
+    assert finding.fix.startswith(f"run the forward at {at(validation_history, 'validation')} ")
     assert at(Net.forward, "forward") not in finding.fix  # what the retained graphs ran through trains
 
 
