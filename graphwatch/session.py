@@ -55,6 +55,7 @@ from .capture.light_errors import explain_inplace, lines_from_frames, name_freei
 from .capture.light_signals import LightSignals
 from .capture.line_templates import LineTemplates
 from .capture.loop_steps import LoopSteps
+from .capture.mode_switch import ModeSwitchPatch
 from .capture.optimizer import GradResetTracker, OptimizerHooks
 from .capture.own_time import OwnTime
 from .capture.ranks import rank_and_world_size
@@ -349,6 +350,9 @@ class Session:
         self._installed.append(patch.remove)
         optimizer_hooks = OptimizerHooks(self._before_optimizer, self._after_optimizer)
         self._installed.append(optimizer_hooks.remove)
+        if recorder.templates is not None:  # the default level: a first validation pass is seen in full detail
+            mode_switches = ModeSwitchPatch(self._on_mode_switch).install()
+            self._installed.append(mode_switches.remove)
         interrupts = SignalGuard(signals=(signal.SIGINT,)).__enter__()  # a Ctrl-C in a finalizer is not lost
         interrupts.arm()
         self._installed.append(lambda: interrupts.__exit__(None, None, None))
@@ -490,6 +494,22 @@ class Session:
         finally:  # the gradients as this step leaves them, for a step seen in full detail to compare with
             if full or self._plan.is_full(recorder.step):
                 self._grads.after_step(optimizer)
+
+    def _on_mode_switch(self, module: torch.nn.Module, training: bool) -> None:
+        """A module switched to training or evaluation mode: at a line not seen before, a new code path (a first
+        validation pass, a new epoch), seen in full detail from here when its step has made nothing yet (the
+        switch opens a validation pass or an epoch), and in the steps after it."""
+        recorder, hooks = self._recorder, self._hooks
+        if _active is not self or threading.get_ident() != recorder.thread or hooks is None:
+            return
+        frame = outer_frame(1)
+        reason = self._signals.mode_switch(recorder.sites.at(self._loop.positions(frame), frame), training)
+        step = self._begun
+        if reason is None or self._plan.is_full(step):
+            return
+        if recorder.made_nothing_yet() and hooks.set(True):
+            self._plan.upgrade(step, reason)
+        self._plan.suspect(step, reason)  # (and the steps that judge what it keeps)
 
     # -------------------------------------------------------------- backward
     def _on_engine(self, run: Callable[..., Any], t_outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -262,6 +262,50 @@ def test_validation_graphs_kept_from_light_steps_get_the_full_levels_fix_at_its_
     assert found[0][2].startswith(f"run the forward at {at('kept-validation')} under `with torch.no_grad():`")
 
 
+def evaluate(model: nn.Module, x_val: torch.Tensor) -> torch.Tensor:
+    model.eval()  # at: eval-switch
+    total = torch.zeros(())
+    for chunk in x_val.split(8):
+        total = total + model(chunk).pow(2).mean()
+    return total
+
+
+def epochs_with_validation(epochs: int = 3, steps: int = 100) -> None:
+    """Each epoch ends with a validation pass in a function of its own, without no_grad, and the best
+    validation loss is kept as a tensor, with its graph.  The first pass runs in step 100, begun light at
+    step 99's ``optimizer.step()``: no step seen in full detail ran its lines before."""
+    model, opt = mlp()
+    x_val, best = torch.randn(32, 8), None
+    for _ in range(epochs):
+        model.train()
+        for _ in range(steps):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+        val_loss = evaluate(model, x_val)  # at: validation-call
+        if best is None or val_loss < best:
+            best = val_loss
+
+
+def test_a_first_validation_pass_after_model_eval_is_seen_in_full_detail_and_fixed_at_its_line() -> None:
+    """``model.eval()`` at a line not seen before, in a step that has made nothing yet, turns that step to
+    full detail from its start: the validation's graph has its lines, and the fix and its patch are the
+    full level's, ``no_grad`` around the loop's call of the validation (not the holder's ``.detach()`` alone)."""
+    found, sessions = [], []
+    for level in ("default", "full"):
+        with watch(level) as gw:
+            epochs_with_validation()
+        sessions.append(gw)
+        kept = [f for f in gw.findings if f.kind == "graph-kept-alive"]
+        found.append(sorted((f.fix, f.patch or "") for f in kept))
+    assert found[0] == found[1]
+    no_grad = f"run the forward at {at('validation-call')} under `with torch.no_grad():`"
+    assert any(fix.startswith(no_grad) and patch for fix, patch in found[0])
+    span = next(span for span in sessions[0].trace.full_detail if span.first == 100)
+    assert span.reason == f"a new code path: a module switched to evaluation mode at {at('eval-switch')}"
+    assert 200 not in full_steps(sessions[0])  # the next epoch's validation, at a line seen: light
+
+
 def periodic_leak(steps: int = 600) -> None:
     model, opt = mlp()
     kept = []

@@ -291,16 +291,18 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
     backwarded = name in _backwarded_names(trace, step)  # its value is backwarded: no .item() or no_grad
     evaluation = _evaluation_lines(trace, set(kept))
     never_backwarded = live > 0 and not backwarded and not any(h.nodes for h in holders) and bool(evaluation)
+    evaluation_at = [line.where for line in evaluation]
+    fixed_at = evaluation_at if never_backwarded else []  # the evaluation's lines, where its fix goes
     evidence = {
         "key": _finding_key(trace, holders[0]),
-        "sites": list(dict.fromkeys(([site.where] if site else []) + graph)),
+        "sites": list(dict.fromkeys(([site.where] if site else []) + fixed_at + graph)),
         "steps": [step.index],
         "kept": moment | {"items": len(holders) if "[" in holders[0].name else None},
         "holder": name,
         "holder_at": describe(site) if site else f"in {holders[0].scope}",
         "graph_at": graph,
         "never_backwarded": never_backwarded,
-        "evaluation_at": [line.where for line in evaluation],
+        "evaluation_at": evaluation_at,
         "parameters": name.endswith(".parameters()"),
     }
     remedies: list[Remedy] = []

@@ -13,7 +13,8 @@ holder search, the step detectors) only
   backward of an earlier step's graph, a backward or ``optimizer.step()`` line
   not seen before, a step that made more or fewer nodes than any before it,
   resident memory grown, a finding, graphs of earlier steps alive, a graph
-  carried in from a step seen light);
+  carried in from a step seen light, a module switched to evaluation or
+  training mode at a line not seen before);
 
 and every other step at the light level's cost: the backward calls, the
 optimizer steps and each step's totals, with no saved-tensor hook installed
@@ -81,12 +82,22 @@ class DetailPlan:
         """Step ``step`` starts, in full detail (for ``reason``) or not; noted in :attr:`spans`."""
         self._before, self._last = self._last, (step, full)
         if full:
-            last = self.spans[-1] if self.spans else None
-            if last is not None and last.end == step and last.reason == reason:
-                last.end = step + 1
-            else:
-                self.spans.append(DetailSpan(step, step + 1, reason))
-                self._firsts.append(step)
+            self._note(step, reason)
+
+    def upgrade(self, step: int, reason: str) -> None:
+        """Step ``step``, the last begun and begun light, is seen in full detail from its start after all (for
+        ``reason``): nothing of it was made before the switch."""
+        if self._last == (step, False):
+            self._last = (step, True)
+            self._note(step, reason)
+
+    def _note(self, step: int, reason: str) -> None:
+        last = self.spans[-1] if self.spans else None
+        if last is not None and last.end == step and last.reason == reason:
+            last.end = step + 1
+        else:
+            self.spans.append(DetailSpan(step, step + 1, reason))
+            self._firsts.append(step)
 
     def is_full(self, step: int) -> bool:
         """Whether ``step`` (one of the last two begun, or an earlier one) is seen in full detail."""

@@ -328,6 +328,10 @@ class Recorder:
         """Autograd nodes (of this thread) made since the current step started, up to its end if one is pending."""
         return (self._pending_seq if self.boundary_pending else next_sequence_nr()) - self.step_seq
 
+    def made_nothing_yet(self) -> bool:
+        """Whether the step begun last (the next one, while a boundary is pending) has made no autograd node."""
+        return next_sequence_nr() == (self._pending_seq if self.boundary_pending else self.step_seq)
+
     def commit_boundary(self) -> None:
         """End the pending step (called from the pack hook of the next forward op)."""
         self.boundary_hook(self.pending_source)
