@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -45,7 +46,7 @@ class ModeSwitchPatch:
     def __init__(self, observer: Observer) -> None:
         self._observer = observer
         self._replaced: Any = None
-        self._depth = 0  # Module.train calls running: the outermost one is the user's
+        self._running = threading.local()  # .depth: Module.train calls running on this thread (the outermost is the user's)
 
     def install(self) -> ModeSwitchPatch:
         original = self._replaced = torch.nn.Module.train
@@ -54,12 +55,14 @@ class ModeSwitchPatch:
         def train(module: torch.nn.Module, mode: bool = True) -> torch.nn.Module:
             if torch.compiler.is_compiling():  # torch.compile traces torch's own method: no new graph break
                 return original(module, mode)
-            changes = not self._depth and isinstance(mode, bool) and getattr(module, "training", mode) != mode
-            self._depth += 1
+            running = self._running
+            depth = getattr(running, "depth", 0)
+            changes = not depth and isinstance(mode, bool) and getattr(module, "training", mode) != mode
+            running.depth = depth + 1
             try:
                 result = original(module, mode)
             finally:
-                self._depth -= 1
+                running.depth = depth
             if changes:
                 self._observer(module, mode)
             return result
