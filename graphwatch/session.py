@@ -50,12 +50,12 @@ from .capture import EnginePatch, Recorder, parse_engine_args
 from .capture.call_mode import CallSiteMode
 from .capture.callsite import outer_frame
 from .capture.detail import DetailPlan
+from .capture.eval_mode import EvalModePatch
 from .capture.hook_switch import HookSwitch
 from .capture.light_errors import explain_inplace, lines_from_frames, name_freeing_roots
 from .capture.light_signals import LightSignals
 from .capture.line_templates import LineTemplates
 from .capture.loop_steps import LoopSteps
-from .capture.mode_switch import ModeSwitchPatch
 from .capture.optimizer import GradResetTracker, OptimizerHooks
 from .capture.own_time import OwnTime
 from .capture.ranks import rank_and_world_size
@@ -351,8 +351,8 @@ class Session:
         optimizer_hooks = OptimizerHooks(self._before_optimizer, self._after_optimizer)
         self._installed.append(optimizer_hooks.remove)
         if recorder.templates is not None:  # the default level: a first validation pass is seen in full detail
-            mode_switches = ModeSwitchPatch(self._on_mode_switch).install()
-            self._installed.append(mode_switches.remove)
+            evaluations = EvalModePatch(self._on_evaluation).install()
+            self._installed.append(evaluations.remove)
         interrupts = SignalGuard(signals=(signal.SIGINT,)).__enter__()  # a Ctrl-C in a finalizer is not lost
         interrupts.arm()
         self._installed.append(lambda: interrupts.__exit__(None, None, None))
@@ -495,15 +495,15 @@ class Session:
             if full or self._plan.is_full(recorder.step):
                 self._grads.after_step(optimizer)
 
-    def _on_mode_switch(self, module: torch.nn.Module, training: bool) -> None:
-        """A module switched to training or evaluation mode: at a line not seen before, a new code path (a first
-        validation pass, a new epoch), seen in full detail from here when its step has made nothing yet (the
-        switch opens a validation pass or an epoch), and in the steps after it."""
+    def _on_evaluation(self, module: torch.nn.Module) -> None:
+        """A module switched to evaluation mode: at a line not seen before, a new code path (a first validation
+        pass), seen in full detail from here when its step has made nothing yet (the switch opens the pass),
+        and in the steps after it."""
         recorder, hooks = self._recorder, self._hooks
         if _active is not self or threading.get_ident() != recorder.thread or hooks is None:
             return
         frame = outer_frame(1)
-        reason = self._signals.mode_switch(recorder.sites.at(self._loop.positions(frame), frame), training)
+        reason = self._signals.evaluation(recorder.sites.at(self._loop.positions(frame), frame))
         step = self._begun
         if reason is None or self._plan.is_full(step):
             return

@@ -2,7 +2,7 @@
 
 On every exit (normal, exception, KeyboardInterrupt) nothing of graphwatch's
 stays: saved-tensor hooks, the engine entry-point wrappers, the global
-optimizer hooks, ``nn.Module.train`` and the active-session slot are all back
+optimizer hooks, ``nn.Module.eval`` and the active-session slot are all back
 to what they were.
 """
 
@@ -36,7 +36,7 @@ def _global_state() -> dict:
         "optimizer post hooks": dict(optimizer_module._global_optimizer_post_hooks),
         "active session": graphwatch.active_session(),
         "disable_saved_tensors_hooks": torch.autograd.graph.disable_saved_tensors_hooks,
-        "Module.train": nn.Module.train,
+        "Module.eval": nn.Module.eval,
     }
 
 
@@ -59,7 +59,7 @@ def _assert_installed_while_active(gw: graphwatch.Session, before: dict) -> None
     assert now["engine (torch.autograd)"] is not before["engine (torch.autograd)"]
     assert len(now["optimizer pre hooks"]) == len(before["optimizer pre hooks"]) + 1
     assert len(now["optimizer post hooks"]) == len(before["optimizer post hooks"]) + 1
-    assert now["Module.train"] is not before["Module.train"]  # (the default level watches mode switches)
+    assert now["Module.eval"] is not before["Module.eval"]  # (the default level watches validation passes)
 
 
 def _assert_clean(before: dict) -> None:

@@ -13,8 +13,8 @@ holder search, the step detectors) only
   backward of an earlier step's graph, a backward or ``optimizer.step()`` line
   not seen before, a step that made more or fewer nodes than any before it,
   resident memory grown, a finding, graphs of earlier steps alive, a graph
-  carried in from a step seen light, a module switched to evaluation or
-  training mode at a line not seen before);
+  carried in from a step seen light, ``model.eval()`` at a line not seen
+  before);
 
 and every other step at the light level's cost: the backward calls, the
 optimizer steps and each step's totals, with no saved-tensor hook installed

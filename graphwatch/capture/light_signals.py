@@ -8,9 +8,8 @@ left costs a few attribute reads per backward and per step end:
 - a backward whose root an earlier step made (its sequence number is below the
   step's first): a graph reused across steps;
 - a backward or ``optimizer.step()`` at a line not seen before: a new code path;
-- a module switched to evaluation or training mode (``model.eval()``, ``model.train()``) at a line not seen
-  before: a first validation pass, a new epoch's first step, seen in full from the switch on when the step
-  has made nothing yet (:mod:`.mode_switch`);
+- ``model.eval()`` at a line not seen before: a first validation pass, seen in full detail as it runs when
+  its step has made nothing yet (:mod:`.eval_mode`);
 - a step that made more, or fewer, autograd nodes than any step before it (the
   node sequence numbers at its bounds): a first validation pass without
   ``no_grad``, a branch first taken, an accumulator that starts adding graphs;
@@ -52,7 +51,7 @@ class LightSignals:
         self._backward_sites: set[int | None] = set()
         self._keeping_sites: set[int | None] = set()  # lines of retain_graph/create_graph backwards seen in full
         self._optimizer_sites: set[int | None] = set()
-        self._mode_sites: set[tuple[int | None, bool]] = set()
+        self._eval_sites: set[int | None] = set()
         self._made: tuple[int, int] | None = None  # fewest and most nodes a step made so far
         self._rss_base = 0  # resident memory at the last full step's end
         self._light_ends = 0
@@ -86,14 +85,13 @@ class LightSignals:
         self._optimizer_sites.add(site)
         return f"an optimizer.step() at a line not seen before, {self._where(site)}"
 
-    def mode_switch(self, site: int | None, training: bool) -> str | None:
-        """Why a module switched to training (or evaluation) mode at ``site`` needs a closer look (a switch
-        not seen at that line before), or None."""
-        key = (site, training)
-        if key in self._mode_sites:
+    def evaluation(self, site: int | None) -> str | None:
+        """Why a module switched to evaluation mode at ``site`` needs a closer look (a line not seen before),
+        or None."""
+        if site in self._eval_sites:
             return None
-        self._mode_sites.add(key)
-        return f"a new code path: a module switched to {'training' if training else 'evaluation'} mode at {self._where(site)}"
+        self._eval_sites.add(site)
+        return f"a new code path: a module switched to evaluation mode at {self._where(site)}"
 
     def step_made(self, step: int, nodes: int) -> str | None:
         """Step ``step`` made ``nodes`` autograd nodes: a new code path when no step before made as many (or as

@@ -1,9 +1,9 @@
-"""``model.eval()`` and ``model.train()`` as the default level's signal of a new code path.
+"""``model.eval()`` as the default level's signal of a new code path, a first validation pass.
 
-The patch of ``nn.Module.train`` reports each outermost call that changes a
-module's mode and changes nothing else; a session turns a step that has made
-nothing yet to full detail at a switch at a new line, and holds the steps after
-it in full detail either way.
+The patch of ``nn.Module.eval`` reports each call that switches a training
+module to evaluation and changes nothing else; a session turns a step that has
+made nothing yet to full detail at such a switch at a new line, and holds the
+steps after it in full detail either way.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from torch import nn
 
 import graphwatch
 from graphwatch.capture.detail import HOLD_STEPS
-from graphwatch.capture.mode_switch import ModeSwitchPatch
+from graphwatch.capture.eval_mode import EvalModePatch
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest: one torch thread, no session left)
 
@@ -25,37 +25,51 @@ def model() -> nn.Module:
 
 
 # ------------------------------------------------------------------ the patch
-def test_only_the_outermost_call_that_changes_a_mode_is_reported() -> None:
+def test_each_switch_of_a_training_module_to_evaluation_is_reported_once() -> None:
     net, seen = model(), []
-    with ModeSwitchPatch(lambda module, mode: seen.append((module, mode))):
-        net.eval()  # its children's train(False) calls are not reported
+    with EvalModePatch(seen.append):
+        net.eval()  # (its children are switched by Module.train: not reported)
         net.eval()  # no change
-        net[2].train()  # a child alone
         net.train()
-        net.train(True)
-    assert seen == [(net, False), (net[2], True), (net, True)]
-    assert all(m.training for m in net.modules())
+        net[2].eval()  # a child alone
+        net.train(False)  # not eval(): not reported
+    assert seen == [net, net[2]]
+    assert not any(m.training for m in net.modules())
 
 
-def test_modes_and_errors_are_torchs_own_under_the_patch() -> None:
+def test_modes_are_torchs_own_under_the_patch() -> None:
     net = model()
-    with ModeSwitchPatch(lambda module, mode: None):
+    with EvalModePatch(lambda module: None):
         assert net.eval() is net and not any(m.training for m in net.modules())
-        with pytest.raises(ValueError) as watched:
-            net.train("yes")  # type: ignore[arg-type]
-    with pytest.raises(ValueError) as bare:
-        net.train("yes")  # type: ignore[arg-type]
-    assert str(watched.value) == str(bare.value)
+        assert nn.Module.train.__module__ == "torch.nn.modules.module"  # (train, which recurses, is left alone)
 
 
 def test_nested_patches_restore_what_each_replaced() -> None:
-    original = nn.Module.train
-    outer = ModeSwitchPatch(lambda module, mode: None).install()
-    inner = ModeSwitchPatch(lambda module, mode: None).install()
+    original = nn.Module.eval
+    outer = EvalModePatch(lambda module: None).install()
+    inner = EvalModePatch(lambda module: None).install()
     inner.remove()
-    assert nn.Module.train is not original
+    assert nn.Module.eval is not original
     outer.remove()
-    assert nn.Module.train is original
+    assert nn.Module.eval is original
+
+
+def test_a_switch_inside_code_torch_compile_traces_is_not_reported() -> None:
+    import torch._dynamo as dynamo
+
+    net, seen = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1)), []
+
+    def evaluate(x: torch.Tensor) -> torch.Tensor:
+        net.eval()
+        y = net(x)
+        net.train()
+        return y.sum()
+
+    with EvalModePatch(seen.append):
+        dynamo.reset()
+        dynamo.explain(evaluate)(torch.randn(2, 4))
+    dynamo.reset()
+    assert seen == []
 
 
 # ------------------------------------------------------------------ the session
@@ -99,13 +113,13 @@ def test_a_switch_at_a_line_seen_before_is_no_signal() -> None:
     assert [span[2] for span in spans(gw)] == ["first steps"]
 
 
-def test_the_light_and_full_levels_leave_module_train_alone() -> None:
+def test_the_light_and_full_levels_leave_module_eval_alone() -> None:
     for level in ("light", "full"):
         with graphwatch.watch(summary=False, level=level):
-            assert nn.Module.train.__module__ == "torch.nn.modules.module"
+            assert nn.Module.eval.__module__ == "torch.nn.modules.module"
 
 
-def test_a_mode_switch_inside_a_compiled_function_breaks_no_more_graphs() -> None:
+def test_a_switch_inside_a_compiled_function_breaks_no_more_graphs() -> None:
     import torch._dynamo as dynamo
 
     net = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1))
