@@ -5,10 +5,11 @@ Usage (from the repo root)::
 
     .venv/bin/python benchmarks/accuracy/run.py --corpus DIR      # or GRAPHWATCH_CORPUS=DIR
     .venv/bin/python benchmarks/accuracy/run.py                   # the reproductions only
+    .venv/bin/python benchmarks/accuracy/run.py --level full ...  # every step in full detail (its table with --out)
 
-Each case runs in a fresh temporary folder as ``python -m graphwatch run --out OUT SCRIPT ARGS`` (the default
-level), with ``shims/`` on the path (a stand-in torchvision: no CPU wheel exists here, and nothing can be
-downloaded).  A real case copies its folder from the corpus and applies its one-line mutation; a
+Each case runs in a fresh temporary folder as ``python -m graphwatch run --level LEVEL --out OUT SCRIPT ARGS``
+(the default level unless ``--level full``), with ``shims/`` on the path (a stand-in torchvision: no CPU
+wheel exists here, and nothing can be downloaded).  A real case copies its folder from the corpus and applies its one-line mutation; a
 reproduction is a script of ``repros/`` whose docstring says ``EXPECT: silent`` or ``EXPECT: kind[, kind]``,
 whose ``# HERE`` comment marks the line a finding must cite, and whose ``FIX: old => new`` lines apply the
 known-good fix (``\\n`` in ``new`` starts a new line).  A bug runs with ``--check-fixes``; then its fixed twin
@@ -36,6 +37,7 @@ from cases import PROBLEM_KINDS, REAL, Case
 from own_fix import apply_own_fix, different, own_fix, printed_numbers
 
 HERE = Path(__file__).resolve().parent
+LEVEL = "default"  # graphwatch's level (--level)
 REPO = HERE.parent.parent
 REPROS = HERE / "repros"
 TIMEOUT = float(os.environ.get("GW_ACCURACY_TIMEOUT", "1800"))  # seconds a run may take (a loaded machine is slow)
@@ -163,7 +165,7 @@ def _run(case: Case, script: Path, out: Path, check_fixes: bool = False) -> Ran:
     env.setdefault("OMP_NUM_THREADS", "1")  # one thread a run: the same numbers on any machine, and cases run side by side
     env.setdefault("GW_ACCURACY_SEED", "0")  # shims/sitecustomize.py seeds scripts that seed nothing
     flags = ["--check-fixes"] if check_fixes else []
-    command = [sys.executable, "-m", "graphwatch", "run", *flags, "--out", str(out), script.name, *case.args]
+    command = [sys.executable, "-m", "graphwatch", "run", "--level", LEVEL, *flags, "--out", str(out), script.name, *case.args]
     try:
         done = subprocess.run(command, cwd=script.parent, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -288,7 +290,7 @@ def table(outcomes: list[Outcome]) -> str:
         "",
         f"Regenerated {date.today().isoformat()} by `.venv/bin/python benchmarks/accuracy/run.py --corpus DIR` "
         "(real scripts from the repositories named in `cases.py`, at the commits named there; reproductions "
-        "in `repros/`). Default level, `graphwatch run` (a bug with `--check-fixes`), one process per run.",
+        f"in `repros/`). {LEVEL.capitalize()} level, `graphwatch run` (a bug with `--check-fixes`), one process per run.",
         "",
         "| measure | value |",
         "| --- | --- |",
@@ -328,7 +330,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
     parser.add_argument("-k", default="", help="only the cases whose name contains this")
     parser.add_argument("-j", type=int, default=1, help="cases run side by side (each run is one thread)")
+    parser.add_argument("--level", default="default", choices=("default", "full"), help="graphwatch's level")
     args = parser.parse_args(argv)
+    global LEVEL
+    LEVEL = args.level
     corpus = Path(args.corpus) if args.corpus else None
 
     def one(case: Case) -> Outcome:
@@ -340,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with ThreadPoolExecutor(max_workers=max(1, args.j)) as pool:  # (each case is subprocesses: threads suffice)
         outcomes = list(pool.map(one, [case for case in [*REAL, *repro_cases()] if args.k in case.name]))
-    if not args.k:
+    if not args.k and (args.level == "default" or args.out != HERE / "RESULTS.md"):  # (the table is the default's)
         args.out.write_text(table(outcomes))
         print(f"wrote {args.out}")
     return 0
