@@ -69,7 +69,7 @@ from .model import BackwardRecord, Finding, NodeRecord, StepRecord, Trace, save_
 from .model.trace_io import save_trace_elsewhere
 from .options import SessionOptions
 from .rendering.ranks import rank_folder
-from .signals import SignalGuard
+from .signals import SignalGuard, end_sigterm_guard, sigterm_guard
 from .step_ends import StepEnds
 
 # What a step's end says about graphs still held: not said of a step an exception cut short.
@@ -145,7 +145,7 @@ class Session:
         self._own = OwnTime()  # the session's clocks, and graphwatch's own CPU time by part
         self._finished = False
         self._pid = os.getpid()  # a forked child that leaves the session writes and prints nothing
-        self._sigterm: SignalGuard | None = None  # stops the user's code at SIGTERM (see _start_sigterm_guard)
+        self._sigterm: SignalGuard | None = None  # stops the user's code at SIGTERM (see signals.sigterm_guard)
         self.script_globals: dict[str, Any] | None = None  # a finished script's globals (graphwatch run), searched last
         self.stop_after: int | None = None  # end the run after this many steps (graphwatch run --stop-after)
         self._stop_due = False
@@ -303,24 +303,10 @@ class Session:
         if leak is not None and exc_type is None:
             raise leak
 
-    def _start_sigterm_guard(self) -> None:
-        """Where SIGTERM would kill the process outright (its default handler, in the main thread), stop the
-        user's code with :class:`~graphwatch.signals.Terminated` instead, so that the session still writes its
-        report and summary; :meth:`_end_sigterm_guard` then ends the process by SIGTERM, as it would have ended."""
-        wants = self.print_summary or self.out is not None
-        if wants and threading.current_thread() is threading.main_thread():
-            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-                self._sigterm = SignalGuard(signals=(signal.SIGTERM,)).__enter__()
-                self._sigterm.arm()
-
     def _end_sigterm_guard(self) -> None:
         guard, self._sigterm = self._sigterm, None
-        if guard is None:
-            return
-        guard.disarm()
-        guard.__exit__(None, None, None)  # SIGTERM's default handler again
-        if guard.terminated and os.getpid() == self._pid:
-            os.kill(os.getpid(), signal.SIGTERM)  # the report is written: end as SIGTERM would have ended it
+        if guard is not None:
+            end_sigterm_guard(guard, self._pid)  # (ends the process, when SIGTERM arrived: the report is written)
 
     def _install(self) -> None:
         recorder = self._recorder
@@ -356,7 +342,8 @@ class Session:
         interrupts = SignalGuard(signals=(signal.SIGINT,)).__enter__()  # a Ctrl-C in a finalizer is not lost
         interrupts.arm()
         self._installed.append(lambda: interrupts.__exit__(None, None, None))
-        self._start_sigterm_guard()
+        if self.print_summary or self.out is not None:  # stopped by SIGTERM, the session still writes them
+            self._sigterm = sigterm_guard()
 
     def _uninstall(self) -> None:
         global _active
@@ -483,7 +470,7 @@ class Session:
         recorder = self._recorder
         full = self._plan.is_full(recorder.step)
         recorder.current.optimizer_steps += 1
-        recorder.optimizer_stepped(optimizer, recorder.current.optimizer_site)  # noted by the pre-step hook
+        recorder.optimizer_steps.stepped(optimizer, recorder.current.optimizer_site, recorder.step)  # (pre-step hook)
         self._backwards.optimizer_stepped(optimizer)
         positions, self._optimizer_at = self._optimizer_at, None
         ends = not self._explicit and not loop.in_optimizer_step and loop.ends_step(outer_frame(1), "step", positions=positions)

@@ -143,6 +143,32 @@ class SignalGuard:
             self.disarm()
 
 
+def sigterm_guard() -> SignalGuard | None:
+    """An entered and armed guard of SIGTERM where SIGTERM would kill the process outright (its default handler,
+    in the main thread): a session stopped by it still writes its report and summary, then
+    :func:`end_sigterm_guard` ends the process as SIGTERM would have.  None elsewhere.
+
+    Example::
+
+        >>> guard = sigterm_guard()
+        >>> end_sigterm_guard(guard, os.getpid()) if guard is not None else None
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return None
+    guard = SignalGuard(signals=(signal.SIGTERM,)).__enter__()
+    guard.arm()
+    return guard
+
+
+def end_sigterm_guard(guard: SignalGuard, pid: int) -> None:
+    """SIGTERM's default handler again; if SIGTERM arrived meanwhile (in process ``pid``, not a forked child), the
+    process ends by it now."""
+    guard.disarm()
+    guard.__exit__(None, None, None)
+    if guard.terminated and os.getpid() == pid:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # graphwatch's files that run the script (the outermost frames), as opposed to hooks called from inside it
 _OUTER_FILES = frozenset(os.path.join(_PACKAGE_DIR, name) for name in ("runner.py", "cli.py", "__main__.py", "demo.py", "signals.py"))

@@ -161,7 +161,7 @@ def _made_from(tensor: torch.Tensor, carrier: NodeRecord, step: int, limit: int 
 def _reaches_trained(tensor: torch.Tensor, recorder: Recorder) -> bool:
     """Whether the tensor's graph reaches a parameter an optimizer updates (any leaf that requires grad,
     before any optimizer has stepped)."""
-    return reaches(tensor, recorder.optimized_parameters())
+    return reaches(tensor, recorder.optimizer_steps.parameters())
 
 
 def reaches(tensor: torch.Tensor, parameters: set[int], limit: int = 10_000) -> bool:

@@ -41,7 +41,8 @@ from ..model import BackwardRecord, CallSite, NodeRecord
 from ..model.causes import BackwardCause, Cut
 from .callsite import display_path
 from .carriers import holders_of
-from .graph_walk import node_record, saved_handles
+from .graph_walk import node_record
+from .node_types import saved_handles
 from .ownership import (
     optimizer_stepping_after,
     optimizers_in_frames,

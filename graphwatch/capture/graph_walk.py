@@ -26,7 +26,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -34,6 +34,7 @@ import torch
 
 from ..model import NodeRecord, StepSpans
 from .node_tags import METADATA_KEY, NodeGroup, NodeTag
+from .node_types import NodeType, node_type, saved_data
 from .post_hoc import saved_tensors
 from .saved import SavedHandle
 from .saved_views import SavedTensor, raw_data, raw_unpack_hook
@@ -41,49 +42,6 @@ from .step_clock import next_sequence_nr
 
 if TYPE_CHECKING:
     from .recorder import Recorder
-
-ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
-
-
-@dataclass(slots=True)
-class _NodeType:
-    """What we cache per autograd node class (``dir()`` is slow)."""
-
-    op: str
-    is_accumulate_grad: bool
-    saved_attrs: tuple[str, ...]
-
-
-_TYPES: dict[type, _NodeType] = {}
-
-
-def _node_type(node: Any) -> _NodeType:
-    cls = type(node)
-    info = _TYPES.get(cls)
-    if info is None:
-        op = node.name()
-        saved = tuple(a for a in dir(node) if a.startswith("_raw_saved_"))
-        info = _TYPES[cls] = _NodeType(op, op == ACCUMULATE_GRAD, saved)
-    return info
-
-
-def _saved_data(node: Any, info: _NodeType) -> Iterator[Any]:
-    """What each saved-tensor slot of a node holds: our handle, a user hook's object, a tensor, or None."""
-    for attr in info.saved_attrs:
-        try:
-            value = getattr(node, attr)
-        except RuntimeError:
-            continue
-        for saved in value if isinstance(value, tuple) else (value,):
-            yield raw_data(saved) if type(saved) is SavedTensor else None
-
-
-def saved_handles(node: Any, info: _NodeType | None = None) -> Iterator[SavedHandle]:
-    """The graphwatch handles among a node's saved tensors (none once they are freed)."""
-    for data in _saved_data(node, info or _node_type(node)):
-        if type(data) is SavedHandle:
-            yield data
-
 
 def node_record(node: Any) -> NodeRecord | None:
     """The record graphwatch attached to ``node``, or None if no walk has reached it."""
@@ -118,7 +76,7 @@ def _new_tag(recorder: Recorder, metadata: dict, step: int, seq: int) -> NodeTag
 
 
 def _record(
-    recorder: Recorder, node: Any, info: _NodeType, tag: NodeTag | NodeGroup | None, ran: int | None = None
+    recorder: Recorder, node: Any, info: NodeType, tag: NodeTag | NodeGroup | None, ran: int | None = None
 ) -> NodeTag:
     """Tag ``node`` (a tag of its own if a quick walk grouped it) and build its record, linked to its saved
     tensors; ``ran``: a backward known to have run through the node that led the walk here (its parent's)."""
@@ -129,7 +87,7 @@ def _record(
         tag = tag.split_off(node.metadata, node._sequence_nr())
     assert type(tag) is NodeTag
     record = tag.record = recorder.node_record(tag, info.op)
-    for handle in _saved_data(node, info):
+    for handle in saved_data(node, info):
         if type(handle) is not SavedHandle:
             if handle is not None and not isinstance(handle, torch.Tensor):
                 recorder.trace.untracked_saved += 1  # packed by a user's saved-tensor hooks inside ours
@@ -151,7 +109,7 @@ def _record(
 
 
 def _record_after_the_fact(
-    recorder: Recorder, node: Any, info: _NodeType, tag: NodeTag, record: NodeRecord, ran: int | None
+    recorder: Recorder, node: Any, info: NodeType, tag: NodeTag, record: NodeRecord, ran: int | None
 ) -> None:
     """A node of a step seen light (no pack hook ran): its saved tensors read from it now, which backward ran
     through it (``ran``, or the one that started from it), and whether they were freed, and by which backward
@@ -192,7 +150,7 @@ def _freed_after_the_fact(recorder: Recorder, node: Any, tag: NodeTag, record: N
         tag.post_hoc = None
 
 
-def _buffers_freed(node: Any, info: _NodeType) -> bool:
+def _buffers_freed(node: Any, info: NodeType) -> bool:
     """True if reading the node's saved tensors raises torch's "backward through the graph a second time".
 
     A slot still held by saved-tensor hooks is not read: reading it runs their unpack hook, and
@@ -253,7 +211,7 @@ def _quick_walk(
     stack = [root for root in roots if root is not None]
     while stack:
         node = stack.pop()
-        info = _node_type(node)
+        info = node_type(node)
         if info.is_accumulate_grad:
             if collect_params:
                 params.append(node.variable)
@@ -295,12 +253,12 @@ def _first_visit(recorder: Recorder, node: Any, mark: int, ran: int | None = Non
     marked ``mark`` meets it; None when that walk has met it already.  (``ran``: as for :func:`_record`.)"""
     found: NodeTag | NodeGroup | None = node.metadata.get(METADATA_KEY)
     if found is None or found.record is None or found.recorder is not recorder:
-        tag = _record(recorder, node, _node_type(node), found, ran)
+        tag = _record(recorder, node, node_type(node), found, ran)
     else:
         tag = cast(NodeTag, found)  # (a tag with a record is a NodeTag)
         if tag.mark == mark:
             return None
-        if tag.post_hoc and _buffers_freed(node, _node_type(node)):  # freed since it was recorded
+        if tag.post_hoc and _buffers_freed(node, node_type(node)):  # freed since it was recorded
             _freed_after_the_fact(recorder, node, tag, cast(NodeRecord, tag.record))
     tag.mark = mark
     return tag
@@ -330,7 +288,7 @@ def walk(
     stack: list[tuple[Any, NodeRecord | None, int | None]] = [(root, None, None) for root in roots if root is not None]
     while stack:
         node, parent, ran = stack.pop()
-        if _node_type(node).is_accumulate_grad:
+        if node_type(node).is_accumulate_grad:
             if collect_params:
                 result.params_reached.append(node.variable)
             continue
@@ -421,7 +379,7 @@ def reach(recorder: Recorder, root: Any, known: dict[int, Reach]) -> tuple[int |
     stack: list[tuple[Any, int | None]] = [(root, None)]
     while stack:
         node, ran = stack.pop()
-        tag = None if _node_type(node).is_accumulate_grad else _first_visit(recorder, node, mark, ran)
+        tag = None if node_type(node).is_accumulate_grad else _first_visit(recorder, node, mark, ran)
         if tag is None:
             continue
         record = tag.record
@@ -454,7 +412,7 @@ def root_records(recorder: Recorder, roots: Iterable[Any]) -> list[int]:
         tag = None if root is None else root.metadata.get(METADATA_KEY)
         if tag is not None:
             if tag.record is None or tag.recorder is not recorder:
-                tag = _record(recorder, root, _node_type(root), tag)
+                tag = _record(recorder, root, node_type(root), tag)
             assert tag.record is not None  # (_record builds it)
             ids.append(tag.record.id)
     return ids

@@ -34,8 +34,9 @@ import torch
 from ..model import CallSite
 from ..model.causes import InplaceCause
 from .causes import _VIEWS
-from .graph_walk import _node_type, _saved_data, node_record
+from .graph_walk import node_record
 from .holders import user_frames
+from .node_types import node_type, saved_data
 from .ownership import named_values, resolve
 from .source import dotted_name, module_node
 
@@ -97,7 +98,7 @@ class InplaceFinder:
 
     def cause(self, handle: SavedHandle, tensor: torch.Tensor) -> InplaceCause:
         cause = InplaceCause(handle.site, handle.step)
-        saving = next((n for n in self.nodes if any(d is handle for d in _saved_data(n, _node_type(n)))), None)
+        saving = next((n for n in self.nodes if any(d is handle for d in saved_data(n, node_type(n)))), None)
         changer = self._changing_node(handle, tensor, saving)
         if changer is not None:
             cause.op = changer.name()
@@ -164,7 +165,7 @@ class InplaceFinder:
                 continue
             seen.add(user)
             site = self._node_line(user)
-            if site is not None and any(True for _ in _saved_data(user, _node_type(user))):
+            if site is not None and any(True for _ in saved_data(user, node_type(user))):
                 lines.append(site)
             else:
                 queue.extend(p for p, _ in self.parents.get(user, []))

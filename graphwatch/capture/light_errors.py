@@ -42,9 +42,10 @@ from typing import Any
 import torch
 
 from ..model import NodeRecord
-from .graph_walk import METADATA_KEY, _node_type, root_records
+from .graph_walk import METADATA_KEY, root_records
 from .holders import assignment_line, tensors_in_frame, user_frames
-from .saved import _GRAPHWATCH_INPLACE, _INPLACE_HINT
+from .inplace_hints import inplace_addition
+from .node_types import node_type
 from .saved_views import SavedTensor, raw_data
 from .source import assignments, function_node
 
@@ -100,12 +101,7 @@ def explain_inplace(recorder: Any, error: RuntimeError, roots: list[Any], start:
         kind="parameter" if tensor.is_leaf and tensor.requires_grad else "activation", is_input=output is None,
         output_of=(node.name(), output) if output is not None else None, version=tensor._version,
     )
-    hint = recorder.inplace_hint(handle)  # an optimizer.step() is named as the cause
-    explained = recorder.explain_inplace(handle, tensor) if hint is None else None  # the line that changed it
-    added = f"\n\n{explained}" if explained else _GRAPHWATCH_INPLACE.format(
-        where=recorder.trace.where(handle.site), step=step, hint=hint or _INPLACE_HINT
-    )  # fmt: skip
-    error.args = (text + added, *error.args[1:])
+    error.args = (text + inplace_addition(recorder, handle, tensor), *error.args[1:])
 
 
 def _modified_saved(roots: list[Any], text: str) -> tuple[Any, torch.Tensor, int | None] | None:
@@ -118,7 +114,7 @@ def _modified_saved(roots: list[Any], text: str) -> tuple[Any, torch.Tensor, int
         if id(node) in seen:
             continue
         seen.add(id(node))
-        for attr in _node_type(node).saved_attrs:
+        for attr in node_type(node).saved_attrs:
             try:
                 getattr(node, "_saved_" + attr[len("_raw_saved_"):])
             except RuntimeError as error:

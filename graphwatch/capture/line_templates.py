@@ -26,8 +26,12 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from .step_clock import StepClock, next_sequence_nr
 
 MAX_TEMPLATES = 16  # node counts kept (one template each, the latest)
+MAX_NODES = 100_000  # a bigger step seen in full detail leaves no lines for light steps
 
 
 @dataclass(slots=True)
@@ -55,6 +59,32 @@ class LineTemplates:
         self._by_count[template.count] = template
         if len(self._by_count) > MAX_TEMPLATES:
             del self._by_count[next(iter(self._by_count))]
+
+    def keep_step(self, clock: StepClock, first: int, end: int, ops_met: list[tuple[int, str]]) -> None:
+        """Keep the template of a step seen in full detail that made the nodes numbered ``first`` up to ``end``:
+        ``ops_met`` are (sequence number, op) of the nodes its walks met, its lines are the ``clock``'s."""
+        count = end - first
+        if not 0 < count <= MAX_NODES:
+            return
+        ops: list[str | None] = [None] * count
+        for seq, op in ops_met:
+            if first <= seq < end:
+                ops[seq - first] = op
+        self.keep(Template(count, ops, clock.lines_between(first, end)))
+
+    def node_site(self, clock: StepClock, node: Any, seq: int, op: str, step: int) -> int | None:
+        """The line of ``node`` (sequence number ``seq``, ``op``), made in step ``step`` (seen light), from the
+        template of a full step that ran the same code (None: none did)."""
+        bounds = clock.bounds
+        first = bounds[step]
+        finished = step + 1 < len(bounds)
+        count = (bounds[step + 1] if finished else next_sequence_nr()) - first
+        nodes = [(seq - first, op)]
+        for child, _ in node.next_functions:
+            child_seq = -1 if child is None else child._sequence_nr()
+            if first <= child_seq < first + count:
+                nodes.append((child_seq - first, child.name()))
+        return self.site(count, finished, nodes)
 
     def site(self, count: int, finished: bool, nodes: Sequence[tuple[int, str]]) -> int | None:
         """The line of a light step's node, ``nodes[0]`` as (offset, op), whose children of the same step are

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..model import SavedRecord
+from .node_types import node_type
 from .saved_views import SavedTensor, raw_data
 
 if TYPE_CHECKING:
@@ -64,9 +65,7 @@ def plain_saved(node: Any, attrs: tuple[str, ...]) -> Iterator[tuple[torch.Tenso
 def saved_tensors(recorder: Recorder, node: Any, step: int) -> list[SavedRecord]:
     """The SavedRecords of a node's saved tensors that no hook packed (its step's ``step``), built now and
     counted alive (:meth:`Recorder.post_hoc_saved`); none for the slots a backward freed."""
-    from .graph_walk import _node_type  # (graph_walk calls in here)
-
-    return [recorder.post_hoc_saved(tensor, step, output) for tensor, output in plain_saved(node, _node_type(node).saved_attrs)]
+    return [recorder.post_hoc_saved(tensor, step, output) for tensor, output in plain_saved(node, node_type(node).saved_attrs)]
 
 
 class LightBackwards:

@@ -30,7 +30,8 @@ from ..model.columns import freeze_steps
 from ..model.packed import PackedArray
 from ..model.trace import averaged_steps
 from .callsite import SiteTable
-from .line_templates import LineTemplates, Template
+from .inplace_hints import OptimizerSteps
+from .line_templates import LineTemplates
 from .live_steps import OLD_BATCH, LiveSteps
 from .node_tags import NodeGroups
 from .post_hoc import LightBackwards
@@ -50,7 +51,6 @@ FREEZE_BATCH = 256
 TRACKED_PER_STEP = 100_000
 _NO_TABLE: dict[int, int] = {}  # a settled step's tables: empty (shared, never written to)
 RSS_EVERY = 8  # steps seen light read the resident memory on every this many steps
-MAX_TEMPLATE_NODES = TRACKED_PER_STEP  # a bigger step seen in full detail leaves no lines for light steps
 
 
 class Recorder:
@@ -107,9 +107,7 @@ class Recorder:
         self.closed = False
         self._rss = ResidentMemory()
         self._rss_read = 0
-        # id(optimizer) -> (weak ref to it, site of its last step() call, step index then): what changed
-        # parameters in place, for the "modified by an inplace operation" hint
-        self._optimizer_steps: dict[int, tuple[weakref.ref, int | None, int]] = {}
+        self.optimizer_steps = OptimizerSteps()  # what changed parameters in place, for the inplace error's hint
         # explains a failed version check (the session's: it finds the line that changed the tensor); its text
         # follows torch's message
         self.inplace_explainer: Callable[[SavedHandle, torch.Tensor], str | None] | None = None
@@ -350,8 +348,8 @@ class Recorder:
             seq = self.clock.mark()
         record.nodes_created = max(0, seq - self.step_seq)
         if self.step_ops:  # (collected for the templates of full steps only)
-            if self.is_full_step(record.index):
-                self._keep_template(self.step_seq, seq)
+            if self.is_full_step(record.index) and self.templates is not None:
+                self.templates.keep_step(self.clock, self.step_seq, seq, self.step_ops)
             self.step_ops = []
         if self._fresh:
             self._keep_outliving()
@@ -368,31 +366,9 @@ class Recorder:
             self._prune()
         return record
 
-    def _keep_template(self, first: int, end: int) -> None:
-        """The lines of the step seen in full detail that ends here, by node offset (:mod:`.line_templates`)."""
-        count = end - first
-        ops: list[str | None] = [None] * count if count <= MAX_TEMPLATE_NODES else []
-        for seq, op in self.step_ops if ops else ():
-            if first <= seq < end:
-                ops[seq - first] = op
-        if ops:
-            assert self.templates is not None
-            self.templates.keep(Template(count, ops, self.clock.lines_between(first, end)))
-
     def template_site(self, node: Any, seq: int, op: str, step: int) -> int | None:
         """The line of a node of a step seen light, from a full step that ran the same code (or None)."""
-        if self.templates is None:
-            return None
-        bounds = self.clock.bounds
-        first = bounds[step]
-        finished = step + 1 < len(bounds)
-        count = (bounds[step + 1] if finished else next_sequence_nr()) - first
-        nodes = [(seq - first, op)]
-        for child, _ in node.next_functions:
-            child_seq = -1 if child is None else child._sequence_nr()
-            if first <= child_seq < first + count:
-                nodes.append((child_seq - first, child.name()))
-        return self.templates.site(count, finished, nodes)
+        return None if self.templates is None else self.templates.node_site(self.clock, node, seq, op, step)
 
     def _keep_outliving(self) -> None:
         """Build the records of this step's saved tensors that outlive it (the others were counted only)."""
@@ -468,40 +444,7 @@ class Recorder:
             for saved_id in self._saved_ids_by_step.pop(old, ()):
                 trace.saved.pop(saved_id, None)
 
-    # ----------------------------------------------------------- optimizers
-    def optimizer_stepped(self, optimizer: torch.optim.Optimizer, site: int | None) -> None:
-        """``optimizer.step()`` at ``site`` just updated its parameters in place."""
-        known = self._optimizer_steps.get(id(optimizer))
-        ref = known[0] if known is not None and known[0]() is optimizer else weakref.ref(optimizer)
-        self._optimizer_steps[id(optimizer)] = (ref, site, self.step)
-
-    def optimized_parameters(self, optimizers: list[torch.optim.Optimizer] | None = None) -> set[int]:
-        """``id()`` of every parameter of ``optimizers`` (default: of those that stepped so far)."""
-        if optimizers is None:
-            optimizers = [o for ref, _, _ in self._optimizer_steps.values() if (o := ref()) is not None]
-        return {id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]}
-
-    def inplace_hint(self, handle: SavedHandle) -> str | None:
-        """Why a saved parameter's version moved, when an ``optimizer.step()`` did it; else None."""
-        if handle.storage is None or handle.kind != "parameter":
-            return None
-        for ref, site, step in self._optimizer_steps.values():
-            optimizer = ref()
-            if optimizer is None or step < handle.step:
-                continue
-            if any(p.data_ptr() == handle.storage[0] for g in optimizer.param_groups for p in g["params"]):
-                return self._optimizer_hint(site, handle)
-        return None
-
-    def explain_inplace(self, handle: SavedHandle, tensor: torch.Tensor) -> str | None:
-        """graphwatch's paragraph about a saved tensor changed in place (None: the plain hint)."""
-        if self.inplace_explainer is None:
-            return None
-        try:
-            return self.inplace_explainer(handle, tensor)
-        except Exception:  # looking closer must never hide torch's error
-            return None
-
+    # ------------------------------------------------------------ in place
     def later_saves_of(self, handle: SavedHandle) -> int | None:
         """The site of the first save, after ``handle``'s, of the same storage at a newer version: an in-place
         op that saved its result (``relu_``) ran there."""
@@ -514,31 +457,6 @@ class Recorder:
                 if alias is not None and other.version > handle.version and other.site is not None:
                     return other.site
         return None
-
-    def _optimizer_hint(self, site: int | None, handle: SavedHandle) -> str:
-        where = self.trace.where(site)
-        if handle.step < self.step:
-            carried = self._carried_name()
-            return (
-                f"optimizer.step() at {where} updated this parameter in place after step {handle.step}'s "
-                f"graph saved it, and step {self.step}'s backward runs into that graph again: a graph of an "
-                f"earlier step is reused{carried}. Detach what carries it at the start of each step (and drop "
-                "retain_graph=True), so that each backward uses only its own step's graph."
-            )
-        return (
-            f"optimizer.step() at {where} updated this parameter in place after the graph saved it, and "
-            "this backward ran after that step through the same graph. Run this backward before that "
-            "optimizer step, or recompute the forward after the step (a GAN: the generator's loss on a fresh "
-            "D(fake) made after D's step)."
-        )
-
-    def _carried_name(self) -> str:
-        backward = self.backward
-        if backward is None or not backward.crossings:
-            return ""
-        node = self.trace.nodes.get(backward.crossings[0][1])
-        name = node.carried_as if node is not None else None
-        return f" (carried by `{name}`)" if name else ""
 
     # ------------------------------------------------------------ backward
     def begin_backward(self, record: BackwardRecord) -> None:

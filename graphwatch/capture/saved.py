@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from .inplace_hints import inplace_addition
+
 if TYPE_CHECKING:
     from ..model import NodeRecord, SavedRecord
     from .recorder import Recorder
@@ -78,11 +80,6 @@ _TORCH_ANOMALY_HINT = (
 )
 # as torch names the op in that message: ExpBackward0 "Exp", ClampBackward1 "Clamp1", CopyBackwards itself
 _BACKWARD_SUFFIX = re.compile(r"Backward(?:0$|(?=[1-9])|$)")
-_GRAPHWATCH_INPLACE = "\n\ngraphwatch: the tensor was saved at {where} (step {step}). {hint}"
-_INPLACE_HINT = (
-    "Something changed it in place after autograd saved it; use the out-of-place form "
-    "(e.g. x = x.add(1) instead of x.add_(1)) or .clone() it first."
-)
 
 
 class SavedHandle:
@@ -308,8 +305,8 @@ def register_user_hooks(handle: SavedHandle, pack_hook: PackHook, unpack_hook: U
 
 
 def inplace_message(recorder: Recorder, handle: SavedHandle, tensor: torch.Tensor | None = None) -> str:
-    """torch's "modified by an inplace operation" message, unchanged, then the line that saved the tensor and,
-    where graphwatch finds it, the line that changed it (:meth:`Recorder.explain_inplace`)."""
+    """torch's "modified by an inplace operation" message, unchanged, then graphwatch's paragraph: the line that
+    saved the tensor and, where graphwatch finds it, what changed it (:mod:`graphwatch.capture.inplace_hints`)."""
     alias = handle.alias if tensor is None else tensor
     if handle.output_of is not None:
         name, number = handle.output_of
@@ -326,9 +323,4 @@ def inplace_message(recorder: Recorder, handle: SavedHandle, tensor: torch.Tenso
         then=handle.version,
         hint=_TORCH_ANOMALY_HINT if torch.is_anomaly_enabled() else _TORCH_INPLACE_HINT,
     )
-    hint = recorder.inplace_hint(handle)  # an optimizer.step() is named as the cause
-    explained = recorder.explain_inplace(handle, alias) if hint is None else None  # the line that changed it
-    if explained:
-        return f"{text}\n\n{explained}"
-    return text + _GRAPHWATCH_INPLACE.format(where=recorder.trace.where(handle.site), step=handle.step,
-                                             hint=hint or _INPLACE_HINT)
+    return text + inplace_addition(recorder, handle, alias)
