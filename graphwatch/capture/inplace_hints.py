@@ -5,27 +5,27 @@ One paragraph, the same whether the pack hook saw the tensor saved (a step seen 
 raised (a step seen light: :mod:`graphwatch.capture.light_errors`):
 
 - an ``optimizer.step()`` that updated the saved parameter after its graph saved it, named with its line
-  (:class:`OptimizerSteps` notes every step the session saw);
+  (:class:`~graphwatch.capture.optimizer.OptimizerSteps` notes every step the session saw);
 - otherwise the line that changed the tensor, where the session finds it (:mod:`graphwatch.capture.inplace`);
 - otherwise the line that saved it, and the out-of-place form to use.
 
 Example::
 
     >>> import torch
-    >>> from graphwatch.capture.inplace_hints import OptimizerSteps
+    >>> from types import SimpleNamespace
+    >>> from graphwatch.capture.recorder import Recorder
+    >>> recorder = Recorder()
     >>> weight = torch.nn.Parameter(torch.ones(2))
     >>> optimizer = torch.optim.SGD([weight], lr=0.1)
-    >>> steps = OptimizerSteps()
-    >>> steps.stepped(optimizer, site=None, step=3)
-    >>> steps.parameters() == {id(weight)}
-    True
-    >>> steps.updating(weight.untyped_storage().data_ptr(), since=2) == (optimizer, None)
-    True
+    >>> recorder.optimizer_steps.stepped(optimizer, site=None, step=0)
+    >>> handle = SimpleNamespace(storage=(weight.untyped_storage().data_ptr(), False), kind="parameter", step=0,
+    ...                          site=None)
+    >>> print(inplace_addition(recorder, handle, weight).strip())
+    graphwatch: the tensor was saved at <unknown> (step 0). optimizer.step() at <unknown> updated this parameter ...
 """
 
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,38 +38,6 @@ _INPLACE_HINT = (
     "Something changed it in place after autograd saved it; use the out-of-place form "
     "(e.g. x = x.add(1) instead of x.add_(1)) or .clone() it first."
 )
-
-
-class OptimizerSteps:
-    """The optimizer steps a session saw: each optimizer (weakly), the line of its last ``step()`` and the step it
-    ran in.  An in-place update of parameters that a graph saved is what an ``optimizer.step()`` between a
-    forward and its backward does."""
-
-    def __init__(self) -> None:
-        self._last: dict[int, tuple[weakref.ref, int | None, int]] = {}  # id(optimizer) -> (ref, site, step)
-
-    def stepped(self, optimizer: torch.optim.Optimizer, site: int | None, step: int) -> None:
-        """``optimizer.step()`` at ``site`` just updated its parameters in place, in step ``step``."""
-        known = self._last.get(id(optimizer))
-        ref = known[0] if known is not None and known[0]() is optimizer else weakref.ref(optimizer)
-        self._last[id(optimizer)] = (ref, site, step)
-
-    def parameters(self, optimizers: list[torch.optim.Optimizer] | None = None) -> set[int]:
-        """``id()`` of every parameter of ``optimizers`` (default: of those that stepped so far)."""
-        if optimizers is None:
-            optimizers = [o for ref, _, _ in self._last.values() if (o := ref()) is not None]
-        return {id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]}
-
-    def updating(self, data_ptr: int, since: int) -> tuple[torch.optim.Optimizer, int | None] | None:
-        """(the optimizer, the site of its last ``step()``) of an optimizer holding the parameter whose storage
-        starts at ``data_ptr`` that stepped in step ``since`` or later (None: none did)."""
-        for ref, site, step in self._last.values():
-            optimizer = ref()
-            if optimizer is None or step < since:
-                continue
-            if any(p.data_ptr() == data_ptr for g in optimizer.param_groups for p in g["params"]):
-                return optimizer, site
-        return None
 
 
 def inplace_addition(recorder: Recorder, handle: Any, tensor: torch.Tensor) -> str:

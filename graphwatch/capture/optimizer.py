@@ -8,6 +8,9 @@ before the next step, a gradient that is the same tensor and whose version
 moved by no more than the backwards that accumulated into it was never
 zeroed (``zero_grad()`` either replaces it with None or bumps its version).
 
+:class:`OptimizerSteps` notes each optimizer's last step (weakly), what names an ``optimizer.step()`` as the
+cause of a "modified by an inplace operation" error.
+
 Example::
 
     >>> import torch
@@ -101,3 +104,35 @@ class OptimizerHooks:
     def remove(self) -> None:
         while self._handles:
             self._handles.pop().remove()
+
+
+class OptimizerSteps:
+    """The optimizer steps a session saw: each optimizer (weakly), the line of its last ``step()`` and the step it
+    ran in.  An in-place update of parameters that a graph saved is what an ``optimizer.step()`` between a
+    forward and its backward does."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[weakref.ref, int | None, int]] = {}  # id(optimizer) -> (ref, site, step)
+
+    def stepped(self, optimizer: torch.optim.Optimizer, site: int | None, step: int) -> None:
+        """``optimizer.step()`` at ``site`` just updated its parameters in place, in step ``step``."""
+        known = self._last.get(id(optimizer))
+        ref = known[0] if known is not None and known[0]() is optimizer else weakref.ref(optimizer)
+        self._last[id(optimizer)] = (ref, site, step)
+
+    def parameters(self, optimizers: list[torch.optim.Optimizer] | None = None) -> set[int]:
+        """``id()`` of every parameter of ``optimizers`` (default: of those that stepped so far)."""
+        if optimizers is None:
+            optimizers = [o for ref, _, _ in self._last.values() if (o := ref()) is not None]
+        return {id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]}
+
+    def updating(self, data_ptr: int, since: int) -> tuple[torch.optim.Optimizer, int | None] | None:
+        """(the optimizer, the site of its last ``step()``) of an optimizer holding the parameter whose storage
+        starts at ``data_ptr`` that stepped in step ``since`` or later (None: none did)."""
+        for ref, site, step in self._last.values():
+            optimizer = ref()
+            if optimizer is None or step < since:
+                continue
+            if any(p.data_ptr() == data_ptr for g in optimizer.param_groups for p in g["params"]):
+                return optimizer, site
+        return None

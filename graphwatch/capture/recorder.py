@@ -30,10 +30,10 @@ from ..model.columns import freeze_steps
 from ..model.packed import PackedArray
 from ..model.trace import averaged_steps
 from .callsite import SiteTable
-from .inplace_hints import OptimizerSteps
 from .line_templates import LineTemplates
 from .live_steps import OLD_BATCH, LiveSteps
 from .node_tags import NodeGroups
+from .optimizer import OptimizerSteps
 from .post_hoc import LightBackwards
 from .resident import ResidentMemory
 from .step_clock import StepClock, next_sequence_nr
