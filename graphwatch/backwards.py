@@ -39,7 +39,8 @@ from .analysis.torch_errors import inplace_finding, no_graph_finding
 from .capture import Recorder, frontier, path_to, quick_walk, root_records, walk
 from .capture.carriers import name_carrier
 from .capture.causes import CauseFinder
-from .capture.holders import local_value, parameter_names, user_frames
+from .capture.frames import local_value, user_frames
+from .capture.holders import parameter_names
 from .capture.inplace import InplaceFinder
 from .capture.no_grad import find_no_grad
 from .capture.optimizer import GradResetTracker

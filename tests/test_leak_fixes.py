@@ -385,20 +385,22 @@ def test_a_module_buffer_updated_outside_no_grad_is_named_at_its_line(tmp_path: 
 EMA = (REPO / "benchmarks" / "accuracy" / "repros" / "ema_teacher_bug.py").read_text() + 'print(f"{loss.item():.6f}")\n'
 
 
-def test_an_ema_update_is_patched_where_the_precise_level_saw_its_line_and_only_there(tmp_path: Path) -> None:
-    """The in-place update saves no tensor: the default level does not know its line (no patch, no guess);
-    the precise level does, and the update loop goes under no_grad."""
+def test_an_ema_update_is_patched_at_its_line_read_from_the_source_as_the_precise_level_sees_it(tmp_path: Path) -> None:
+    """The in-place update saves no tensor, so no pack notes its line: the default level reads it from the
+    source, the one statement outside no_grad that changes in place a name bound to a teacher parameter; the
+    precise level, which notes every call's line, names the same.  The update loop goes under no_grad."""
     default = finding_of(diagnose(tmp_path, EMA), "graph-kept-alive")
     assert default.fix.startswith("update `teacher`'s parameters under `with torch.no_grad():`")
-    assert default.patch is None
+    assert default.evidence["sites"][0] == "train.py:25"
     run = subprocess.run(
         [sys.executable, "-m", "graphwatch", "run", "--level", "precise", "--out", "precise", "train.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     precise = finding_of(graphwatch.load(tmp_path / "precise" / "trace.json"), "graph-kept-alive")
     assert run.returncode == 0 and precise.evidence["sites"][0] == "train.py:25"
-    assert "+    with torch.no_grad():\n+        for tp, sp in zip(" in (precise.patch or "")
-    patched_runs_clean(tmp_path, precise.patch)
+    assert "+    with torch.no_grad():\n+        for tp, sp in zip(" in (default.patch or "")
+    assert default.patch == precise.patch
+    patched_runs_clean(tmp_path, default.patch)
     trains_like(tmp_path, EMA)  # the teacher is updated as before
 
 

@@ -174,11 +174,13 @@ def carrier_line(trace: Trace, carrier: NodeRecord) -> tuple[CallSite | None, st
     The name the training loop's frame gave it when graphwatch saw the crossing
     (``hidden``, ``self.target``) wins, with the loop's line that assigns it (for an
     attribute: the line of the node's call chain that assigns it); else the
-    innermost line of the node's call chain that assigns a variable.
+    innermost line of the node's call chain that assigns a variable, when that is the node's own line (one
+    read off the last op before it that saved a tensor, ``site_inferred``, may assign something else: no name,
+    no line then).
     """
     name = carrier.carried_as
     if name is None:
-        return outermost_assignment(trace, carrier.site)
+        return outermost_assignment(trace, carrier.site) if not carrier.site_inferred else (None, None)
     if carrier.carried_at is not None:
         return trace.sites[carrier.carried_at], name
     attr = name.rsplit(".", 1)[-1]

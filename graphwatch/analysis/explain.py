@@ -86,7 +86,7 @@ def _how(pattern: str, names: dict[str, str], shared_named: bool = False) -> str
     if pattern == "same-step" and shared_named:
         pattern = "shared"
     table = {
-        "shared": "{carrier_text} made at {carrier_at} is reached by two backwards in {step}: the one at "
+        "shared": "{carrier_text}{made} is reached by two backwards in {step}: the one at "
         "{freeing_where} ran through its graph first and freed it; the one at {backward_where} needs it again.",
         "grad": "the `torch.autograd.grad` at {freeing_where} ran through the graph ({carrier_text}) without "
         "keeping it, and the backward at {backward_where} ({step}) runs through it again{fed}.",
@@ -94,16 +94,18 @@ def _how(pattern: str, names: dict[str, str], shared_named: bool = False) -> str
         "and the one at {backward_where} needs it again.",
         "same-step": "`{first}` and `{second}` share one graph in {step}: the backward at {freeing_where} freed the "
         "shared part, and the one at {backward_where} runs through it again.",
-        "recurrent": "The graph of {carrier_step} is carried into {step} by {carrier_text} produced at {carrier_at}: "
+        "recurrent": "The graph of {carrier_step} is carried into {step} by {carrier_text}{produced}: "
         "each step feeds it into the next without `.detach()`{used}, so this backward runs on into the previous "
         "step's graph, which that step's backward freed.",
-        "cached": "{carrier_text} made at {carrier_at} in {carrier_step} is kept and used again in {step}{used}: "
+        "cached": "{carrier_text} made{at} in {carrier_step} is kept and used again in {step}{used}: "
         "its graph was freed by {carrier_step}'s backward.",
-        "handoff": "{carrier_text} produced at {carrier_at} in {carrier_step} is used by two backwards: the one at "
+        "handoff": "{carrier_text} produced{at} in {carrier_step} is used by two backwards: the one at "
         "{freeing_where} ran through its graph first and freed it; the one at {backward_where} ({step}) needs it "
         "again.",
     }
-    return table[pattern].format(**names)
+    at = names["carrier_at"]  # (empty: the line that made it is not known)
+    known = {"at": f" at {at}" if at else "", "made": f" made at {at}" if at else "", "produced": f" produced at {at}" if at else ""}
+    return table[pattern].format(**names, **known)
 
 
 def _pattern_of(
@@ -183,7 +185,7 @@ def explain_backward_twice(
         carrier, used = shared, next((a for a, b in pairwise(path) if b is shared), None)
     pattern = _pattern_of(trace, backward, freeing, carrier if across else None, cause)
     carrier_site, carrier_name = carrier_line(trace, carrier) if carrier else (None, None)
-    used_site = trace.site(used.site) if used is not None else None
+    used_site = trace.site(used.site) if used is not None and not used.site_inferred else None  # (its own line)
     names = {
         "step": step_name(path[0].step if path and carrier is None else backward.step),
         "backward_where": where,
@@ -192,7 +194,7 @@ def explain_backward_twice(
         "second": backward_name(trace, backward, "loss_b"),
         "carrier": carrier_name or "the tensor",
         "carrier_text": f"`{carrier_name}`" if carrier_name else "the tensor",
-        "carrier_at": describe(carrier_site),
+        "carrier_at": describe(carrier_site) if carrier_site is not None else "",
         "carrier_where": carrier_site.where if carrier_site else "the line that makes it",
         "carrier_step": step_name(carrier.step) if carrier else "",
         "used_where": used_site.where if used_site else where,
@@ -203,7 +205,7 @@ def explain_backward_twice(
         _shared_names(trace, cause, names)
     if carrier is None and cause.cuts and cause.cuts[0].name:  # the whole failing loss is older: name the cut
         cut_site = trace.site(cause.cuts[0].made_at)
-        names.update(carrier_text=f"`{cause.cuts[0].name}`", carrier_at=describe(cut_site),
+        names.update(carrier_text=f"`{cause.cuts[0].name}`", carrier_at=describe(cut_site) if cut_site else "",
                      carrier_step=step_name(backward.step))
     if freeing is not None and same_line(trace, freeing.site, backward.site):
         names["backward_where"] += " (the same line, run again)"
@@ -219,9 +221,10 @@ def explain_backward_twice(
         if freeing
         else "something had already freed"
     )
+    made = f" at {describe_site(trace, stale.site)}" if not stale.site_inferred else ""  # (an inferred line: none)
     lines = [
         f"graphwatch: the backward at {describe_site(trace, backward.site)} ({step_name(backward.step)}) reached "
-        f"{stale.op}, created at {describe_site(trace, stale.site)} in {step_name(stale.step)}, whose saved "
+        f"{stale.op}, created{made} in {step_name(stale.step)}, whose saved "
         f"tensors {freed}.",
         _how(pattern, names, shared_named=cause.shared is not None and not across),
     ]

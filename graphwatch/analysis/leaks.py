@@ -307,7 +307,8 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
     }
     remedies: list[Remedy] = []
     if evidence["parameters"]:
-        remedies.append(parameters_remedy(trace, name[: -len(".parameters()")], site))
+        through = any(h.backwarded for h in holders)  # no_grad would change the gradients that flow there
+        remedies.append(parameters_remedy(trace, name[: -len(".parameters()")], None if through else site))
     elif never_backwarded:
         remedies.append(evaluation_remedy(trace, evaluation[0]))
     spelled = _spelled(site, name) if site is not None and not backwarded and not evidence["parameters"] else None

@@ -38,8 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .frames import local_value, user_frames
 from .graph_walk import METADATA_KEY
-from .holders import _of_a_user_class, local_value, user_frames
+from .holders import _of_a_user_class
 from .source import assignments, function_node
 from .values import runtime_type, set_to_none
 
@@ -281,14 +282,35 @@ def _loop_carried(frame: FrameType) -> set[str]:
     loops = (n for n in ast.walk(node) if isinstance(n, (ast.For, ast.While)) and n.lineno <= here <= (n.end_lineno or 0))
     for loop in loops:
         target = loop.target if isinstance(loop, ast.For) else None  # the loop rebinds it every iteration
-        assigned = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)} if target is not None else set()
-        for statement in _statements(loop.body):
-            reads = {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-            if isinstance(statement, ast.AugAssign) and isinstance(statement.target, ast.Name):
-                reads.add(statement.target.id)
-            carried |= reads - assigned
-            assigned |= {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        carried |= _read_first(loop.body, _stored(target) if target is not None else set())
     return carried
+
+
+def _read_first(body: list[ast.stmt], assigned: set[str]) -> set[str]:
+    """The names the statements of ``body``, in order, read before they assign them (``assigned``: the names
+    bound already, added to as they are).  A nested ``for`` binds its target before its body reads it (an EMA
+    update's ``for tp, sp in zip(...)`` carries no ``tp``)."""
+    carried: set[str] = set()
+    for statement in _statements(body):
+        if isinstance(statement, ast.For):
+            carried |= _loaded(statement.iter) - assigned
+            assigned |= _stored(statement.target)
+            carried |= _read_first(statement.body + statement.orelse, assigned)
+            continue
+        reads = _loaded(statement)
+        if isinstance(statement, ast.AugAssign) and isinstance(statement.target, ast.Name):
+            reads.add(statement.target.id)
+        carried |= reads - assigned
+        assigned |= _stored(statement)
+    return carried
+
+
+def _loaded(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _stored(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
 
 
 def _carried_together(frame: FrameType, name: str, line: int | None, carried: set[str]) -> list[str]:

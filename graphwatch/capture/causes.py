@@ -306,7 +306,7 @@ class CauseFinder:
 
 
 def _user_frames(start: FrameType | None) -> list[FrameType]:
-    from .holders import user_frames
+    from .frames import user_frames
 
     return list(user_frames(start))[:8]
 

@@ -100,7 +100,7 @@ def _record(
             record.site = saved.site
     if record.site is None:  # saves nothing (or its saved tensors are gone): the line of the last pack before it
         record.site = recorder.clock.site_of(record.seq)
-        record.site_inferred = record.site is not None
+        record.site_inferred = record.site is not None and not (recorder.precise or recorder.clock.packed(record.seq))
         if tag.backward is not None and _buffers_freed(node, info):  # a quick walk's backward freed them
             record.freed_by = tag.backward
     if not record.saved and tag.step >= 0 and not recorder.is_full_step(tag.step):

@@ -21,7 +21,6 @@ Example::
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import sys
 import types
@@ -34,13 +33,14 @@ import torch
 
 from ..model import GLOBALS_SCOPE, Holder, NodeRecord, StepSpans
 from .callsite import display_path, is_user_file
+from .frames import drop_locals_snapshot, resolve, user_frames
 from .graph_walk import Reach, reach
+from .no_grad import inplace_updates
 from .source import assigned_names, assignments, function_node, module_node
 
 if TYPE_CHECKING:
     from .recorder import Recorder
 
-_SNAPSHOT_LOCALS = sys.version_info < (3, 13)
 _CONTAINER_LIMIT = 64  # items looked at per list/tuple/dict
 _OBJECT_LEVELS = 2  # objects of the user's classes looked into: a trainer's policy's attributes, not deeper
 
@@ -151,39 +151,11 @@ def tensors_in_frame(
         seen_globals.add(id(frame.f_globals))  # (alive while the frames looked at are: the id is not reused)
     items = [item for names in namespaces for item in names.items()]
     del namespaces
-    _drop_locals_snapshot(frame, local_names)
+    drop_locals_snapshot(frame, local_names)
     del local_names
     pairs = _tensors_among(items)
     del items
     return iter(pairs)
-
-
-def _drop_locals_snapshot(frame: FrameType, local_names: dict) -> None:
-    """Before 3.13 a function frame's f_locals is a snapshot dict kept on the frame: it would keep the
-    values it saw alive after the function rebinds them.  Empty it, unless someone else holds it: it is
-    also what ``locals()`` returned to the user's code (or what a debugger shows), and theirs to keep."""
-    if not (_SNAPSHOT_LOCALS and frame.f_code.co_flags & inspect.CO_OPTIMIZED and type(local_names) is dict):
-        return
-    # the references: the frame's, the caller's variable, this parameter, getrefcount's argument
-    if sys.getrefcount(local_names) <= 4:
-        local_names.clear()  # the next f_locals or locals() fills it again from the frame
-
-
-def local_value(frame: FrameType, name: str, default: Any = None) -> Any:
-    """One local variable of ``frame``, read without leaving a snapshot of its locals behind."""
-    local_names = frame.f_locals
-    value = local_names.get(name, default)
-    _drop_locals_snapshot(frame, local_names)
-    return value
-
-
-def user_frames(start: FrameType | None) -> Iterator[FrameType]:
-    """The user frames on the stack, innermost first."""
-    frame = start
-    while frame is not None:
-        if is_user_file(frame.f_code.co_filename):
-            yield frame
-        frame = frame.f_back
 
 
 def tensors_in_user_frames(start: FrameType | None, limit: int = 8) -> Iterator[tuple[str, torch.Tensor]]:
@@ -217,7 +189,7 @@ def parameter_names(start: FrameType | None, limit: int = 8) -> dict[str, torch.
         items = list(local_names.items())
         if frame.f_globals is not local_names:
             items += frame.f_globals.items()
-        _drop_locals_snapshot(frame, local_names)  # (the values seen must not outlive this look)
+        drop_locals_snapshot(frame, local_names)  # (the values seen must not outlive this look)
         del local_names
         for var, value in items:
             if isinstance(value, torch.nn.Module) and not var.startswith("_"):
@@ -253,13 +225,8 @@ def _attribute_site(recorder: Recorder, frame: FrameType | None, name: str, name
     head, _, rest = name.split("[")[0].partition(".")
     if not rest:
         return None
-    if frame is not None:
-        owner = local_value(frame, head) if head in frame.f_code.co_varnames else frame.f_globals.get(head)
-    else:
-        owner = (names or {}).get(head)
     *path, attr = rest.split(".")
-    for part in path:
-        owner = getattr(owner, part, None)
+    owner = resolve(frame, ".".join([head, *path]), names)
     # a method that adds to it wins over one that assigns it, and one that assigns it each step over __init__
     best: tuple[tuple[bool, bool], int, CodeType] | None = None
     for cls in type(owner).__mro__:
@@ -352,7 +319,9 @@ def find_holders(
         for holder in _holders_among(recorder, pairs, seen, scope, known, found_now, step):
             line = _script_line(script["__file__"], holder.name) if holder.site is None else None
             site = recorder.sites.from_file(script["__file__"], line) if line is not None else holder.site
-            if site is None:  # an object's attribute (``model.running``): the line of its class that assigns it
+            if site is None and holder.name.split("[")[0].endswith(".parameters()"):
+                site = _update_site(recorder, holder.name, None, script)
+            elif site is None:  # an object's attribute (``model.running``): the line of its class that assigns it
                 site = _attribute_site(recorder, None, holder.name, script)
             holders.append(replace(holder, site=site))
     if reaches is not None:
@@ -419,6 +388,30 @@ def _running_site(recorder: Recorder, record: NodeRecord | None, name: str) -> i
     return None
 
 
+
+def _update_site(recorder: Recorder, holder: str, frame: FrameType | None, script: dict | None = None) -> int | None:
+    """For a module's parameters holding graphs (``holder``: ``teacher.parameters()[0.weight]``) when their
+    node's own line is not known (an in-place op that saves nothing packs no tensor): the one line of the
+    frame's function (or of a finished ``script``) that changes in place, outside ``no_grad``, a name bound
+    there to a parameter of that module (an EMA teacher's loop: ``tp.mul_(m).add_((1 - m) * sp)``); None when
+    there is no such line or more than one."""
+    module = resolve(frame, holder.split("[")[0][: -len(".parameters()")], script)
+    if not isinstance(module, torch.nn.Module):
+        return None
+    parameters = {id(p) for p in module.parameters()}
+    if frame is not None:
+        tree = function_node(frame.f_code)
+    else:
+        tree = module_node(script["__file__"]) if script is not None else None
+    found = inplace_updates(tree)
+    lines = {line for line, changed in found if id(resolve(frame, changed, script)) in parameters}
+    if len(lines) != 1:
+        return None
+    if frame is not None:
+        return recorder.sites.from_frame(frame, lines.pop())
+    return recorder.sites.from_file(script["__file__"], lines.pop()) if script is not None else None
+
+
 def _script_line(filename: str, name: str) -> int | None:
     node = module_node(filename)
     found = sorted(assignments(node, name.split("[")[0]), key=lambda pair: (pair[1], pair[0])) if node else []
@@ -426,6 +419,8 @@ def _script_line(filename: str, name: str) -> int | None:
 
 
 def _making_site(recorder: Recorder, frame: FrameType, name: str) -> int | None:
+    if name.split("[")[0].endswith(".parameters()"):
+        return _update_site(recorder, name, frame)
     line = assignment_line(frame.f_code, name)
     if line is not None:
         return recorder.sites.from_frame(frame, line)

@@ -17,10 +17,10 @@ line and the attribute it calls, and named with the line of ``__init__`` (or of 
 
 Example::
 
-    >>> from graphwatch.capture.inplace import inplace_statement
     >>> import ast
-    >>> [inplace_statement(s) for s in ast.parse("att[:, 0] = 0\\nx.relu_()\\ny = x + 1\\nx += 2").body]
-    ['att', 'x', None, 'x']
+    >>> from graphwatch.capture.inplace import passes_inplace
+    >>> [passes_inplace(s) for s in ast.parse("act = nn.ReLU(inplace=True)\\ny = torch.relu(x)").body]
+    [True, False]
 """
 
 from __future__ import annotations
@@ -34,30 +34,17 @@ import torch
 from ..model import CallSite
 from ..model.causes import InplaceCause
 from .causes import _VIEWS
+from .frames import resolve, user_frames
 from .graph_walk import node_record
-from .holders import user_frames
 from .node_types import node_type, saved_data
-from .ownership import named_values, resolve
-from .source import dotted_name, module_node
+from .ownership import named_values
+from .source import dotted_name, inplace_statement, module_node
 
 if TYPE_CHECKING:
     from .recorder import Recorder
     from .saved import SavedHandle
 
 _LIMIT = 200_000
-
-
-def inplace_statement(statement: ast.stmt) -> str | None:
-    """The name a statement changes in place: ``t[...] = v``, ``t.op_(...)``, ``t += v``; else None."""
-    if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Subscript):
-        return dotted_name(statement.targets[0].value)
-    if isinstance(statement, ast.AugAssign):
-        return dotted_name(statement.target)
-    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
-        func = statement.value.func
-        if isinstance(func, ast.Attribute) and func.attr.endswith("_") and not func.attr.startswith("_"):
-            return dotted_name(func.value)
-    return None
 
 
 def _statement(site: CallSite) -> ast.stmt | None:
@@ -149,7 +136,7 @@ class InplaceFinder:
         statement = _statement(site) if site is not None else None
         if statement is None or site is None:
             return False
-        if inplace_statement(statement) is not None or _passes_inplace(statement):
+        if inplace_statement(statement) is not None or passes_inplace(statement):
             return True
         probe = InplaceCause(None, 0)
         self._module(probe, site, statement)
@@ -197,7 +184,7 @@ class InplaceFinder:
         made_by_view = handle.output_of is not None and any(v in handle.output_of[0] for v in _VIEWS)
         is_view = tensor._base is not None if handle.is_input else made_by_view
         name = inplace_statement(statement) if statement is not None else None
-        if name is not None or (statement is not None and _passes_inplace(statement)):
+        if name is not None or (statement is not None and passes_inplace(statement)):
             # a leaf changed in place is a parameter's update (or an input's): making it out of place would
             # rebind the name to a new tensor; that is never the fix
             cause.target, cause.safe = name or "", not is_view and not handle.leaf
@@ -285,7 +272,8 @@ class InplaceFinder:
         return self.recorder.sites.from_file(_filename(site), call.lineno)
 
 
-def _passes_inplace(statement: ast.stmt) -> bool:
+def passes_inplace(statement: ast.stmt) -> bool:
+    """Whether a statement passes ``inplace=...`` to a call (``nn.ReLU(inplace=True)``)."""
     return any(isinstance(n, ast.Call) and any(k.arg == "inplace" for k in n.keywords) for n in ast.walk(statement))
 
 

@@ -42,8 +42,9 @@ from typing import Any
 import torch
 
 from ..model import NodeRecord
+from .frames import user_frames
 from .graph_walk import METADATA_KEY, root_records
-from .holders import assignment_line, tensors_in_frame, user_frames
+from .holders import assignment_line, tensors_in_frame
 from .inplace_hints import inplace_addition
 from .node_types import node_type
 from .saved_views import SavedTensor, raw_data

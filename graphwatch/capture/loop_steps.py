@@ -53,7 +53,7 @@ from types import CodeType, FrameType
 import torch
 
 from .callsite import is_user_file
-from .holders import local_value
+from .frames import local_value
 from .source import dotted_name, function_node, module_node
 
 _MAX_CALLERS = 8  # user frames walked up from an event to find the loop

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..model.causes import NoGraphCause
-from .holders import user_frames
-from .source import dotted_name, function_node
+from .frames import user_frames
+from .source import dotted_name, function_node, inplace_statement
 
 if TYPE_CHECKING:
     from .recorder import Recorder
@@ -39,6 +39,35 @@ def is_no_grad(expression: ast.expr) -> bool:
     name = dotted_name(target) or ""
     return name.rsplit(".", 1)[-1] in _NO_GRAD
 
+
+
+def inplace_updates(tree: ast.AST | None) -> list[tuple[int, str]]:
+    """(line, name) of each statement of a function's (or a module's) syntax ``tree`` that changes a name in
+    place outside a ``with torch.no_grad():`` (or ``inference_mode``) block, in line order: where a tensor that
+    requires no grad can join a graph (an EMA teacher's ``tp.mul_(m).add_((1 - m) * sp)``).
+
+    >>> def ema(teacher, student):
+    ...     for tp, sp in zip(teacher, student):
+    ...         tp.mul_(0.9).add_(0.1 * sp)
+    ...     with torch.no_grad():
+    ...         teacher[0] += 1
+    >>> [name for _, name in inplace_updates(function_node(ema.__code__))]
+    ['tp']
+    """
+    found = []
+    stack: list = list(getattr(tree, "body", [])) if tree is not None else []
+    while stack:
+        statement = stack.pop()
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue  # another code object
+        if isinstance(statement, (ast.With, ast.AsyncWith)) and any(is_no_grad(i.context_expr) for i in statement.items):
+            continue
+        name = inplace_statement(statement) if isinstance(statement, ast.stmt) else None
+        if name is not None:
+            found.append((statement.lineno, name))
+        for block in ("body", "orelse", "finalbody", "handlers"):  # (an except clause has a body too)
+            stack.extend(getattr(statement, block, None) or [])
+    return sorted(found)
 
 def _loaded(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}

@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from .holders import _of_a_user_class, local_value, user_frames
+from .frames import local_value, resolve, user_frames
+from .holders import _of_a_user_class
 from .source import dotted_name, function_node
 
 _LIMIT = 64  # items looked at per container
@@ -88,16 +89,6 @@ def stepping_optimizer(start: FrameType | None) -> Optimizer | None:
                 return owner
         frame = frame.f_back
     return None
-
-
-def resolve(frame: FrameType, name: str) -> Any:
-    """The value of the dotted ``name`` in ``frame`` (locals, then globals), or None."""
-    head, *attrs = name.split(".")
-    value = local_value(frame, head) if head in frame.f_code.co_varnames or head in frame.f_code.co_cellvars \
-        or head in frame.f_code.co_freevars else frame.f_globals.get(head)  # fmt: skip
-    for attr in attrs:
-        value = getattr(value, attr, None)
-    return value
 
 
 def _step_calls(node: ast.AST) -> Iterator[tuple[int, list[str]]]:

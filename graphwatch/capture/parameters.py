@@ -35,7 +35,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ..model.training import OptimizerRecord, ParameterRecord
-from .holders import local_value, parameter_names, user_frames
+from .frames import local_value, user_frames
+from .holders import parameter_names
 
 
 class _Seen:

@@ -40,6 +40,39 @@ def dotted_name(node: ast.expr) -> str | None:
     return ".".join(reversed(parts))
 
 
+
+def inplace_statement(statement: ast.stmt) -> str | None:
+    """The name a statement changes in place: ``t[...] = v``, ``t.op_(...)`` (also ``t.mul_(a).add_(b)``),
+    ``t += v``; else None.
+
+    >>> code = "att[:, 0] = 0\\nx.mul_(2).add_(y)\\ny = x + 1\\nx += 2\\nw.requires_grad_(False)"
+    >>> [inplace_statement(s) for s in ast.parse(code).body]
+    ['att', 'x', None, 'x', None]
+    """
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Subscript):
+        return dotted_name(statement.targets[0].value)
+    if isinstance(statement, ast.AugAssign):
+        return dotted_name(statement.target)
+    if isinstance(statement, ast.Expr) and _inplace_call(statement.value):
+        receiver = statement.value
+        while isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Attribute) and _inplace_call(receiver):
+            receiver = receiver.func.value  # (each call of the chain changes what the one before it returned)
+        return dotted_name(receiver)
+    return None
+
+
+def _inplace_call(node: ast.expr) -> bool:
+    """``x.op_(...)``: a call of a method whose name ends in one underscore, other than those that change no
+    value (``requires_grad_``, ``detach_``, ``share_memory_``)."""
+    func = node.func if isinstance(node, ast.Call) else None
+    return (
+        isinstance(func, ast.Attribute) and func.attr.endswith("_") and not func.attr.startswith("_")
+        and func.attr not in _VALUE_KEEPING
+    )  # fmt: skip
+
+
+_VALUE_KEEPING = frozenset({"requires_grad_", "detach_", "share_memory_"})  # in-place in name only
+
 def _source_tree(filename: str) -> ast.Module | None:
     """The file's syntax tree, read again when the file changed (a module edited and reloaded)."""
     try:

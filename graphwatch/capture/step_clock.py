@@ -5,13 +5,14 @@ and ``torch._C._autograd._get_sequence_nr()`` reads the number the next node
 will get.  The clock notes that number at each step start; a node's step is
 the number of step starts at or before it, found by bisection (-1: made
 before the session).  The pack hook runs inside the op whose node was just
-numbered, so it also notes (number, line) whenever the line changes: a node
-that saves no tensor takes the line of the nearest pack at or before it.
-That is exact for the tensors a call returns (its last nodes); the first
-nodes of a composite call that saves nothing before them take the line of the
-call before.  A step seen light runs no pack hook: its start is noted as
-"no line from here" (:meth:`StepClock.note_unknown`), so that its nodes get no
-line rather than a wrong one.  The numbers are per thread: the clock speaks
+numbered, so it also notes (number, line) whenever the line changes, and the
+number of each node that packed (:meth:`StepClock.packed`: its line is its
+own): a node that saves no tensor takes the line of the nearest pack at or
+before it.  That is exact for the tensors a call returns (its last nodes); the
+first nodes of a composite call that saves nothing before them take the line
+of the call before.  A step seen light runs no pack hook: its start is noted
+as "no line from here" (:meth:`StepClock.note_unknown`), so that its nodes get
+no line rather than a wrong one.  The numbers are per thread: the clock speaks
 for the thread that trains.
 
 Example::
@@ -29,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 
 import torch
@@ -47,6 +49,7 @@ class StepClock:
         self._line_seqs: list[int] = []
         self._line_sites: list[int | None] = []
         self._last_site: int | None = None
+        self._packed = array("q")  # numbers of the nodes whose op packed a tensor: their lines are their own
 
     def mark(self) -> int:
         """Start a step: record (and return) the sequence number its first node will get."""
@@ -60,10 +63,18 @@ class StepClock:
 
     def note_site(self, site: int | None) -> None:
         """A pack hook at ``site`` runs inside the op whose node was numbered last."""
+        seq = next_sequence_nr() - 1
+        self._packed.append(seq)
         if site != self._last_site:
             self._last_site = site
-            self._line_seqs.append(next_sequence_nr() - 1)
+            self._line_seqs.append(seq)
             self._line_sites.append(site)
+
+    def packed(self, seq: int) -> bool:
+        """Whether the op of node ``seq`` packed a tensor (so :meth:`site_of` is its own line, not the line of an
+        op before it)."""
+        i = bisect_right(self._packed, seq) - 1
+        return i >= 0 and self._packed[i] == seq
 
     def note_unknown(self) -> None:
         """The nodes numbered from now on have no line (until the next pack): a step seen light starts."""
@@ -98,3 +109,5 @@ class StepClock:
         if len(self._line_seqs) > _PRUNE_AT:
             cut = max(0, bisect_right(self._line_seqs, self.bounds[step]) - 1)
             del self._line_seqs[:cut], self._line_sites[:cut]
+        if len(self._packed) > _PRUNE_AT:
+            del self._packed[: bisect_right(self._packed, self.bounds[step] - 1)]

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .holders import local_value
+from .frames import local_value
 from .source import dotted_name, function_node
 
 _CONTAINER_LIMIT = 64  # items looked at per list or tuple

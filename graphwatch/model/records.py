@@ -60,7 +60,7 @@ class NodeRecord:
     step: int  # step in which the node was created; -1: before the session
     seq: int  # the node's sequence number (creation order within its thread)
     site: int | None = None  # CallSite id of the line that created it
-    site_inferred: bool = False  # site taken from a neighbouring node
+    site_inferred: bool = False  # site taken from an op before it (its own packed no tensor): maybe another line's
     freed_by: int | None = None  # BackwardRecord id that freed its saved tensors
     backward: int | None = None  # BackwardRecord id of the last backward that ran through it
     died_step: int | None = None  # step in which the node itself was destroyed
