@@ -194,6 +194,30 @@ for step in range(2):
     optimizer.step(closure)
 """
 
+# A mean teacher: the consistency loss uses the teacher's outputs, and its EMA update runs outside no_grad (the
+# loop rebinds ``tp`` in a nested for: no state the step carries)
+EMA_CONSISTENCY = HEAD + """\
+import copy
+
+student = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+teacher = copy.deepcopy(student)
+for p in teacher.parameters():
+    p.requires_grad_(False)
+opt = torch.optim.SGD(student.parameters(), lr=0.05)
+for step in range(4):
+    x = torch.randn(16, 8)
+    loss = (student(x) - x.sum(1, keepdim=True)).pow(2).mean() + (student(x) - teacher(x)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    for tp, sp in zip(teacher.parameters(), student.parameters()):
+        tp.mul_(0.99).add_(0.01 * sp)  # at: ema
+    print(f"{loss.item():.6f}")
+"""
+EMA_CONSISTENCY_FIXED = EMA_CONSISTENCY.replace(
+    "        tp.mul_(0.99).add_(0.01 * sp)  # at: ema", "        with torch.no_grad():\n            tp.mul_(0.99).add_(0.01 * sp)"
+)
+
 
 def line(source: str, tag: str) -> int:
     lines = [n for n, text in enumerate(source.splitlines(), 1) if text.endswith(f"# at: {tag}")]
@@ -323,9 +347,24 @@ def test_a_style_target_kept_on_a_module_is_detached_where_its_init_makes_it(tmp
         patched_twin(tmp_path, STYLE, finding)
 
 
+def test_an_ema_teacher_updated_outside_no_grad_is_named_with_its_update_and_patched_there(tmp_path: Path) -> None:
+    """The graph the next step's backward runs into is the teacher's: its parameters, updated in place outside
+    no_grad, carry it.  No loop variable is named (``tp`` is rebound by its own for: ``tp = tp.detach()`` there
+    would raise before the loop ran once), and no line is read off an op that saved nothing."""
+    script = write(tmp_path, EMA_CONSISTENCY)
+    finding = run_watched(script)
+    assert f"carried into step 2 by `teacher.parameters()`, updated in place outside `torch.no_grad()` at {script}:" \
+        f"{line(EMA_CONSISTENCY, 'ema')}" in finding.message  # fmt: skip
+    assert "`tp`" not in finding.message and "`loss`" not in finding.message.split("\n", 1)[1]
+    assert finding.fix.startswith("update `teacher`'s parameters under `with torch.no_grad():`")
+    assert edits(finding) == [("no-grad", line(EMA_CONSISTENCY, "ema"), "")]
+    assert "stops recording the graph" in finding.remedies[0].why
+    patched = patched_twin(tmp_path, EMA_CONSISTENCY, finding)
+    assert printed(patched) == printed(write(tmp_path, EMA_CONSISTENCY_FIXED, "fixed.py"))
+
 def test_every_patch_keeps_what_trains_on_the_correct_twin(tmp_path: Path) -> None:
     """The correct twins themselves run clean under graphwatch (no finding to patch)."""
-    for source in (GAN_FIXED, GENERATOR_FIRST_FIXED, CRITIC_FIXED, ACTOR_CRITIC_FIXED, FORCES_FIXED):
+    for source in (GAN_FIXED, GENERATOR_FIRST_FIXED, CRITIC_FIXED, ACTOR_CRITIC_FIXED, FORCES_FIXED, EMA_CONSISTENCY_FIXED):
         with contextlib.redirect_stdout(io.StringIO()), graphwatch.watch(summary=False, snapshots="off") as gw:
             runpy.run_path(str(write(tmp_path, source, "twin.py")), run_name="__main__")
         assert [f.kind for f in gw.findings if f.severity == "error"] == []

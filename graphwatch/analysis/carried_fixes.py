@@ -1,6 +1,6 @@
 """Remedies for a graph carried from one step into the next by a value the loop keeps.
 
-Three shapes, told apart by what ran (:func:`carried_shape`):
+Four shapes, told apart by what ran (:func:`carried_shape`):
 
 - ``recurrent``: the loop feeds each step's new value back in (an RNN's hidden state, also when a
   ``train_step()`` returns it to the loop).  The fix detaches the state where each step starts using it,
@@ -10,7 +10,10 @@ Three shapes, told apart by what ran (:func:`carried_shape`):
 - ``cached``: one value made in an earlier step is used again; what made it is trained, so whether it
   should be detached is the user's call (the detach where it is made is offered, not patched);
 - ``constant``: cached, and made from nothing an optimizer trains (a style target): detached where it is
-  made (``detach-made``).
+  made (``detach-made``);
+- ``parameters``: a module's parameters updated in place outside ``no_grad`` (an EMA teacher whose outputs
+  the loss uses): the update under ``no_grad`` (``no-grad``), patched when the backward that ran into the old
+  graph failed.
 
 The detector of graphs carried across steps and the explanation of a backward through a freed graph both
 take their fixes from :func:`carried_remedies`.
@@ -30,6 +33,7 @@ from ..model import BackwardRecord, CallSite, Edit, NodeRecord, Remedy, Trace
 from .codemods.detach import detach_statement
 from .codemods.expressions import edited_statement
 from .evidence import carried_pattern, carrier_line, site_chain, step_name
+from .kept_fixes import parameters_remedy
 
 _TBPTT = "(keeps the value, cuts the graph: truncated backpropagation through time)"
 
@@ -48,6 +52,8 @@ def carried_remedies(
     ``used_where``: the line of this step that uses the value."""
     site, name = carrier_line(trace, carrier)
     shape = carried_shape(trace, carrier, backward)
+    if shape == "parameters":
+        return [_update_under_no_grad(trace, name or "", site, backward)]
     tensor = f"`{name}`" if name else "the tensor"
     if shape == "recurrent":
         return [_detach_state(trace, carrier, backward, site, name),
@@ -58,6 +64,20 @@ def carried_remedies(
     if shape == "constant":
         return [made, Remedy(f"or {compute}")]
     return [Remedy(f"{compute} instead of keeping it from {step_name(carrier.step)}"), made]
+
+
+def _update_under_no_grad(trace: Trace, holder: str, update: CallSite | None, backward: BackwardRecord) -> Remedy:
+    """A module's parameters updated in place outside ``no_grad`` carry the graph: the update under ``no_grad``,
+    patched where the backward that ran into the old graph failed (its step could not train; a backward that
+    ran through and trained would train differently without that graph: then no patch)."""
+    module = holder[: -len(".parameters()")] if holder.endswith(".parameters()") else "the module"
+    if backward.error is None or update is None:
+        return parameters_remedy(trace, module, None)
+    why = (
+        f"the parameters keep their values under no_grad; the update at {update.where} stops recording the graph "
+        "that the next step's backward ran into after its own step had freed it (the error)"
+    )
+    return parameters_remedy(trace, module, update, why=why)
 
 
 def _detach_state(

@@ -86,13 +86,13 @@ def carried_across_steps(trace: Trace, step: StepRecord) -> list[Finding]:
             "steps": [bw.step],
             "backward": describe_site(trace, bw.site),
             "carrier": name,
-            "detach": detach_statement(state, carrier.carried_type or "") if carrier and state else None,
+            "detach": detach_statement(state, carrier.carried_type or "") if carrier and state and shape != "parameters" else None,
             "made_at": describe(made) if made is not None and site is not None and made.where != site.where else None,
             "carrier_at": describe(site) if site else None,
             "carrier_where": site.where if site else None,
             "carrier_step": carrier.step if carrier else earliest,
             "used_at": describe(used) if used and used is not site else None,
-            "pattern": "recurrent" if shape == "recurrent" else "cached",
+            "pattern": shape if shape in ("recurrent", "parameters") else "cached",
             "constant": shape == "constant",
             "per_step": [[bw.step, bw.earlier_nodes_reached, bw.nodes_reached, round(bw.seconds, 6), earliest]],
             "failed": bw.error is not None,
@@ -126,6 +126,9 @@ def _render_carried(ev: dict) -> str:
     used = f" (used at {ev['used_at']})" if ev["used_at"] else ""
     if ev["pattern"] == "recurrent":
         how = f"{tensor}{made} in one step is fed into the next{used} without `.detach()`"
+    elif ev["pattern"] == "parameters":
+        at = f" at {ev['carrier_at']}" if ev["carrier_at"] else ""
+        how = f"{tensor}, updated in place outside `torch.no_grad()`{at}, records a graph that the next step's forward uses"
     else:
         how = f"{tensor}{made} in {step_name(ev['carrier_step'])} is kept and used again in later steps{used}"
     rows = ev["per_step"]

@@ -181,6 +181,8 @@ def carrier_line(trace: Trace, carrier: NodeRecord) -> tuple[CallSite | None, st
     name = carrier.carried_as
     if name is None:
         return outermost_assignment(trace, carrier.site) if not carrier.site_inferred else (None, None)
+    if carrier.carried_kind == "parameters":  # the line of the in-place update, when the source has one
+        return trace.site(carrier.carried_at), name
     if carrier.carried_at is not None:
         return trace.sites[carrier.carried_at], name
     attr = name.rsplit(".", 1)[-1]

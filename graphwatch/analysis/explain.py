@@ -97,6 +97,9 @@ def _how(pattern: str, names: dict[str, str], shared_named: bool = False) -> str
         "recurrent": "The graph of {carrier_step} is carried into {step} by {carrier_text}{produced}: "
         "each step feeds it into the next without `.detach()`{used}, so this backward runs on into the previous "
         "step's graph, which that step's backward freed.",
+        "parameters": "The graph of {carrier_step} is carried into {step} by {carrier_text}, updated in place "
+        "outside `torch.no_grad()`{at}: each update records a graph that the next step's forward uses, so this "
+        "backward runs on into the previous step's graph, which that step's backward freed.",
         "cached": "{carrier_text} made{at} in {carrier_step} is kept and used again in {step}{used}: "
         "its graph was freed by {carrier_step}'s backward.",
         "handoff": "{carrier_text} produced{at} in {carrier_step} is used by two backwards: the one at "
@@ -210,7 +213,7 @@ def explain_backward_twice(
     if freeing is not None and same_line(trace, freeing.site, backward.site):
         names["backward_where"] += " (the same line, run again)"
     maker = RemedyMaker(trace, cause, freeing, backward) if freeing is not None else None
-    if pattern in ("recurrent", "cached") and carrier is not None:
+    if pattern in ("recurrent", "cached", "parameters") and carrier is not None:
         remedies = [*carried_remedies(trace, carrier, backward, names["used_where"]), _not_retain(names)]
     else:
         remedies = _remedies(pattern, maker)
@@ -233,7 +236,7 @@ def explain_backward_twice(
     fix = fixes[0] if fixes else (maker.no_fix() if maker else "graphwatch offers no fix")
     if not fixes:
         lines.append(fix)
-    sites = [where, trace.where(stale.site)]
+    sites = [where] + ([trace.where(stale.site)] if not stale.site_inferred else [])
     sites += [w for w in (names["freeing_where"] if freeing else None, carrier_site and carrier_site.where) if w]
     sites += [s.where for s in (used_site,) if s is not None]
     sites += [e.where for r in remedies for e in r.edits]

@@ -64,8 +64,9 @@ def evaluation_remedy(trace: Trace, forward: CallSite) -> Remedy:
     )
 
 
-def parameters_remedy(trace: Trace, module: str, update: CallSite | None) -> Remedy:
-    """The in-place update of a module's parameters under ``no_grad`` (at its line, when graphwatch saw it)."""
+def parameters_remedy(trace: Trace, module: str, update: CallSite | None, why: str = "") -> Remedy:
+    """The in-place update of a module's parameters under ``no_grad`` (patched at its line, when graphwatch found
+    it; ``why`` it is safe there, by default that no backward ran through the graph the update records)."""
     text = (
         f"update `{module}`'s parameters under `with torch.no_grad():` (an in-place update of a parameter outside "
         "no_grad, as in an EMA teacher or a hand-written SGD step, records a graph that grows every step)"
@@ -73,7 +74,7 @@ def parameters_remedy(trace: Trace, module: str, update: CallSite | None) -> Rem
     if update is None:
         return Remedy(text)
     edit = Edit("no-grad", update.file, update.line, training=training_lines(trace).get(update.file, []))
-    why = f"no backward ran through the graph the update at {update.where} records"
+    why = why or f"no backward ran through the graph the update at {update.where} records"
     return Remedy(text, [edit], why=why, mechanical=True)
 
 

@@ -40,7 +40,7 @@ import torch
 
 from .frames import local_value, user_frames
 from .graph_walk import METADATA_KEY
-from .holders import _of_a_user_class
+from .holders import _of_a_user_class, parameter_update_site
 from .source import assignments, function_node
 from .values import runtime_type, set_to_none
 
@@ -87,6 +87,23 @@ def find_carrier(
                 statement = detach_statement(name, value, frame.f_globals)
                 site = _renewing_site(recorder, frame, name)
                 return CarrierName(name, None, site, statement, "recurrent", _value_type(frame, name, value)), tensor
+    return _parameters_carrying(recorder, frames, carrier)
+
+
+def _parameters_carrying(
+    recorder: Recorder, frames: list[FrameType], carrier: NodeRecord
+) -> tuple[CarrierName, torch.Tensor] | None:
+    """A module (as a frame names it) whose parameters this step's graph made from ``carrier``: updated in place
+    outside ``no_grad`` (an EMA teacher), each update adds to a graph the next forward runs into.  Named
+    ``teacher.parameters()``, with the line of the update where the source has one."""
+    for frame in frames:
+        for name, value in _named_values(frame):
+            if not isinstance(value, torch.nn.Module):
+                continue
+            for parameter in value.parameters():
+                if parameter.grad_fn is not None and _made_from(parameter, carrier, recorder.step):
+                    holder = f"{name}.parameters()"
+                    return CarrierName(holder, None, parameter_update_site(recorder, holder, frame), "", "parameters"), parameter
     return None
 
 
@@ -228,6 +245,12 @@ def _named_tensors(frame: FrameType, attributes: bool = False) -> Iterator[tuple
     """(name, the value bound to it, a tensor with a grad_fn in that value) for the frame's names; with
     ``attributes``, also the tensors in a module's tuple attributes (an LSTM's ``self.hidden``) and in the
     attributes of objects of the user's own classes."""
+    for name, value in _named_values(frame):
+        yield from _tensors_of(name, value, value, attributes=attributes)
+
+
+def _named_values(frame: FrameType) -> Iterator[tuple[str, Any]]:
+    """(name, value) of the frame's local variables that are bound, then of its globals (each name once)."""
     names = list(frame.f_code.co_varnames) + list(frame.f_code.co_cellvars) + list(frame.f_code.co_freevars)
     seen: set[str] = set()
     for name in names:
@@ -235,10 +258,10 @@ def _named_tensors(frame: FrameType, attributes: bool = False) -> Iterator[tuple
             seen.add(name)
             value = local_value(frame, name)
             if value is not None:
-                yield from _tensors_of(name, value, value, attributes=attributes)
+                yield name, value
     for name, value in list(frame.f_globals.items()):
         if not name.startswith("__") and name not in seen:
-            yield from _tensors_of(name, value, value, attributes=attributes)
+            yield name, value
 
 
 def _tensors_of(

@@ -121,8 +121,8 @@ def _record_after_the_fact(
         record.backward = tag.backward = ran
     saved = saved_tensors(recorder, node, tag.step)
     if record.site is None:  # the template's line is the node's own where it packed there, as on a full step
-        record.site = recorder.template_site(node, record.seq, info.op, tag.step)
-        record.site_inferred = record.site is not None and not saved
+        record.site, own = recorder.template_site(node, record.seq, info.op, tag.step)
+        record.site_inferred = record.site is not None and not saved and not own
     for saved_record in saved:  # (saved by this node's op: its line, as a pack hook would have noted it)
         saved_record.node, saved_record.site = record.id, record.site
         record.saved.append(saved_record.id)

@@ -320,7 +320,7 @@ def find_holders(
             line = _script_line(script["__file__"], holder.name) if holder.site is None else None
             site = recorder.sites.from_file(script["__file__"], line) if line is not None else holder.site
             if site is None and holder.name.split("[")[0].endswith(".parameters()"):
-                site = _update_site(recorder, holder.name, None, script)
+                site = parameter_update_site(recorder, holder.name, None, script)
             elif site is None:  # an object's attribute (``model.running``): the line of its class that assigns it
                 site = _attribute_site(recorder, None, holder.name, script)
             holders.append(replace(holder, site=site))
@@ -389,7 +389,9 @@ def _running_site(recorder: Recorder, record: NodeRecord | None, name: str) -> i
 
 
 
-def _update_site(recorder: Recorder, holder: str, frame: FrameType | None, script: dict | None = None) -> int | None:
+def parameter_update_site(
+    recorder: Recorder, holder: str, frame: FrameType | None, script: dict | None = None
+) -> int | None:
     """For a module's parameters holding graphs (``holder``: ``teacher.parameters()[0.weight]``) when their
     node's own line is not known (an in-place op that saves nothing packs no tensor): the one line of the
     frame's function (or of a finished ``script``) that changes in place, outside ``no_grad``, a name bound
@@ -420,7 +422,7 @@ def _script_line(filename: str, name: str) -> int | None:
 
 def _making_site(recorder: Recorder, frame: FrameType, name: str) -> int | None:
     if name.split("[")[0].endswith(".parameters()"):
-        return _update_site(recorder, name, frame)
+        return parameter_update_site(recorder, name, frame)
     line = assignment_line(frame.f_code, name)
     if line is not None:
         return recorder.sites.from_frame(frame, line)

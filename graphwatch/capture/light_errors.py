@@ -138,7 +138,7 @@ def _line_of(recorder: Any, node: Any, tensor: torch.Tensor, start: FrameType | 
     output, or else the tensor itself (its op saved it)."""
     seq = node._sequence_nr()
     step = recorder.clock.step_of(seq)
-    site = recorder.clock.site_of(seq) if recorder.is_full_step(step) else recorder.template_site(node, seq, node.name(), step)
+    site = recorder.clock.site_of(seq) if recorder.is_full_step(step) else recorder.template_site(node, seq, node.name(), step)[0]
     if site is not None:
         return site
     holding = None

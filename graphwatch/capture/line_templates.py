@@ -14,11 +14,11 @@ template has at their offsets; otherwise its line stays unknown.
 Example::
 
     >>> templates = LineTemplates()
-    >>> templates.keep(Template(3, ["MulBackward0", "SumBackward0", None], [(0, 7), (1, 8)]))
+    >>> templates.keep(Template(3, ["MulBackward0", "SumBackward0", None], [(0, 7), (1, 8)], frozenset({0})))
     >>> templates.site(3, True, [(1, "SumBackward0"), (0, "MulBackward0")])  # the node, then its children
-    8
-    >>> templates.site(3, True, [(1, "ExpBackward0")]) is None  # another op there: not the same code
-    True
+    (8, False)
+    >>> templates.site(3, True, [(1, "ExpBackward0")])  # another op there: not the same code
+    (None, False)
 """
 
 from __future__ import annotations
@@ -36,12 +36,14 @@ MAX_NODES = 100_000  # a bigger step seen in full detail leaves no lines for lig
 
 @dataclass(slots=True)
 class Template:
-    """A full step's nodes: ``count`` made, each one's op by offset (None: no walk met it), and its lines as
-    (offset of the first node, site) from each line change on."""
+    """A full step's nodes: ``count`` made, each one's op by offset (None: no walk met it), its lines as
+    (offset of the first node, site) from each line change on, and the offsets of the nodes whose op packed a
+    tensor (their lines are their own; the others' are the line of an op before them)."""
 
     count: int
     ops: list[str | None]
     lines: list[tuple[int, int | None]]
+    packed: frozenset[int] = frozenset()
 
     def site_at(self, offset: int) -> int | None:
         i = bisect_right(self.lines, offset, key=lambda line: line[0]) - 1
@@ -70,11 +72,12 @@ class LineTemplates:
         for seq, op in ops_met:
             if first <= seq < end:
                 ops[seq - first] = op
-        self.keep(Template(count, ops, clock.lines_between(first, end)))
+        self.keep(Template(count, ops, clock.lines_between(first, end), clock.packed_between(first, end)))
 
-    def node_site(self, clock: StepClock, node: Any, seq: int, op: str, step: int) -> int | None:
-        """The line of ``node`` (sequence number ``seq``, ``op``), made in step ``step`` (seen light), from the
-        template of a full step that ran the same code (None: none did)."""
+    def node_site(self, clock: StepClock, node: Any, seq: int, op: str, step: int) -> tuple[int | None, bool]:
+        """(the line of ``node`` (sequence number ``seq``, ``op``), made in step ``step`` (seen light), from the
+        template of a full step that ran the same code (None: none did); whether the node at its place there
+        packed a tensor, so that the line is its own)."""
         bounds = clock.bounds
         first = bounds[step]
         finished = step + 1 < len(bounds)
@@ -86,10 +89,10 @@ class LineTemplates:
                 nodes.append((child_seq - first, child.name()))
         return self.site(count, finished, nodes)
 
-    def site(self, count: int, finished: bool, nodes: Sequence[tuple[int, str]]) -> int | None:
-        """The line of a light step's node, ``nodes[0]`` as (offset, op), whose children of the same step are
-        ``nodes[1:]``, in a step that made ``count`` nodes (``finished``; else so far); None when no template
-        ran the same code there."""
+    def site(self, count: int, finished: bool, nodes: Sequence[tuple[int, str]]) -> tuple[int | None, bool]:
+        """(the line of a light step's node, ``nodes[0]`` as (offset, op), whose children of the same step are
+        ``nodes[1:]``, in a step that made ``count`` nodes (``finished``; else so far), None when no template
+        ran the same code there; whether that template's node packed a tensor)."""
         if finished:
             found = self._by_count.get(count)
             templates = [found] if found is not None else []
@@ -98,5 +101,5 @@ class LineTemplates:
         for template in templates:
             ops = template.ops
             if all(offset < len(ops) and ops[offset] == op for offset, op in nodes):
-                return template.site_at(nodes[0][0])
-        return None
+                return template.site_at(nodes[0][0]), nodes[0][0] in template.packed
+        return None, False

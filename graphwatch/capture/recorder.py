@@ -366,9 +366,10 @@ class Recorder:
             self._prune()
         return record
 
-    def template_site(self, node: Any, seq: int, op: str, step: int) -> int | None:
-        """The line of a node of a step seen light, from a full step that ran the same code (or None)."""
-        return None if self.templates is None else self.templates.node_site(self.clock, node, seq, op, step)
+    def template_site(self, node: Any, seq: int, op: str, step: int) -> tuple[int | None, bool]:
+        """(the line of a node of a step seen light, from a full step that ran the same code (or None); whether
+        the node there packed a tensor, so that the line is its own)."""
+        return (None, False) if self.templates is None else self.templates.node_site(self.clock, node, seq, op, step)
 
     def _keep_outliving(self) -> None:
         """Build the records of this step's saved tensors that outlive it (the others were counted only)."""

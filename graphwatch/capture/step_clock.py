@@ -70,6 +70,11 @@ class StepClock:
             self._line_seqs.append(seq)
             self._line_sites.append(site)
 
+    def packed_between(self, first: int, end: int) -> frozenset[int]:
+        """The offsets from ``first`` of the nodes numbered ``first`` to ``end - 1`` whose op packed a tensor."""
+        start, stop = bisect_right(self._packed, first - 1), bisect_right(self._packed, end - 1)
+        return frozenset(seq - first for seq in self._packed[start:stop])
+
     def packed(self, seq: int) -> bool:
         """Whether the op of node ``seq`` packed a tensor (so :meth:`site_of` is its own line, not the line of an
         op before it)."""
