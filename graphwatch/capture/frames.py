@@ -10,11 +10,12 @@ Example::
     >>> from graphwatch.capture.frames import resolve
     >>> class Box:
     ...     size = 3
+    ...     broken = property(lambda self: 1 / 0)
     >>> def look():
     ...     box = Box()
-    ...     return resolve(sys._getframe(), "box.size"), resolve(sys._getframe(), "box.missing")
+    ...     return [resolve(sys._getframe(), f"box.{attr}") for attr in ("size", "missing", "broken")]
     >>> look()
-    (3, None)
+    [3, None, None]
 """
 
 from __future__ import annotations
@@ -60,7 +61,10 @@ def resolve(frame: FrameType | None, name: str, names: dict | None = None) -> An
     else:
         value = frame.f_globals.get(head)
     for attr in attrs:
-        value = getattr(value, attr, None)
+        try:
+            value = getattr(value, attr, None)
+        except Exception:  # a property of the user's that raises: no value (and no error in their run)
+            return None
     return value
 
 
