@@ -12,8 +12,8 @@ Example::
     ...     size = 3
     ...     broken = property(lambda self: 1 / 0)
     >>> def look():
-    ...     box = Box()
-    ...     return [resolve(sys._getframe(), f"box.{attr}") for attr in ("size", "missing", "broken")]
+    ...     box, frame = Box(), sys._getframe()
+    ...     return [resolve(frame, f"box.{attr}") for attr in ("size", "missing", "broken")]
     >>> look()
     [3, None, None]
 """
