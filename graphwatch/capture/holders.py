@@ -398,20 +398,16 @@ def parameter_update_site(
     there to a parameter of that module (an EMA teacher's loop: ``tp.mul_(m).add_((1 - m) * sp)``); None when
     there is no such line or more than one."""
     module = resolve(frame, holder.split("[")[0][: -len(".parameters()")], script)
-    if not isinstance(module, torch.nn.Module):
+    file = (script or {}).get("__file__")
+    if not isinstance(module, torch.nn.Module) or (frame is None and not isinstance(file, str)):
         return None
     parameters = {id(p) for p in module.parameters()}
-    if frame is not None:
-        tree = function_node(frame.f_code)
-    else:
-        tree = module_node(script["__file__"]) if script is not None else None
-    found = inplace_updates(tree)
-    lines = {line for line, changed in found if id(resolve(frame, changed, script)) in parameters}
+    tree = function_node(frame.f_code) if frame is not None else module_node(str(file))
+    lines = {line for line, changed in inplace_updates(tree) if id(resolve(frame, changed, script)) in parameters}
     if len(lines) != 1:
         return None
-    if frame is not None:
-        return recorder.sites.from_frame(frame, lines.pop())
-    return recorder.sites.from_file(script["__file__"], lines.pop()) if script is not None else None
+    line = lines.pop()
+    return recorder.sites.from_frame(frame, line) if frame is not None else recorder.sites.from_file(str(file), line)
 
 
 def _script_line(filename: str, name: str) -> int | None:
