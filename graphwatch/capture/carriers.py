@@ -95,15 +95,20 @@ def _parameters_carrying(
 ) -> tuple[CarrierName, torch.Tensor] | None:
     """A module (as a frame names it) whose parameters this step's graph made from ``carrier``: updated in place
     outside ``no_grad`` (an EMA teacher), each update adds to a graph the next forward runs into.  Named
-    ``teacher.parameters()``, with the line of the update where the source has one."""
+    ``teacher.parameters()``, with the line of the update, which the source must show: a ``Parameter`` gets a
+    graph only from an in-place op, but a module may hold other tensors as parameters (a meta-learning
+    library's fast weights, made out of place)."""
     for frame in frames:
         for name, value in _named_values(frame):
             if not isinstance(value, torch.nn.Module):
                 continue
             for parameter in value.parameters():
-                if parameter.grad_fn is not None and _made_from(parameter, carrier, recorder.step):
+                if not isinstance(parameter, torch.nn.Parameter) or parameter.grad_fn is None:
+                    continue
+                if _made_from(parameter, carrier, recorder.step):
                     holder = f"{name}.parameters()"
-                    return CarrierName(holder, None, parameter_update_site(recorder, holder, frame), "", "parameters"), parameter
+                    update = parameter_update_site(recorder, holder, frame)
+                    return (CarrierName(holder, None, update, "", "parameters"), parameter) if update is not None else None
     return None
 
 

@@ -401,7 +401,7 @@ def parameter_update_site(
     file = (script or {}).get("__file__")
     if not isinstance(module, torch.nn.Module) or (frame is None and not isinstance(file, str)):
         return None
-    parameters = {id(p) for p in module.parameters()}
+    parameters = {id(p) for p in module.parameters() if isinstance(p, torch.nn.Parameter)}  # (not fast weights)
     tree = function_node(frame.f_code) if frame is not None else module_node(str(file))
     lines = {line for line, changed in inplace_updates(tree) if id(resolve(frame, changed, script)) in parameters}
     if len(lines) != 1:
