@@ -165,7 +165,7 @@ class Recorder:
             self._site_seq = seq
             self._op_site = self.sites.here(4)  # here <- pack_site <- _new_handle <- pack <- the op's caller
             if not self.precise:  # the precise level notes lines per call instead
-                self.clock.note_site(self._op_site)
+                self.clock.note_site(self._op_site, seq - 1)
         return self._op_site
 
     def saved_packed(self, handle: SavedHandle) -> None:

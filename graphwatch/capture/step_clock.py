@@ -61,9 +61,8 @@ class StepClock:
         """The step in which the node with sequence number ``seq`` was created (-1: before)."""
         return self.bounds.bisect_right(seq) - 1
 
-    def note_site(self, site: int | None) -> None:
-        """A pack hook at ``site`` runs inside the op whose node was numbered last."""
-        seq = next_sequence_nr() - 1
+    def note_site(self, site: int | None, seq: int) -> None:
+        """A pack hook at ``site`` runs inside the op whose node was numbered last, ``seq``."""
         self._packed.append(seq)
         if site != self._last_site:
             self._last_site = site
