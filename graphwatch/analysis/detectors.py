@@ -77,7 +77,7 @@ def carried_across_steps(trace: Trace, step: StepRecord) -> list[Finding]:
         site, name = carrier_line(trace, carrier) if carrier else (None, None)
         made = trace.site(carrier.site) if carrier else None
         earliest = min(s for s in bw.earlier_steps if s < bw.step)
-        used = trace.site(user.site) if user is not None and not user.site_inferred else None
+        used = trace.site(user.site) if user is not None else None
         shape = carried_shape(trace, carrier, bw) if carrier is not None else "cached"
         state = (", ".join(carrier.carried_with) or name) if carrier is not None else None
         evidence = {

@@ -188,7 +188,7 @@ def explain_backward_twice(
         carrier, used = shared, next((a for a, b in pairwise(path) if b is shared), None)
     pattern = _pattern_of(trace, backward, freeing, carrier if across else None, cause)
     carrier_site, carrier_name = carrier_line(trace, carrier) if carrier else (None, None)
-    used_site = trace.site(used.site) if used is not None and not used.site_inferred else None  # (its own line)
+    used_site = trace.site(used.site) if used is not None else None
     names = {
         "step": step_name(path[0].step if path and carrier is None else backward.step),
         "backward_where": where,
