@@ -388,7 +388,6 @@ def _running_site(recorder: Recorder, record: NodeRecord | None, name: str) -> i
     return None
 
 
-
 def parameter_update_site(
     recorder: Recorder, holder: str, frame: FrameType | None, script: dict | None = None
 ) -> int | None:

@@ -40,7 +40,6 @@ def is_no_grad(expression: ast.expr) -> bool:
     return name.rsplit(".", 1)[-1] in _NO_GRAD
 
 
-
 def inplace_updates(tree: ast.AST | None) -> list[tuple[int, str]]:
     """(line, name) of each statement of a function's (or a module's) syntax ``tree`` that changes a name in
     place outside a ``with torch.no_grad():`` (or ``inference_mode``) block, in line order: where a tensor that
@@ -68,6 +67,7 @@ def inplace_updates(tree: ast.AST | None) -> list[tuple[int, str]]:
         for block in ("body", "orelse", "finalbody", "handlers"):  # (an except clause has a body too)
             stack.extend(getattr(statement, block, None) or [])
     return sorted(found)
+
 
 def _loaded(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}

@@ -40,7 +40,6 @@ def dotted_name(node: ast.expr) -> str | None:
     return ".".join(reversed(parts))
 
 
-
 def inplace_statement(statement: ast.stmt) -> str | None:
     """The name a statement changes in place: ``t[...] = v``, ``t.op_(...)`` (also ``t.mul_(a).add_(b)``),
     ``t += v``; else None.
@@ -72,6 +71,7 @@ def _inplace_call(node: ast.expr) -> bool:
 
 
 _VALUE_KEEPING = frozenset({"requires_grad_", "detach_", "share_memory_"})  # in-place in name only
+
 
 def _source_tree(filename: str) -> ast.Module | None:
     """The file's syntax tree, read again when the file changed (a module edited and reloaded)."""
