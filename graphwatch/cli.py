@@ -57,7 +57,7 @@ from .runner import (
     run_script,
     write_report,
 )
-from .signals import SignalGuard
+from .signals import SignalGuard, ignore_signal
 
 EXIT_USAGE = 2  # a user error: nothing ran, or the report could not be written
 EXIT_STRICT = 3  # --strict: the script succeeded but leaks a graph
@@ -147,7 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if code == EXIT_SIGTERM and hasattr(signal, "SIGCHLD"):
         # Killed by SIGTERM, bare Python would run no finalizer: a DataLoader's, run at exit, would find its
         # workers killed by the same signal and its SIGCHLD handler would raise inside __del__.
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, ignore_signal)
     return code
 
 

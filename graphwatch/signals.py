@@ -116,9 +116,9 @@ class SignalGuard:
         if not self._active or not hasattr(signal, "SIGCHLD"):
             return
         if on and self._sigchld is None:
-            self._sigchld = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            self._sigchld = signal.signal(signal.SIGCHLD, ignore_signal)
         elif not on and self._sigchld is not None:
-            if signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL:
+            if signal.getsignal(signal.SIGCHLD) is ignore_signal:
                 signal.signal(signal.SIGCHLD, self._sigchld)
             self._sigchld = None
 
@@ -142,6 +142,12 @@ class SignalGuard:
         finally:
             self.disarm()
 
+
+def ignore_signal(signum: int, frame: FrameType | None) -> None:
+    """A handler that does nothing: what a signal's handler becomes while it must run none of the script's.
+    Not ``SIG_DFL``: a signal that arrived just before the change is handled after it, and CPython raises
+    "Signal 17 ignored due to race condition" wherever the script is when it finds ``SIG_DFL`` there (a SIGCHLD
+    from a DataLoader worker killed by the same SIGTERM, inside the loader's shutdown)."""
 
 def sigterm_guard() -> SignalGuard | None:
     """An entered and armed guard of SIGTERM where SIGTERM would kill the process outright (its default handler,
