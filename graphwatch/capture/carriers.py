@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .frames import local_value, user_frames
+from .frames import local_value, named_values, user_frames
 from .graph_walk import METADATA_KEY
 from .holders import _of_a_user_class, parameter_update_site
 from .source import assignments, function_node
@@ -99,7 +99,7 @@ def _parameters_carrying(
     graph only from an in-place op, but a module may hold other tensors as parameters (a meta-learning
     library's fast weights, made out of place)."""
     for frame in frames:
-        for name, value in _named_values(frame):
+        for name, value in named_values(frame):
             if not isinstance(value, torch.nn.Module):
                 continue
             for parameter in value.parameters():
@@ -250,23 +250,8 @@ def _named_tensors(frame: FrameType, attributes: bool = False) -> Iterator[tuple
     """(name, the value bound to it, a tensor with a grad_fn in that value) for the frame's names; with
     ``attributes``, also the tensors in a module's tuple attributes (an LSTM's ``self.hidden``) and in the
     attributes of objects of the user's own classes."""
-    for name, value in _named_values(frame):
+    for name, value in named_values(frame):
         yield from _tensors_of(name, value, value, attributes=attributes)
-
-
-def _named_values(frame: FrameType) -> Iterator[tuple[str, Any]]:
-    """(name, value) of the frame's local variables that are bound, then of its globals (each name once)."""
-    names = list(frame.f_code.co_varnames) + list(frame.f_code.co_cellvars) + list(frame.f_code.co_freevars)
-    seen: set[str] = set()
-    for name in names:
-        if name not in seen:
-            seen.add(name)
-            value = local_value(frame, name)
-            if value is not None:
-                yield name, value
-    for name, value in list(frame.f_globals.items()):
-        if not name.startswith("__") and name not in seen:
-            yield name, value
 
 
 def _tensors_of(

@@ -50,6 +50,19 @@ def local_value(frame: FrameType, name: str, default: Any = None) -> Any:
     return value
 
 
+def named_values(frame: FrameType) -> Iterator[tuple[str, Any]]:
+    """(name, value) of the frame's bound local variables (read one by one: no snapshot of its locals is left
+    behind), then of its globals that no local name shadows."""
+    code = frame.f_code
+    local_names = dict.fromkeys((*code.co_varnames, *code.co_cellvars, *code.co_freevars))
+    for name in local_names:
+        value = local_value(frame, name)
+        if value is not None:
+            yield name, value
+    for name, value in list(frame.f_globals.items()):
+        if not name.startswith("__") and name not in local_names:
+            yield name, value
+
 def resolve(frame: FrameType | None, name: str, names: dict | None = None) -> Any:
     """The value of the dotted ``name`` in ``frame`` (locals, then globals), or None; without a frame, in
     ``names`` (a finished script's globals)."""

@@ -319,7 +319,7 @@ def find_holders(
         for holder in _holders_among(recorder, pairs, seen, scope, known, found_now, step):
             line = _script_line(script["__file__"], holder.name) if holder.site is None else None
             site = recorder.sites.from_file(script["__file__"], line) if line is not None else holder.site
-            if site is None and holder.name.split("[")[0].endswith(".parameters()"):
+            if site is None and _module_of(holder.name) is not None:
                 site = parameter_update_site(recorder, holder.name, None, script)
             elif site is None:  # an object's attribute (``model.running``): the line of its class that assigns it
                 site = _attribute_site(recorder, None, holder.name, script)
@@ -374,7 +374,7 @@ def _running_site(recorder: Recorder, record: NodeRecord | None, name: str) -> i
     line that adds to it)."""
     if record is None or record.site is None or (record.site_inferred and not recorder.precise):
         return None  # (a line read off the last op that saved a tensor: not this node's own, but at the precise level)
-    if name.split("[")[0].endswith(".parameters()"):
+    if _module_of(name) is not None:
         return record.site
     if "[" in name or "." not in name:
         return None
@@ -396,7 +396,7 @@ def parameter_update_site(
     frame's function (or of a finished ``script``) that changes in place, outside ``no_grad``, a name bound
     there to a parameter of that module (an EMA teacher's loop: ``tp.mul_(m).add_((1 - m) * sp)``); None when
     there is no such line or more than one."""
-    module = resolve(frame, holder.split("[")[0][: -len(".parameters()")], script)
+    module = resolve(frame, _module_of(holder) or "", script)
     file = (script or {}).get("__file__")
     if not isinstance(module, torch.nn.Module) or (frame is None and not isinstance(file, str)):
         return None
@@ -409,6 +409,11 @@ def parameter_update_site(
     return recorder.sites.from_frame(frame, line) if frame is not None else recorder.sites.from_file(str(file), line)
 
 
+def _module_of(holder: str) -> str | None:
+    """``teacher`` for the parameters holder ``teacher.parameters()[0.weight]``; None for any other holder."""
+    base = holder.split("[")[0]
+    return base[: -len(".parameters()")] if base.endswith(".parameters()") else None
+
 def _script_line(filename: str, name: str) -> int | None:
     node = module_node(filename)
     found = sorted(assignments(node, name.split("[")[0]), key=lambda pair: (pair[1], pair[0])) if node else []
@@ -416,7 +421,7 @@ def _script_line(filename: str, name: str) -> int | None:
 
 
 def _making_site(recorder: Recorder, frame: FrameType, name: str) -> int | None:
-    if name.split("[")[0].endswith(".parameters()"):
+    if _module_of(name) is not None:
         return parameter_update_site(recorder, name, frame)
     line = assignment_line(frame.f_code, name)
     if line is not None:

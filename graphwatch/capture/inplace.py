@@ -34,10 +34,9 @@ import torch
 from ..model import CallSite
 from ..model.causes import InplaceCause
 from .causes import _VIEWS
-from .frames import resolve, user_frames
+from .frames import named_values, resolve, user_frames
 from .graph_walk import node_record
 from .node_types import node_type, saved_data
-from .ownership import named_values
 from .source import dotted_name, inplace_statement, module_node
 
 if TYPE_CHECKING:

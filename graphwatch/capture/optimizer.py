@@ -124,7 +124,7 @@ class OptimizerSteps:
         """``id()`` of every parameter of ``optimizers`` (default: of those that stepped so far)."""
         if optimizers is None:
             optimizers = [o for ref, _, _ in self._last.values() if (o := ref()) is not None]
-        return {id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]}
+        return {id(p) for optimizer in optimizers for p in _params(optimizer)}
 
     def updating(self, data_ptr: int, since: int) -> tuple[torch.optim.Optimizer, int | None] | None:
         """(the optimizer, the site of its last ``step()``) of an optimizer holding the parameter whose storage
@@ -133,6 +133,6 @@ class OptimizerSteps:
             optimizer = ref()
             if optimizer is None or step < since:
                 continue
-            if any(p.data_ptr() == data_ptr for g in optimizer.param_groups for p in g["params"]):
+            if any(p.data_ptr() == data_ptr for p in _params(optimizer)):
                 return optimizer, site
         return None

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .frames import local_value, resolve, user_frames
+from .frames import local_value, named_values, resolve, user_frames
 from .holders import _of_a_user_class
 from .source import dotted_name, function_node
 
@@ -37,18 +37,6 @@ Optimizer = torch.optim.Optimizer
 def parameter_ids(optimizer: Optimizer) -> set[int]:
     """``id()`` of each parameter the optimizer updates."""
     return {id(p) for group in optimizer.param_groups for p in group["params"]}
-
-
-def named_values(frame: FrameType) -> Iterator[tuple[str, Any]]:
-    """A frame's variables (read one by one: no snapshot of its locals is left behind), then its globals."""
-    code = frame.f_code
-    for name in dict.fromkeys((*code.co_varnames, *code.co_cellvars, *code.co_freevars)):
-        value = local_value(frame, name)
-        if value is not None:
-            yield name, value
-    for name, value in list(frame.f_globals.items()):
-        if not name.startswith("__"):
-            yield name, value
 
 
 def _optimizers_in(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, Optimizer]]:
