@@ -48,7 +48,7 @@ print(json.dumps({"peak": peak, "forward": forward, "backward": backward}))
 
 def measure(nodes: int, config: str) -> dict[str, float]:
     """Peak RSS bytes and CPU seconds of forward and backward of one fresh process."""
-    repo = str(Path(__file__).resolve().parent.parent)
+    repo = str(Path(__file__).resolve().parent.parent / "src")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, str(nodes), config], capture_output=True, text=True, env=env, check=False

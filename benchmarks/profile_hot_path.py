@@ -1,6 +1,6 @@
 """cProfile of graphwatch's hot path: the MLP loop of DESIGN.md fact 9 under ``graphwatch.watch()`` defaults.
 
-    PYTHONPATH=. python benchmarks/profile_hot_path.py [--steps 2000] [--workload mlp] [--level light]
+    PYTHONPATH=src python benchmarks/profile_hot_path.py [--steps 2000] [--workload mlp] [--level light]
 
 Prints the unprofiled cost (bare vs session, CPU time, interleaved), the top
 functions by own time (tottime), graphwatch's functions only, and a per-step

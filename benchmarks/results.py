@@ -75,8 +75,8 @@ def _git(*args: str) -> str:
 
 def _git_rev() -> str:
     try:
-        dirty = _git("status", "--porcelain", "graphwatch")
-        return _git("rev-parse", "--short", "HEAD") + (" + uncommitted changes in graphwatch/" if dirty else "")
+        dirty = _git("status", "--porcelain", "src/graphwatch")
+        return _git("rev-parse", "--short", "HEAD") + (" + uncommitted changes in src/graphwatch/" if dirty else "")
     except Exception:
         return "?"
 
@@ -168,7 +168,7 @@ def _issue_25_section(
         "",
         (
             "The default level sees the first steps, sampled steps and suspicious steps in full detail and the others at "
-            "the light level's cost (`graphwatch/capture/detail.py`). Steady state: the mean CPU time per step from step "
+            "the light level's cost (`src/graphwatch/capture/detail.py`). Steady state: the mean CPU time per step from step "
             f"{STEADY_FROM} on of sessions of the listed length, as a median over rounds of the paired ratio to bare; the "
             f"sampled steps ({', '.join(map(str, SAMPLED_EARLY))}, then every {SAMPLE_EVERY}th) are in it. `floor` is the "
             "least a Python tool that knows every saved "

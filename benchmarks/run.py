@@ -1,7 +1,7 @@
 """graphwatch overhead benchmark: one command, one process, interleaved configurations.
 
-    PYTHONPATH=. python benchmarks/run.py           # full run, writes benchmarks/RESULTS.md
-    PYTHONPATH=. python benchmarks/run.py --quick   # a few minutes
+    PYTHONPATH=src python benchmarks/run.py           # full run, writes benchmarks/RESULTS.md
+    PYTHONPATH=src python benchmarks/run.py --quick   # a few minutes
 
 Per workload (``workloads.py``) every round runs each configuration
 (``configs.py``) for the same number of training steps, one context (session,

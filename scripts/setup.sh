@@ -124,7 +124,7 @@ root = os.path.realpath(sys.argv[1])
 info = json.loads(md.distribution(sys.argv[2]).read_text("direct_url.json") or "{}")
 assert info.get("dir_info", {}).get("editable"), "not editable"
 assert os.path.realpath(unquote(urlparse(info["url"]).path)) == root, "another checkout"
-if os.path.exists(os.path.join(root, "graphwatch", "__init__.py")):
+if os.path.exists(os.path.join(root, "src", "graphwatch", "__init__.py")):
     spec = iu.find_spec("graphwatch")
     assert spec and spec.origin and os.path.realpath(spec.origin).startswith(root + os.sep)
 PY

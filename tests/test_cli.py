@@ -24,7 +24,7 @@ from graphwatch.demo import find_examples, run_demo
 from graphwatch.runner import check_out_dir, check_script, exit_code_of, run_script
 
 PACKAGE = Path(graphwatch.__file__).resolve().parent  # graphwatch's own files
-REPO = PACKAGE.parent
+REPO = PACKAGE.parents[1]  # the repository (the package lives in its src/)
 TIMEOUT = 180
 
 LOOP = """\
@@ -56,7 +56,7 @@ def gw(*args: str | Path, cwd: Path, timeout: float = TIMEOUT) -> subprocess.Com
 
 def _env() -> dict[str, str]:
     env = dict(os.environ, PYTHONWARNINGS="ignore", NO_COLOR="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
     return env
 
 

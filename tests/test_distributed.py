@@ -43,7 +43,7 @@ from graphwatch.rendering.ranks import (
     wait_for_ranks,
 )
 
-REPO = Path(graphwatch.__file__).resolve().parent.parent
+REPO = Path(graphwatch.__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "distributed" / "ddp_rank_leak.py"
 JOB_TIMEOUT = 120  # seconds for one two-process job, launch included
 STEPS = 4
@@ -129,7 +129,7 @@ def launch(tmp: Path, *command: str | Path) -> Job:
     """``python -m torch.distributed.run --nproc-per-node 2 COMMAND...`` on loopback, bounded by JOB_TIMEOUT."""
     logs, out = tmp / "logs", tmp / "out"
     env = dict(os.environ, NO_COLOR="1", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
     if Path("/sys/class/net/lo").exists():
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):

@@ -41,7 +41,7 @@ from graphwatch.cli import main
 
 pytestmark = pytest.mark.usefixtures("no_session_left")
 
-REPO = Path(graphwatch.__file__).resolve().parent.parent
+REPO = Path(graphwatch.__file__).resolve().parents[2]
 TIMEOUT = 120
 ENDED_EARLY = "The run ended early"  # what the HTML report says
 
@@ -234,7 +234,7 @@ while True:  # waits to be stopped
 
 def _env() -> dict[str, str]:
     env = dict(os.environ, PYTHONWARNINGS="ignore", NO_COLOR="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
     return env
 
 

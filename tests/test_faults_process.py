@@ -20,14 +20,14 @@ import torch
 
 import graphwatch
 
-REPO = Path(graphwatch.__file__).resolve().parent.parent
+REPO = Path(graphwatch.__file__).resolve().parents[2]
 TIMEOUT = 120
 DEEP = 60_000  # nodes: beyond the ~45,000 an 8 MiB stack frees once Python touched them
 
 
 def _env() -> dict[str, str]:
     env = dict(os.environ, PYTHONWARNINGS="ignore", NO_COLOR="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
     return env
 
 

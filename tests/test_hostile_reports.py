@@ -28,7 +28,7 @@ from graphwatch.model import trace_to_dict
 from graphwatch.rendering.html import write_report
 from graphwatch.rendering.svg import dot_available
 
-REPO = Path(graphwatch.__file__).resolve().parent.parent
+REPO = Path(graphwatch.__file__).resolve().parents[2]
 needs_dot = pytest.mark.skipif(not dot_available(), reason="Graphviz `dot` is not installed")
 browser = pytest.mark.skipif(not CHROMIUM.exists(), reason="headless Chromium (/usr/bin/chromium) is not installed")
 
@@ -41,7 +41,7 @@ MARKUP = "<script>document.body.setAttribute('data-pwned','script')</script><img
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS")}
     env.update(PYTHONWARNINGS="ignore", **extra)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
     return env
 
 

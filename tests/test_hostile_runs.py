@@ -22,7 +22,7 @@ import graphwatch
 from graphwatch.model import BackwardRecord, StepRecord, Trace, trace_to_dict
 from graphwatch.model.column_json import BASE_RECORDS
 
-REPO = Path(graphwatch.__file__).resolve().parent.parent
+REPO = Path(graphwatch.__file__).resolve().parents[2]
 TIMEOUT = 300
 MB = 2**20
 FIXED_BASE = 32 * MB  # what a report may take beyond a tiny trace's, whatever the file (the issue: <= 50x + a base)
@@ -30,7 +30,7 @@ FIXED_BASE = 32 * MB  # what a report may take beyond a tiny trace's, whatever t
 
 def _env(**extra: str) -> dict[str, str]:
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "NO_COLOR": "1", **extra}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
     return env
 
 

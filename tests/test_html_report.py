@@ -25,7 +25,7 @@ from graphwatch.rendering.html import write_report
 from graphwatch.rendering.svg import DOT_MISSING_NOTICE, DotError, dot_available
 
 CHROMIUM = Path("/usr/bin/chromium")
-EXAMPLES = Path(graphwatch.__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(graphwatch.__file__).resolve().parents[2] / "examples"
 needs_dot = pytest.mark.skipif(not dot_available(), reason="Graphviz `dot` is not installed")
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import graphwatch
 
-REPO = Path(graphwatch.__file__).resolve().parent.parent
+REPO = Path(graphwatch.__file__).resolve().parents[2]
 TORCH_PIN = next(line for line in (REPO / "constraints.txt").read_text().splitlines() if line.startswith("torch=="))
 
 
@@ -75,4 +75,19 @@ def test_the_distribution_installs_by_its_name_torch_graphwatch_and_gives_the_gr
     module, version = imported.stdout.split()
     assert Path(module).is_relative_to(site) and version == graphwatch.__version__
     command = subprocess.run([str(env / "bin" / "graphwatch"), "--version"], capture_output=True, text=True)
+    assert command.returncode == 0 and command.stdout.startswith(f"graphwatch {graphwatch.__version__}"), command.stderr
+
+
+def test_a_script_beside_the_clone_imports_the_installed_package_not_the_clones_folder(tmp_path: Path) -> None:
+    """A clone named ``graphwatch`` with ``train.py`` written beside it: the script's folder comes first on
+    ``sys.path`` and holds a folder named ``graphwatch`` (the clone, no ``__init__.py``), which must not win
+    over the installed package as an empty namespace package (the src layout puts only the package on the path)."""
+    (tmp_path / "graphwatch").symlink_to(REPO, target_is_directory=True)  # the clone, as a user would name it
+    script = tmp_path / "train.py"
+    script.write_text("import graphwatch\nprint(graphwatch.__file__)\nwith graphwatch.watch(summary=False):\n    pass\n")
+    ran = subprocess.run([sys.executable, script.name], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert Path(ran.stdout.strip()).resolve() == Path(graphwatch.__file__).resolve()
+    command = subprocess.run([sys.executable, "-m", "graphwatch", "--version"], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
     assert command.returncode == 0 and command.stdout.startswith(f"graphwatch {graphwatch.__version__}"), command.stderr

@@ -21,7 +21,7 @@ import pytest
 
 import graphwatch
 
-REPO = Path(graphwatch.__file__).resolve().parent.parent
+REPO = Path(graphwatch.__file__).resolve().parents[2]
 needs_patch_tool = pytest.mark.skipif(shutil.which("patch") is None, reason="needs the patch program")
 
 # Two findings patch one file, in lines that meet: the retained graph's patch changes the line the missing
@@ -54,7 +54,7 @@ def run_in_terminal(args: list[str], cwd: Path, columns: int = 60, timeout: floa
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS", "LINES")}
     env.update(TERM="xterm-256color", PYTHONWARNINGS="ignore")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
     process = subprocess.Popen(args, cwd=cwd, env=env, stdin=follower, stdout=follower, stderr=follower)
     os.close(follower)
     output = bytearray()

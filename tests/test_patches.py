@@ -19,7 +19,7 @@ import graphwatch
 from graphwatch.analysis.patches import patch_for
 from graphwatch.model import Edit, Finding, Remedy
 
-REPO = Path(graphwatch.__file__).resolve().parent.parent
+REPO = Path(graphwatch.__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 BUGS = sorted(p.stem for p in EXAMPLES.glob("*_bug.py"))
 # the examples whose fix is one edit graphwatch makes; the others' fixes need the user's judgement

@@ -17,7 +17,7 @@ from IPython.lib.pretty import pretty
 import graphwatch
 
 PACKAGE = Path(graphwatch.__file__).resolve().parent
-REPO = PACKAGE.parent
+REPO = PACKAGE.parents[1]  # the repository (the package lives in its src/)
 
 
 def kept_totals() -> graphwatch.Session:
@@ -144,7 +144,7 @@ def run_script(tmp_path: Path, configure: str, env: dict[str, str] | None = None
     (tmp_path / "train.py").write_text(STEP_SCRIPT.format(configure=configure))
     return subprocess.run(
         [sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})},
     )  # fmt: skip
 
 
@@ -169,7 +169,7 @@ def test_configure_after_the_session_started_or_with_a_wrong_option_is_a_usage_e
     script = (tmp_path / "train.py").read_text() + 'graphwatch.configure(out="late")\n'
     (tmp_path / "train.py").write_text(script)
     run = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+                         env={**os.environ, "PYTHONPATH": str(REPO / "src")})  # fmt: skip
     assert run.returncode == 1 and "graphwatch.errors.UsageError: graphwatch.configure() after the first" in run.stderr
     with pytest.raises(graphwatch.UsageError, match="did you mean 'level'"):
         graphwatch.configure(levle="light")

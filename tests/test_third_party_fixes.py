@@ -37,7 +37,7 @@ def case_named(name: str) -> Case:
 
 def printed(case: Case, script: Path, *more: str) -> str:
     """What the script prints, run plainly (no graphwatch), timings left out."""
-    env = dict(os.environ, **case.env, PYTHONPATH=os.pathsep.join([str(HERE / "shims"), str(REPO)]))
+    env = dict(os.environ, **case.env, PYTHONPATH=os.pathsep.join([str(HERE / "shims"), str(REPO / "src")]))
     done = subprocess.run([sys.executable, script.name, *case.args, *more], cwd=script.parent, env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

@@ -160,7 +160,7 @@ def _run(case: Case, script: Path, out: Path, check_fixes: bool = False) -> Ran:
     import graphwatch
 
     env = dict(os.environ, **{k: v for k, v in case.env.items() if k != "GW_FIX"})
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE / "shims"), str(REPO), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE / "shims"), str(REPO / "src"), env.get("PYTHONPATH", "")])
     env.setdefault("MPLBACKEND", "Agg")
     env.setdefault("OMP_NUM_THREADS", "1")  # one thread a run: the same numbers on any machine, and cases run side by side
     env.setdefault("GW_ACCURACY_SEED", "0")  # shims/sitecustomize.py seeds scripts that seed nothing

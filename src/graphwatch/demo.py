@@ -35,7 +35,7 @@ def examples_dir() -> Path:
     """The bundled ``examples/`` folder: the one beside the ``graphwatch`` package."""
     import graphwatch
 
-    return Path(graphwatch.__file__).resolve().parent.parent / "examples"
+    return Path(graphwatch.__file__).resolve().parents[2] / "examples"
 
 
 @dataclass(frozen=True)
