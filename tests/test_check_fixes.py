@@ -183,8 +183,9 @@ def test_a_patch_that_does_not_apply_and_an_argument_outside_the_folder_are_said
     assert not check.checked and check.failed[0].startswith("the patch does not apply: ")
     outside = write(tmp_path / "elsewhere", "data.txt", "x")
     check = checked(trace, script, stale, kept, args=("--data", str(outside)))
-    assert check.failed == [f"not checked: the argument {outside} names {outside}, outside the folder the check copies "
-                            f"({script.parent}); the patched run could write there"]
+    assert check.failed == [f"not checked: the argument {outside} names a path outside the folder the check copies "
+                            f"({script.parent}), where the patched run could write; run from a folder that holds it, "
+                            "or allow it with --check-allow-path PATH"]
 
 
 # ------------------------------------------------------------------ the command

@@ -246,7 +246,8 @@ def test_watch_under_torchrun_writes_a_folder_per_rank_and_rank_0_prints(clean_j
         assert (trace.rank, trace.world_size, trace.findings) == (rank, 2, [])
     printed = " ".join(clean_job.stderr[0].split())  # the summary wraps long lines
     assert "graphwatch: no graph leaks in" in printed and "(rank 0 of 2)" in printed
-    assert f"graphwatch report {clean_job.out / 'report'}/rank*/trace.json" in printed
+    # (the summary names the report folder from the folder the job started in, tmp: out/report)
+    assert f"graphwatch report {Path('out', 'report')}/rank*/trace.json --out {Path('out', 'report')}" in printed
     assert "graphwatch" not in clean_job.stderr[1]
 
 

@@ -162,7 +162,7 @@ INTERNALS = {
     "step end": ("graphwatch.capture.recorder.Recorder", "end_step", 2),
     "step findings": ("graphwatch.step_ends", "step_findings", 2),
     "holder search": ("graphwatch.capture.holders", "find_holders", 1),
-    "snapshot drawing": ("graphwatch.backwards", "snapshot_dots", 0),
+    "snapshot drawing": ("graphwatch.rendering.dot", "snapshot_dots", 0),  # (imported where a snapshot is drawn)
     "optimizer hook": ("graphwatch.capture.optimizer.GradResetTracker", "before_step", 2),
 }
 

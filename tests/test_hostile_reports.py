@@ -24,7 +24,7 @@ import test_html_report
 from test_html_report import CHROMIUM, chromium, console_messages, kept_alive, with_test_script
 
 import graphwatch
-from graphwatch.model import trace_to_dict
+from graphwatch.model import PatchCheck, save_trace, trace_to_dict
 from graphwatch.rendering.html import write_report
 from graphwatch.rendering.svg import dot_available
 
@@ -194,6 +194,59 @@ def test_a_patch_with_bidi_controls_is_shown_marked_and_not_offered_for_copying(
     untouched = graphwatch_cli("report", str(hostile(recorded, tmp_path, lambda data: None)), "--out", "clean",
                                cwd=tmp_path)  # fmt: skip
     assert untouched.returncode == 0 and 'class="copy"' in (tmp_path / "clean" / "index.html").read_text()
+
+
+# ------------------------------------------------------------------------------ claimed verdicts (issue 40)
+ETC_PATCH = "# in /etc: patch -p0\n--- passwd\n+++ passwd\n@@ -1,1 +1,2 @@\n root:x:0:0:root:/root:/bin/sh\n" \
+    "+evil::0:0::/:/bin/sh\n"
+FORGED_CHECK = {"checked": True, "steps": 4, "held": ["the patch applies", "the finding is gone"], "from_trace": False}
+
+
+def test_a_forged_check_is_shown_as_the_traces_claim_and_a_patch_outside_the_folder_is_not_offered(recorded, tmp_path):
+    """The report showed "Check: checked" and a copy button for a patch that adds a user to /etc/passwd."""
+    def forged(data: dict) -> None:
+        for finding in data["findings"]:
+            if finding.get("patch"):
+                finding["patch"], finding["check"] = ETC_PATCH, FORGED_CHECK
+
+    passwd = Path("/etc/passwd").read_bytes() if Path("/etc/passwd").exists() else None
+    done = graphwatch_cli("report", str(hostile(recorded, tmp_path, forged)), "--out", "out", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr.decode()
+    page = (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
+    assert '<p class="check checked claimed"><strong>Check:</strong> checked, according to the trace, in 4 steps' in page
+    assert 'class="copy"' not in page and "Patch, not to apply as it is" in page
+    assert "This patch changes files outside the folder the run ran in (/etc); read it before applying it" in page
+    printed = (done.stdout + done.stderr).decode()
+    assert "check: checked, according to the trace, in 4 steps" in printed
+    assert "patch, not for copying: this patch changes files outside the folder the run ran in (/etc)" in printed
+    assert not re.search(r"^(# in /etc|--- passwd|\+evil)", printed, re.MULTILINE), "printed as a patch to apply"
+    assert (Path("/etc/passwd").read_bytes() if passwd is not None else None) == passwd
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../outside.py"])
+def test_a_patch_naming_a_file_outside_the_folder_is_not_offered_for_copying(recorded, tmp_path, name):
+    def outside(data: dict) -> None:
+        for finding in data["findings"]:
+            if finding.get("patch"):
+                finding["patch"] = f"--- {name}\n+++ {name}\n@@ -1,1 +1,1 @@\n-a = 1\n+a = 2\n"
+
+    done = graphwatch_cli("report", str(hostile(recorded, tmp_path, outside)), "--out", "out", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr.decode()
+    page = (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
+    assert 'class="copy"' not in page and f"outside the folder the run ran in ({name})" in page
+    assert not (tmp_path.parent / "outside.py").exists()
+
+
+def test_a_check_computed_in_this_process_is_shown_as_a_verdict_and_as_a_claim_once_read_back(recorded, tmp_path):
+    trace = graphwatch.load(hostile(recorded, tmp_path, lambda data: None))
+    finding = next(f for f in trace.findings if f.patch)
+    finding.check = PatchCheck(checked=True, steps=4, held=["the patch applies"])  # as --check-fixes makes it
+    page = write_report(trace, tmp_path / "here").read_text(encoding="utf-8")
+    assert "<strong>Check:</strong> checked in 4 steps: the patch applies" in page and 'class="copy"' in page
+    save_trace(trace, tmp_path / "saved.json")
+    again = write_report(graphwatch.load(tmp_path / "saved.json"), tmp_path / "again").read_text(encoding="utf-8")
+    assert "<strong>Check:</strong> checked, according to the trace, in 4 steps: the patch applies" in again
+    assert (tmp_path / "here" / "index.html").is_file() and (tmp_path / "again" / "index.html").is_file()
 
 
 NAMES = """\

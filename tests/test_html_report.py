@@ -20,7 +20,7 @@ import torch
 
 import graphwatch
 from graphwatch.model import CallSite, Finding, Snapshot, SourceLines, StepRecord, Trace
-from graphwatch.rendering import gallery, html
+from graphwatch.rendering import html, svg
 from graphwatch.rendering.html import write_report
 from graphwatch.rendering.svg import DOT_MISSING_NOTICE, DotError, dot_available
 
@@ -239,7 +239,7 @@ def test_a_graph_dot_cannot_draw_costs_only_its_picture(
     def fail(dot_source: str) -> str:
         raise DotError("dot took longer than 30 s to lay out the graph; draw fewer nodes")
 
-    monkeypatch.setattr(gallery, "render_svg", fail)
+    monkeypatch.setattr(svg, "render_svg", fail)  # (the gallery imports it where it draws)
     page = write_report(kept_alive, tmp_path).read_text()
     assert page.count("dot took longer than 30 s") == len(kept_alive.snapshots) > 0
     assert "<summary>DOT source</summary>" in page and escape(DOT_MISSING_NOTICE.split("`")[0]) not in page
@@ -278,7 +278,7 @@ def test_a_crash_leaves_the_previous_page_whole(
     def crash(dot_source: str) -> str:
         raise RuntimeError("dot crashed")
 
-    monkeypatch.setattr(gallery, "render_svg", crash)
+    monkeypatch.setattr(svg, "render_svg", crash)
     with pytest.raises(RuntimeError, match="dot crashed"):
         write_report(kept_alive, tmp_path)
     assert index.read_text() == before

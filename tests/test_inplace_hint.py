@@ -64,6 +64,53 @@ def test_a_graph_reused_after_an_optimizer_step_names_the_carried_tensor(at: obj
     assert "a graph of an earlier step is reused (carried by `h`)" in text
 
 
+def loss_backwarded_again_after_a_step(steps: int = 3) -> None:
+    """One retained graph backwarded in every step: the optimizer step in between changes its saved weights."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = model(torch.randn(8, 4)).sum()
+    for _ in range(steps):
+        opt.zero_grad()
+        loss.backward(retain_graph=True)
+        opt.step()  # at: retained-step
+
+
+def rnn_carried_without_detach(steps: int = 3) -> None:
+    torch.manual_seed(0)
+    cell, head = nn.RNNCell(3, 4), nn.Linear(4, 1)
+    opt = torch.optim.SGD([*cell.parameters(), *head.parameters()], lr=0.1)
+    h = torch.zeros(2, 4)
+    for _ in range(steps):
+        opt.zero_grad()
+        h = cell(torch.randn(2, 3), h)
+        head(h).pow(2).mean().backward()
+        opt.step()
+
+
+def carried_finding(program: object) -> tuple[str, str]:
+    """(the error's text, the graph-carried-across-steps finding's message) of ``program`` run watched."""
+    with graphwatch.watch(summary=False, snapshots="off") as gw:
+        text = message(program)
+    [finding] = [f for f in gw.findings if f.kind == "graph-carried-across-steps"]
+    return text, finding.message
+
+
+def test_the_finding_and_the_error_name_the_same_optimizer_step(at: object) -> None:
+    text, finding = carried_finding(loss_backwarded_again_after_a_step)
+    line = at(loss_backwarded_again_after_a_step, "retained-step")  # type: ignore[operator]
+    assert f"optimizer.step() at {line} updated this parameter in place" in text
+    assert f"the backward failed because optimizer.step() at {line} (`opt.step()  # at: retained-step`) updated in place" in finding
+    assert "freed" not in finding
+
+
+def test_a_second_backward_through_a_freed_graph_still_says_freed() -> None:
+    text, finding = carried_finding(rnn_carried_without_detach)
+    assert text.startswith("Trying to backward through the graph a second time")
+    assert "the backward failed because an earlier step's backward had freed that graph" in finding
+    assert "optimizer.step()" not in finding
+
+
 def test_an_inplace_change_by_the_user_keeps_the_plain_hint() -> None:
     x = torch.ones(3, requires_grad=True)
     with graphwatch.watch(summary=False, snapshots="off"):

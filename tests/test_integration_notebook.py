@@ -4,7 +4,9 @@ Its cells load the extension, watch one cell with ``%%graphwatch`` (an RNN state
 the cell fails as it would without graphwatch, the backward-twice error explains itself in the cell's
 output and the summary shows under the cell as HTML), watch a state carried from one cell into the next
 with ``%graphwatch start`` / ``gw = %graphwatch stop``, show a finding as HTML, and run a correct cell
-with ``--strict --level light --out DIR``.
+with ``--strict --level light --out DIR``.  Then the name the line under a summary gives (``gw``, or ``gw2``
+when the notebook's own ``gw`` is something else) is used in the next cell, after a clean cell and after a
+cell that raised, and two cells pass bad options.
 """
 
 from __future__ import annotations
@@ -71,8 +73,44 @@ def test_a_watched_cell_that_raises_fails_as_it_would_without_graphwatch(run: Ru
     assert [run.status[i] for i in (0, 1, 3, 4, 5, 6, 7, 8, 9)] == ["ok"] * 9
 
 
+def text(run: Run, index: int) -> str:
+    """What cell ``index`` printed, and the text views of what it displayed."""
+    return "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in run.outputs[index])
+
+
+def test_the_next_cell_uses_the_name_the_summary_gives_after_a_clean_cell(run: Run) -> None:
+    assert "this session is `gw` in the next cells: gw.summary()" in run.html(10)
+    assert "gw.findings: these findings" in text(run, 10)
+    assert run.status[11] == "ok" and "after a clean cell: 2 steps, 0 findings" in text(run, 11)
+
+
+def test_the_next_cell_uses_the_name_the_summary_gives_after_a_cell_that_raised(run: Run) -> None:
+    assert run.status[12] == "error" and "modified by an inplace operation" in run.outputs[12][0]["evalue"]
+    assert "this session is `gw` in the next cells" in run.html(12)
+    assert run.status[13] == "ok" and "after a cell that raised: ['modified-in-place'] active: False" in text(run, 13)
+
+
+def test_the_notebooks_own_gw_is_left_alone_and_the_summary_names_the_session_instead(run: Run) -> None:
+    assert "this session is `gw2` in the next cells: gw2.summary()" in run.html(15)
+    assert "gw2.report(DIR)" in text(run, 15)
+    assert run.status[16] == "ok" and "the notebook's own gw | Session 1" in text(run, 16)
+
+
+@pytest.mark.parametrize(
+    ("index", "reason"),
+    [(17, "%%graphwatch --bogus: unrecognized arguments: --bogus; options: [--strict]"),
+     (18, '%%graphwatch --out "unterminated: No closing quotation; options: [--strict]')],
+    ids=["unknown-option", "unclosed-quote"],
+)
+def test_a_bad_option_is_an_ipython_usage_error_with_its_reason(run: Run, index: int, reason: str) -> None:
+    assert run.status[index] == "error"
+    [error] = run.outputs[index]  # nothing else: argparse printed nothing on stderr
+    assert error["output_type"] == "error" and error["evalue"].startswith(reason)
+    assert "UsageError" in error["ename"]
+
+
 def test_a_state_carried_from_one_cell_into_the_next_is_diagnosed(run: Run) -> None:
-    assert not any(o["output_type"] == "error" for cell in run.outputs[3:] for o in cell)
+    assert not any(o["output_type"] == "error" for cell in run.outputs[3:10] for o in cell)  # (cells 12, 17, 18 fail)
     summary = run.html(6)
     assert 'class="graphwatch-summary"' in summary and "graph-carried-across-steps" in summary
     assert "# the cell-to-cell carried state" in summary  # the line that carries it
@@ -93,11 +131,18 @@ def test_options_as_graphwatch_run_spells_them(run: Run) -> None:
 @pytest.mark.parametrize(
     ("line", "cell", "words"),
     [("stop", None, "no session was started"), ("", None, "takes `start [options]` or `stop`"),
-     ("start", "x = 1", "is for the line magic"), ("--level fast", "x = 1", "options: [--strict]")],
-    ids=["stop-without-start", "no-action", "start-on-a-cell", "bad-level"],
+     ("start", "x = 1", "is for the line magic"), ("--level fast", "x = 1", "invalid choice: 'fast'"),
+     ("--bogus", "x = 1", "unrecognized arguments: --bogus"), ('--out "dir', "x = 1", "No closing quotation")],
+    ids=["stop-without-start", "no-action", "start-on-a-cell", "bad-level", "unknown-option", "unclosed-quote"],
 )
-def test_misuse_says_what_the_magic_takes(line: str, cell: str | None, words: str, no_session_left: None) -> None:
+def test_misuse_says_what_the_magic_takes(
+    line: str, cell: str | None, words: str, no_session_left: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from IPython.core.error import UsageError as IPythonUsageError
+
     from graphwatch.integrations.notebook import graphwatch_magic
 
-    with pytest.raises(UsageError, match=re.escape(words)):
+    with pytest.raises(UsageError, match=re.escape(words)) as raised:
         graphwatch_magic(line, cell)
+    assert isinstance(raised.value, IPythonUsageError)  # IPython shows its message alone, no traceback
+    assert capsys.readouterr().err == ""  # argparse printed nothing

@@ -10,6 +10,7 @@ import pty
 import re
 import select
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import graphwatch
+from graphwatch.patch_out import check_patch_out
 
 REPO = Path(graphwatch.__file__).resolve().parents[2]
 needs_patch_tool = pytest.mark.skipif(shutil.which("patch") is None, reason="needs the patch program")
@@ -146,12 +148,98 @@ def test_patch_out_into_a_folder_that_cannot_be_written_stops_before_the_script_
     assert "cannot write the patches to /dev/null/fixes.patch" in run.stderr
 
 
-def test_a_run_without_patches_says_so_in_the_file(tmp_path: Path) -> None:
+def test_a_run_with_no_finding_says_there_was_nothing_to_patch(tmp_path: Path) -> None:
+    """Issue 41: the file said "no finding's fix is one edit graphwatch can make safely" of a run with no finding."""
     (tmp_path / "train.py").write_text("import torch\nx = torch.ones(2, requires_grad=True)\n(x * x).sum().backward()\n")
     run = subprocess.run(
         [sys.executable, "-m", "graphwatch", "run", "--patch-out", "fixes.patch", "--out", "out", "train.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    assert (tmp_path / "fixes.patch").read_text().startswith("# graphwatch: no patches")
+    assert not graphwatch.load(tmp_path / "out" / "trace.json").findings
+    assert (tmp_path / "fixes.patch").read_text() == "# graphwatch: nothing to patch: the run had no finding\n"
     assert f"patches: {tmp_path / 'fixes.patch'}" in run.stderr
+
+
+# ------------------------------------------------------------------ what --patch-out FILE may name (issue 40)
+MARKS_ITS_RUN = "import pathlib\npathlib.Path('the-script-ran').write_text('yes')\n"
+
+
+def graphwatch_run(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "graphwatch", "run", *args], cwd=folder, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
+
+
+def test_patch_out_naming_the_script_being_run_is_refused_before_it_runs(tmp_path: Path) -> None:
+    """It overwrote the script with the diff, silently, exit 0.  A hard link to the script is the script too."""
+    (tmp_path / "train.py").write_text(MARKS_ITS_RUN)
+    os.link(tmp_path / "train.py", tmp_path / "same-file.py")
+    for name in ("train.py", str(tmp_path / "train.py"), "same-file.py"):
+        run = graphwatch_run(tmp_path, "--patch-out", name, "--out", "out", "train.py")
+        assert run.returncode == 2, run.stderr
+        assert f"graphwatch: error: cannot write the patches to {name}: it is the script graphwatch runs" in run.stderr
+        assert (tmp_path / "train.py").read_text() == MARKS_ITS_RUN
+        assert not (tmp_path / "the-script-ran").exists() and not (tmp_path / "out").exists()
+
+
+def _char_device(path: Path) -> None:
+    """A character device like /dev/null (major 1, minor 3), made at ``path``; the test is skipped where it cannot
+    be (not root)."""
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except (PermissionError, AttributeError):
+        pytest.skip("making a character device needs root")
+
+
+@pytest.mark.parametrize("kind", ["character device", "FIFO", "folder"])
+def test_patch_out_naming_what_is_not_a_regular_file_is_refused_and_left_as_it_is(tmp_path: Path, kind: str) -> None:
+    """The write renamed a temporary file over it: as root, --patch-out /dev/null replaced /dev/null."""
+    (tmp_path / "train.py").write_text(MARKS_ITS_RUN)
+    target = tmp_path / "target"
+    {"character device": _char_device, "FIFO": os.mkfifo, "folder": os.mkdir}[kind](target)
+    before = target.lstat()
+    run = graphwatch_run(tmp_path, "--patch-out", "target", "train.py")
+    assert run.returncode == 2, run.stderr
+    assert f"cannot write the patches to target: it is a {kind}, not a regular file" in run.stderr
+    after = target.lstat()
+    assert (after.st_mode, after.st_ino, after.st_rdev) == (before.st_mode, before.st_ino, before.st_rdev)
+    assert not (tmp_path / "the-script-ran").exists()
+
+
+def test_dev_null_is_refused_by_the_check_made_before_the_script_runs(tmp_path: Path) -> None:
+    """/dev/null itself, in the check alone (which writes nothing): never risk replacing this machine's."""
+    before = os.stat("/dev/null")
+    with pytest.raises(graphwatch.UsageError, match=r"^cannot write the patches to /dev/null: it is a character device"):
+        check_patch_out("/dev/null", script=tmp_path / "train.py")
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode) and os.stat("/dev/null").st_ino == before.st_ino
+
+
+def test_patch_out_naming_a_link_is_refused_and_neither_the_link_nor_its_target_changes(tmp_path: Path) -> None:
+    """Renaming over a link replaced the link (as --patch-out /dev/stdout would): graphwatch refuses a link."""
+    (tmp_path / "train.py").write_text(MARKS_ITS_RUN)
+    (tmp_path / "target.txt").write_text("kept\n")
+    (tmp_path / "fixes.patch").symlink_to("target.txt")
+    run = graphwatch_run(tmp_path, "--patch-out", "fixes.patch", "train.py")
+    assert run.returncode == 2, run.stderr
+    assert "cannot write the patches to fixes.patch: it is a symbolic link (to target.txt); graphwatch does not " \
+        "write through links" in run.stderr
+    assert os.readlink(tmp_path / "fixes.patch") == "target.txt" and (tmp_path / "target.txt").read_text() == "kept\n"
+    assert not (tmp_path / "the-script-ran").exists()
+
+
+HELPER = TWO_FIXES.replace("def main():", "def train():").replace("\n\nmain()\n", "\n")
+
+
+def test_patch_out_naming_a_file_the_patches_change_is_refused_when_the_run_ends(tmp_path: Path) -> None:
+    """Not the script but the module it imports, whose lines the findings cite and the patches change: known only
+    when the run ends.  Nothing is written, the report is, and the exit code is 2 (the script succeeded)."""
+    (tmp_path / "helper.py").write_text(HELPER)
+    (tmp_path / "train.py").write_text("import helper\nhelper.train()\n")
+    run = graphwatch_run(tmp_path, "--quiet", "--patch-out", "helper.py", "--out", "out", "train.py")
+    assert run.returncode == 2, run.stderr
+    assert f"cannot write the patches to {tmp_path / 'helper.py'}: it is a file the patches change; nothing was " \
+        "written there; the patches are still in the report" in run.stderr
+    assert (tmp_path / "helper.py").read_text() == HELPER
+    trace = graphwatch.load(tmp_path / "out" / "trace.json")
+    assert any(f.patch and "--- helper.py" in f.patch for f in trace.findings)
+    assert any(lines.file == "helper.py" for lines in trace.sources)

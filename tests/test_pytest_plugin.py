@@ -164,3 +164,47 @@ def test_backward_twice():
     assert "torch/autograd" not in failure and "torch/_tensor.py" not in failure
     assert re.search(r">\s+y\.backward\(\)  # the failing line\n.*\nE\s+graphwatch\.errors\.BackwardTwiceError", failure)
     assert len(failure.splitlines()) < 30, failure
+
+
+def test_a_positional_marker_argument_is_an_error_naming_the_marker(pytester: pytest.Pytester) -> None:
+    result = run(pytester, """
+@pytest.mark.graphwatch("light")
+def test_positional():
+    train(2)
+""")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([
+        "@pytest.mark.graphwatch('light'): the marker takes keyword options only: "
+        "e.g. @pytest.mark.graphwatch(level='light')"
+    ])
+    assert "Traceback" not in result.stdout.str() and "graphwatch/session.py" not in result.stdout.str()
+
+
+def test_an_unknown_marker_option_is_an_error_naming_the_marker(pytester: pytest.Pytester) -> None:
+    result = run(pytester, """
+@pytest.mark.graphwatch(levle="light")
+def test_typo():
+    pass
+""")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["@pytest.mark.graphwatch(levle='light'): *unknown option 'levle'; did you mean 'level'?*"])
+    assert "graphwatch/options.py" not in result.stdout.str()
+
+
+def test_an_inplace_failure_ends_at_the_tests_own_line_with_the_whole_message(pytester: pytest.Pytester) -> None:
+    result = run(pytester, """
+@pytest.mark.graphwatch
+def test_inplace():
+    x = torch.ones(3, requires_grad=True)
+    y = x.exp()
+    y.add_(1)  # changes the tensor exp saved
+    y.sum().backward()  # the failing line
+""")
+    result.assert_outcomes(failed=1)
+    failure = result.stdout.str().split("short test summary info")[0]
+    assert "src/graphwatch" not in failure and "graphwatch/capture" not in failure  # no graphwatch frame
+    assert "torch/autograd" not in failure and "torch/_tensor.py" not in failure
+    # torch's message and graphwatch's paragraph, in full, right under the test's own line; the traceback ends there
+    assert re.search(r">\s+y\.sum\(\)\.backward\(\)  # the failing line\n.*\nE\s+RuntimeError: one of the variables", failure)
+    assert "E       graphwatch: the tensor was saved at test_training.py:" in failure and "Fix: `y = y.add(1)`" in failure
+    assert re.search(r"\n\ntest_training\.py:\d+: RuntimeError\n", failure)

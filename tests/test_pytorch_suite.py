@@ -1,11 +1,13 @@
 """PyTorch's own autograd tests pass inside a session as they pass without one.
 
 Runs ``scripts/pytorch_suite/suite.py`` on ``../shared/pytorch-tests`` (PyTorch's test files, byte-exact,
-kept beside the repository and never copied into it): the files run with pytest once bare and once at each
-level here, every test inside ``graphwatch.watch()``.  A test that passes bare must pass watched, unless it
-is one of the proven impossibilities (``IMPOSSIBLE`` there, explained in ``docs/pytorch-suite.md``).  The
-table is printed in the terminal summary.  The precise level runs from ``bash scripts/pytorch_suite.sh``
-(the test command stays under ten minutes).  Skipped, with one line, where the folder is absent.
+kept beside the repository and never copied into it): the files run with pytest once at each level here,
+every test inside ``graphwatch.watch()``, and are compared with the bare run recorded for this torch, this
+Python and these files (``scripts/pytorch_suite/bare/``), or with a bare run beside them where no record
+matches.  A test that passes bare must pass watched, unless it is one of the proven impossibilities
+(``IMPOSSIBLE`` there, explained in ``docs/pytorch-suite.md``).  The table is printed in the terminal
+summary.  The precise level runs from ``bash scripts/pytorch_suite.sh`` (the test command stays under ten
+minutes).  Skipped, with one line saying where the files come from, where the folder is absent.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 LEVELS = ("default", "light")
@@ -39,7 +42,7 @@ suite = _suite_module()
 def test_pytorchs_autograd_tests_pass_inside_a_session_as_without_it(record_property):
     folder = suite.find_folder()
     if folder is None:
-        pytest.skip("PyTorch's autograd tests not run: no shared/pytorch-tests beside the repository")
+        pytest.skip(suite.MISSING)
     results = suite.run_and_compare(folder, LEVELS)
     text = suite.report(results)
     record_property(SUMMARY, f"{folder}\n{text}")  # (conftest prints it in the terminal summary, also from a worker)
@@ -79,7 +82,7 @@ def test_a_test_that_crashes_torch_itself_is_left_out_of_every_run():
     or inside a session, deselects it (a crash would leave no outcomes to compare), and the table says so."""
     folder = suite.find_folder()
     if folder is None:
-        pytest.skip("PyTorch's autograd tests not run: no shared/pytorch-tests beside the repository")
+        pytest.skip(suite.MISSING)
     crashing = next(iter(suite.CRASH_TORCH))
     copy = suite.writable_copy(folder)
     try:
@@ -91,3 +94,37 @@ def test_a_test_that_crashes_torch_itself_is_left_out_of_every_run():
     finally:
         shutil.rmtree(copy.parent, ignore_errors=True)
     assert f"left out of every run: `{suite._short(crashing)}`" in suite.table([])
+
+
+def test_a_recorded_bare_run_stands_in_only_for_the_same_torch_python_and_files(tmp_path, monkeypatch):
+    """The record is keyed by torch's and Python's versions (its file name) and by every byte of the test folder:
+    a changed file, or no record, means the bare pass runs again."""
+    folder = tmp_path / "tests"
+    (folder / "autograd").mkdir(parents=True)
+    (folder / suite.FILES[0]).write_text("def test_one():\n    pass\n")
+    (folder / suite.FILES[1]).write_text("def test_two():\n    assert False\n")
+    monkeypatch.setattr(suite, "BARE_RECORDS", tmp_path / "bare")
+    assert suite.recorded_bare(folder) is None  # no record
+    ran = suite.run_and_compare(folder, ("light",), run_bare=True)[0]
+    assert (ran.passed_bare, ran.passed_watched) == (1, 1)
+    outcomes = {"test_autograd.py::test_one": {"outcome": "passed", "detail": ""}}
+    record = suite.record_bare(folder, outcomes)
+    assert record.parent == tmp_path / "bare" and record.name.startswith(f"torch-{torch.__version__}-py")
+    assert suite.recorded_bare(folder) == outcomes
+    recorded = suite.run_and_compare(folder, ("light",))[0]  # no bare process: the record says test_one passes
+    assert (recorded.passed_bare, recorded.passed_watched, recorded.unexpected) == (1, 1, False)
+    (folder / suite.FILES[1]).write_text("def test_two():\n    pass\n")  # one byte of the folder changed
+    assert suite.recorded_bare(folder) is None
+
+
+def test_the_committed_record_matches_the_shared_test_files():
+    """The record the test command compares with is the one for the files beside the repository, on the torch and
+    Python of ``constraints.txt`` and CI (a stale record would make every run a bare run too)."""
+    folder = suite.find_folder()
+    if folder is None:
+        pytest.skip(suite.MISSING)
+    if not suite.bare_record(folder).is_file():
+        pytest.skip(f"no record for this torch and Python ({suite.bare_record(folder).name}): the bare pass runs")
+    recorded = suite.recorded_bare(folder)
+    assert recorded is not None, "the record is for other test files: `bash scripts/pytorch_suite.sh --record-bare`"
+    assert sum(r["outcome"] == "passed" for r in recorded.values()) >= 500

@@ -8,12 +8,16 @@ watched, the proven impossibilities, and every other test that passes bare and n
 reverse).  Exits 1 when there is such a test, 0 otherwise, also when the folder is absent (one line says
 so).  ``--write-doc`` puts the table into ``docs/pytorch-suite.md``.
 
-The tests run inside a session through the pytest plugin ``graphwatch_everywhere`` (this folder).
+The tests run inside a session through the pytest plugin ``graphwatch_everywhere`` (this folder).  The bare
+run's outcomes are recorded per torch and Python version (``bare/``, ``--record-bare``): where a record matches
+this torch, this Python and the test files byte for byte, it stands in for the bare run (``--run-bare`` runs it
+anyway); a test whose outcome then differs still runs again, bare and watched, before it counts.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -52,6 +56,13 @@ CRASH_TORCH: dict[str, str] = {
     ),
 }
 DOC_BEGIN, DOC_END = "<!-- suite table: begin -->", "<!-- suite table: end -->"
+BARE_RECORDS = HERE / "bare"  # the bare run's outcomes, one file per torch and Python version
+MISSING = (
+    "PyTorch's autograd tests not run: no shared/pytorch-tests beside the repository. They are PyTorch's own test "
+    "files (test/test_autograd.py and test/autograd/ of the pytorch/pytorch repository), never part of graphwatch: "
+    "docs/pytorch-suite.md ('Getting the tests') lists the files and commits; put them in ../shared/pytorch-tests "
+    "or run `bash scripts/pytorch_suite.sh --tests DIR`"
+)
 
 
 @dataclass
@@ -143,15 +154,54 @@ def _crash_lines(output: str) -> str:
     return "\n".join([lines[i] for i in fatal] + tests or lines[-20:])
 
 
-def run_and_compare(folder: Path, levels: tuple[str, ...], files: tuple[str, ...] = FILES) -> list[LevelResult]:
-    """Run ``files`` bare and at each level (all at once), and compare each level with the bare run.
+def bare_record(folder: Path) -> Path:
+    """Where the bare run's outcomes for this torch and Python are recorded (whether or not the file exists)."""
+    import torch
+
+    return BARE_RECORDS / f"torch-{torch.__version__}-py{sys.version_info[0]}.{sys.version_info[1]}.json"
+
+
+def _fingerprint(folder: Path) -> str:
+    """sha256 of every file the runs read from ``folder`` (the test files, their helpers, the expect files)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def recorded_bare(folder: Path) -> dict[str, dict[str, str]] | None:
+    """The recorded bare outcomes, if a record exists for this torch and Python and the same files; else None."""
+    record = bare_record(folder)
+    if not record.is_file():
+        return None
+    data = json.loads(record.read_text())
+    return data["outcomes"] if data.get("files") == _fingerprint(folder) else None
+
+
+def record_bare(folder: Path, outcomes: dict[str, dict[str, str]]) -> Path:
+    """Record ``outcomes`` of a bare run of ``folder`` for this torch and Python; the record's path."""
+    record = bare_record(folder)
+    record.parent.mkdir(exist_ok=True)
+    record.write_text(json.dumps({"files": _fingerprint(folder), "outcomes": outcomes}, indent=1, sort_keys=True) + "\n")
+    return record
+
+
+def run_and_compare(
+    folder: Path, levels: tuple[str, ...], files: tuple[str, ...] = FILES, run_bare: bool = False
+) -> list[LevelResult]:
+    """Run ``files`` at each level (all at once) and compare each level with the bare run: the recorded one
+    where it matches (``recorded_bare``), else a bare run beside the others (always with ``run_bare``).
 
     A test whose outcome differs runs once more, bare and watched: where the two then agree (a test that
     timed out on a loaded machine, say) it is listed as flaky, not as a difference.
     """
+    recorded = None if run_bare else recorded_bare(folder)
     copy = writable_copy(folder)
     try:
-        outcomes = _outcomes({level: _start(copy, level, list(files), level or "bare") for level in ("", *levels)})
+        runs = ("", *levels) if recorded is None else levels
+        outcomes = _outcomes({level: _start(copy, level, list(files), level or "bare") for level in runs})
+        if recorded is not None:
+            outcomes[""] = recorded
         results = [compare(level, outcomes[""], outcomes[level]) for level in levels]
         for result in results:
             differing = [test for test, _ in result.broken] + result.mended
@@ -243,17 +293,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("levels", nargs="*", metavar="LEVEL", help=f"graphwatch levels: {', '.join(LEVELS)} (all)")
     parser.add_argument("--tests", help=f"the folder of PyTorch's test files (default: {DEFAULT_FOLDER})")
     parser.add_argument("--write-doc", action="store_true", help=f"put the table into {DOC.relative_to(ROOT)}")
+    parser.add_argument("--run-bare", action="store_true", help="run the bare pass even where a record matches")
+    parser.add_argument("--record-bare", action="store_true",
+                        help="run the bare pass alone first and record its outcomes for this torch and Python")  # fmt: skip
     args = parser.parse_args(argv)
     unknown = sorted(set(args.levels) - set(LEVELS))
     if unknown:
         parser.error(f"unknown level {', '.join(unknown)}: use {', '.join(LEVELS)}")
     folder = find_folder(args.tests)
     if folder is None:
-        print(f"pytorch suite: skipped: no {FILES[0]} in {args.tests or DEFAULT_FOLDER}")
+        print(f"pytorch suite: skipped: no {FILES[0]} in {args.tests or DEFAULT_FOLDER}. {MISSING}")
         return 0
     levels = tuple(args.levels) or LEVELS
     print(f"pytorch suite: {', '.join(FILES)} from {folder}, bare and at {', '.join(levels)}", flush=True)
-    results = run_and_compare(folder, levels)
+    if args.record_bare:
+        copy = writable_copy(folder)
+        try:
+            bare = _outcomes({"": _start(copy, "", list(FILES), "bare")})[""]
+        finally:
+            shutil.rmtree(copy.parent, ignore_errors=True)
+        print(f"pytorch suite: the bare run's outcomes recorded in {record_bare(folder, bare).relative_to(ROOT)}")
+    results = run_and_compare(folder, levels, run_bare=args.run_bare)
     print(report(results))
     if args.write_doc:
         write_doc(results)

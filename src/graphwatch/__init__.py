@@ -12,8 +12,10 @@ Example::
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .analysis import FINDING_KINDS
 from .decorator import configure, step
@@ -27,8 +29,14 @@ from .errors import (
     UsageError,
 )
 from .model import Finding, Trace, load_trace
-from .rendering.dot import make_dot
 from .session import Session, active_session, watch
+
+if TYPE_CHECKING:
+    from .rendering.dot import make_dot
+
+# Names whose modules load on first use (``graphwatch.make_dot``), not at ``import graphwatch``: a short script
+# and every pytest run (the plugin imports graphwatch) would pay for them (tests/test_import_cost.py).
+_LAZY_NAMES = {"make_dot": ".rendering.dot"}
 
 __version__ = "0.1.0"
 
@@ -43,6 +51,19 @@ def load_ipython_extension(ipython: object) -> None:
     from .integrations.notebook import load_ipython_extension as load_extension
 
     load_extension(ipython)
+
+
+def __getattr__(name: str) -> Any:
+    """``graphwatch.make_dot`` and the like: import the module that defines the name, now that it is used."""
+    if name not in _LAZY_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY_NAMES[name], __name__), name)
+    globals()[name] = value  # the next use is an ordinary attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY_NAMES])
 
 
 def load(path: str | Path) -> Trace:

@@ -29,16 +29,27 @@ import sys
 import weakref
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping
+from types import TracebackType
 from typing import Any
 
 import torch
 
 from .analysis import FindingLog, explain_backward_twice
 from .analysis.explain import handed_off
-from .analysis.torch_errors import inplace_finding, no_graph_finding
+from .analysis.torch_errors import (
+    inplace_finding,
+    is_leaf_inplace_error,
+    is_non_scalar_error,
+    leaf_inplace_finding,
+    no_graph_finding,
+    non_scalar_finding,
+    unused_index,
+    unused_input_finding,
+)
 from .capture import Recorder, frontier, path_to, quick_walk, root_records, walk
 from .capture.carriers import name_carrier
 from .capture.causes import CauseFinder
+from .capture.error_frames import engine_inputs, find_leaf_inplace, find_non_scalar, find_unused_input
 from .capture.frames import local_value, user_frames
 from .capture.holders import parameter_names
 from .capture.inplace import InplaceFinder
@@ -46,9 +57,9 @@ from .capture.no_grad import find_no_grad
 from .capture.optimizer import GradResetTracker
 from .capture.recorder import TRACKED_PER_STEP
 from .capture.saved import SavedHandle
-from .errors import BackwardTwiceError, LossWithoutGraphError, notify
-from .model import BackwardRecord, NodeRecord, Snapshot, StepRecord
-from .rendering.dot import snapshot_dots
+from .capture.transforms import hide_from_compiler
+from .errors import BackwardTwiceError, ExplainedError, LossWithoutGraphError, notify
+from .model import BackwardRecord, Finding, NodeRecord, Snapshot, StepRecord
 
 CROSSING = "graph crosses steps"  # the reason of the snapshot of the first graph that crosses steps
 # a first backward whose step saved more tensors than this is not drawn: drawing it needs the full walk's
@@ -209,6 +220,40 @@ class BackwardWatch:
         self._log.add(finding)
         return LossWithoutGraphError(f"{exc}\n\n{finding.message}", finding)
 
+    def explain_unused_input(
+        self, record: BackwardRecord, outputs: Any, args: tuple, kwargs: dict, exc: RuntimeError
+    ) -> RuntimeError:
+        """The error to raise for torch's "appears to not have been used in the graph" ``exc`` of a
+        ``torch.autograd.grad`` (``outputs``, ``args`` and ``kwargs``: the engine call's)."""
+        try:
+            cause = find_unused_input(self._recorder, sys._getframe(2), record.site, outputs,
+                                      engine_inputs(args, kwargs), unused_index(exc))
+        except Exception as error:  # looking closer must never hide the user's error
+            notify(f"graphwatch: could not look into the cause ({error!r})", stacklevel=2)
+            return exc
+        finding = unused_input_finding(self._recorder.trace, cause, record.step)
+        self._log.add(finding)
+        return ExplainedError(f"{exc}\n\n{finding.message}", finding)
+
+    def explain_escaped(self, exc: BaseException | None, tb: TracebackType | None) -> None:
+        """torch's error raised by the user's own call, leaving the session (a backward of a tensor of more
+        than one element, a leaf changed in place): its finding logged, and its paragraph added after torch's
+        message (the same exception, its traceback kept), from the frames ``tb`` keeps."""
+        if not isinstance(exc, RuntimeError) or isinstance(exc, ExplainedError) or "\n\ngraphwatch: " in str(exc):
+            return
+        recorder = self._recorder
+        finding: Finding | None = None
+        try:
+            if is_non_scalar_error(exc):
+                finding = non_scalar_finding(recorder.trace, find_non_scalar(recorder, tb), recorder.step)
+            elif is_leaf_inplace_error(exc):
+                finding = leaf_inplace_finding(recorder.trace, find_leaf_inplace(recorder, tb), recorder.step)
+        except Exception as error:  # looking closer must never hide the user's error
+            notify(f"graphwatch: could not look into the cause ({error!r})", stacklevel=2)
+        if finding is not None:
+            self._log.add(finding)
+            exc.args = (f"{exc}\n\n{finding.message}", *exc.args[1:])
+
     def settle_retained(self, current: StepRecord) -> None:
         """At a step end: what each retained graph of the step still holds in saved tensors."""
         trace = self._recorder.trace
@@ -262,6 +307,9 @@ class BackwardWatch:
         self._first_drawn = True
         if self._snapshots == "off" or (len(trace.snapshots) >= self._max_snapshots and not force):
             return
+        from .rendering.dot import snapshot_dots  # here: a run that draws no graph never loads the drawing code
+
+        hide_from_compiler()  # (the drawing code just loaded, maybe inside a compiled function)
         retained = {i for _, reached in self.retained for i in reached}
         try:
             params = _parameter_names(sys._getframe())

@@ -35,7 +35,6 @@ import argparse
 import os
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,9 +42,9 @@ from typing import Any, TextIO
 
 from . import __version__
 from .errors import TraceFormatError, UsageError
-from .model import Trace
 from .model.trace_io import save_trace_elsewhere
 from .options import LEVELS
+from .patch_out import check_patch_out, write_patches
 from .runner import (
     EXIT_INTERRUPTED,
     EXIT_SIGTERM,
@@ -119,8 +118,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     since = time.time()
     if args.check_fixes and in_distributed_job():
         raise UsageError("--check-fixes runs the script again in one process; run it without torchrun")
+    patch_out = check_patch_out(args.patch_out, args.script) if args.patch_out else None  # (before out is made)
     out = check_out_dir(args.out).absolute()  # before the script can os.chdir
-    patch_out = check_patch_out(args.patch_out) if args.patch_out else None
+    if args.check_fixes:
+        _check_fixes_may_run(args, out)
     options = {"level": args.level}
     show_progress = not (args.quiet or args.no_progress or in_distributed_job())  # ranks share one terminal
     started_in = os.getpid()
@@ -137,12 +138,19 @@ def cmd_run(args: argparse.Namespace) -> int:
             except BrokenPipeError:  # stderr's reader has gone: the exit code still says it failed
                 flush_streams()
         flush_streams()  # the script's output first (and a closed pipe found before the summary)
+        checks_stopped = False
         if args.check_fixes and not (guard.terminated or guard.interrupted or run.terminated):
-            _check_fixes(run, args, out, since)
+            checks_stopped = _check_fixes(run, args, out, since, guard)
         report, failure = _write_report(run, out, args.quiet, since, lambda: guard.terminated)
         code = _run_exit_code(run, guard, failure, args.strict)
-        if patch_out is not None and not run.trace.rank and not write_patches(run.trace, patch_out, args.quiet):
-            code = code or EXIT_USAGE
+        if checks_stopped and not guard.terminated:  # Ctrl-C during the checks ends the command as Ctrl-C does
+            code = EXIT_INTERRUPTED
+        if patch_out is not None and not run.trace.rank:
+            try:
+                write_patches(run.trace, patch_out, run.script, args.quiet)
+            except UsageError as exc:  # said, and costs exit 2 only when the script succeeded (as a report would)
+                error(str(exc))
+                code = code or EXIT_USAGE
     _say_how_it_ended(run, guard, report, failure, code)
     if code == EXIT_SIGTERM and hasattr(signal, "SIGCHLD"):
         # Killed by SIGTERM, bare Python would run no finalizer: a DataLoader's, run at exit, would find its
@@ -151,15 +159,46 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-def _check_fixes(run: ScriptRun, args: argparse.Namespace, out: Path, since: float) -> None:
-    """``--check-fixes``: each patch applied to a copy of the folder and run again (:mod:`graphwatch.fix_checks`)."""
-    from .fix_checks import MIN_TIMEOUT, check_fixes
+def _check_fixes_may_run(args: argparse.Namespace, out: Path) -> None:
+    """Before the script runs: a UsageError when ``--check-fixes`` must not copy the folder or could let the
+    patched run write outside it (:func:`graphwatch.fix_checks.refusal`)."""
+    from .fix_checks import refusal
+    from .runner import check_script
+
+    why = refusal(check_script(args.script), Path.cwd(), args.args, os.environ, args.check_allow_path, out)
+    if why:
+        raise UsageError(f"--check-fixes: {why}")
+
+
+def _check_fixes(run: ScriptRun, args: argparse.Namespace, out: Path, since: float, guard: SignalGuard) -> bool:
+    """``--check-fixes``: each patch applied to a copy of the folder and run again (:mod:`graphwatch.fix_checks`).
+
+    The report is written before the first check and again after each verdict.  SIGTERM or Ctrl-C ends the
+    checks (True is returned): the patched run and its processes are killed and the scratch folder removed.
+    """
+    from .fix_checks import CheckStopped, check_fixes, check_timeout
 
     def say(line: str) -> None:
         print(f"graphwatch: {line}", file=sys.stderr, flush=True)
 
-    timeout = max(MIN_TIMEOUT, 5 * (time.time() - since))
-    check_fixes(run.trace, run.script, args.args, report=out, timeout=timeout, say=None if args.quiet else say)
+    def write() -> None:
+        try:
+            write_report(run.trace, out)
+        except UsageError:  # said once, when the report is written at the end
+            pass
+
+    timeout = check_timeout(time.time() - since)
+    write()
+    try:
+        check_fixes(run.trace, run.script, args.args, report=out, timeout=timeout, say=None if args.quiet else say,
+                    allowed=args.check_allow_path, stop=lambda: guard.terminated or guard.interrupted,
+                    on_verdict=write)  # fmt: skip
+    except CheckStopped:
+        done = sum(1 for f in run.trace.findings if f.check is not None)
+        why = "SIGTERM" if guard.terminated else "Ctrl-C"
+        say(f"--check-fixes stopped by {why}; the report holds the verdicts of the {done} finding(s) checked so far")
+        return True
+    return False
 
 
 def _write_report(
@@ -180,46 +219,6 @@ def _write_report(
         return None, f"{exc}; the report could not be written; the trace was saved to {kept} (graphwatch report {kept} --out DIR)"
 
 
-def check_patch_out(name: str) -> Path:
-    """``--patch-out FILE`` as an absolute path, once its folder could be written (else a UsageError), checked
-    before the script runs (and can change folder).
-
-    >>> try:
-    ...     check_patch_out("/dev/null/fixes.patch")
-    ... except UsageError as exc:
-    ...     print(str(exc).split(";")[0])
-    cannot write the patches to /dev/null/fixes.patch: /dev/null is not a writable folder
-    """
-    path = Path(name).absolute()
-    try:
-        if path.is_dir():
-            raise IsADirectoryError
-        with tempfile.TemporaryFile(dir=path.parent):
-            pass
-    except OSError as exc:
-        what = "it is a folder" if isinstance(exc, IsADirectoryError) else f"{path.parent} is not a writable folder"
-        raise UsageError(f"cannot write the patches to {name}: {what}; pass --patch-out a file in a folder you can write") from None
-    return path
-
-
-def write_patches(trace: Trace, path: Path, quiet: bool) -> bool:
-    """Write every patch of ``trace`` to ``path`` as one file for ``patch -p0`` (see
-    :mod:`graphwatch.rendering.patch_file`); say where, unless ``quiet``.  False (with an error line) when it
-    cannot be written."""
-    from .model.trace_io import write_atomically
-    from .rendering.patch_file import combined_patch
-
-    text = combined_patch(trace.findings, str(trace.options.get("cwd") or "."))
-    try:
-        write_atomically(path, text)
-    except UsageError as exc:
-        error(f"{exc}; the patches are still in the report and its trace.json")
-        return False
-    if not quiet:
-        print(f"patches: {path} (apply from {trace.options.get('cwd') or '.'}: patch -p0 < {path})", file=sys.stderr)
-    return True
-
-
 def _run_exit_code(run: ScriptRun, guard: SignalGuard, failure: str | None, strict: bool) -> int:
     """The script's own non-zero code wins (143 after SIGTERM, 130 after Ctrl-C); then 2 for a report that
     could not be written; then 3 for --strict leaks."""
@@ -236,16 +235,18 @@ def _run_exit_code(run: ScriptRun, guard: SignalGuard, failure: str | None, stri
 
 def _say_how_it_ended(run: ScriptRun, guard: SignalGuard, report: Path | None, failure: str | None, code: int) -> None:
     """One line on stderr for each way the run did not simply end: no report, a signal, --strict leaks."""
+    from .rendering.terminal import printable_path
+
     if failure is not None:
         error(failure)
     if code == EXIT_SIGTERM:
         where = "no report was written" if report is None else (
-            f"the report (marked as ended early) is at {report}" if run.trace.ended_early
-            else f"it came after the script had ended; the report is complete: {report}"
+            f"the report (marked as ended early) is at {printable_path(report)}" if run.trace.ended_early
+            else f"it came after the script had ended; the report is complete: {printable_path(report)}"
         )
         say(f"graphwatch: stopped by SIGTERM; {where}")
     elif guard.interrupted and not run.exit_code:
-        say(f"graphwatch: interrupted while the report was written; it was finished first: {report}")
+        say(f"graphwatch: interrupted while the report was written; it was finished first: {printable_path(str(report))}")
     elif code == EXIT_STRICT and not run.exit_code:
         kinds = ", ".join(sorted({f.kind for f in run.leaks}))
         say(f"graphwatch: --strict: {len(run.leaks)} leak finding(s) ({kinds}); exit {EXIT_STRICT}")
@@ -256,7 +257,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """``graphwatch report``: re-render one or more saved traces into one report."""
     from . import load
     from .rendering.ranks import RankSummary, is_rank_set
-    from .rendering.terminal import Summary, make_console, print_blocks
+    from .rendering.terminal import Summary, make_console, print_blocks, printable_path
 
     loaded = [(label, load(path)) for label, path in zip(trace_labels(args.traces), args.traces)]
     ranks = is_rank_set([trace for _, trace in loaded])
@@ -271,7 +272,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         else:
             for label, trace in loaded:
                 print_blocks(console, Summary(trace, title=label if len(loaded) > 1 else None).blocks(console.width))
-    say(f"report: {report}", sys.stdout)
+    say(f"report: {printable_path(report)}", sys.stdout)
     return 0
 
 
@@ -359,7 +360,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--check-fixes", action="store_true",
         help="after the run, apply each finding's patch to a copy of the script's folder and run the script again "
         "for the steps the finding needs: a patch is 'checked' when it applies, the finding is gone, nothing new "
-        "goes wrong and every parameter still gets gradients from the same optimizer",
+        "goes wrong and every parameter still gets gradients from the same optimizer. It copies regular files "
+        "only, never secrets (.env*, .ssh, *.pem, ...), and refuses to run from / or a home folder, or when an "
+        "argument or environment variable names a path outside the folder (see --check-allow-path). A patched run "
+        "may take 5 times the run, at least 300 s ($GRAPHWATCH_CHECK_TIMEOUT seconds instead, meant for tests)",
+    )  # fmt: skip
+    run.add_argument(
+        "--check-allow-path", metavar="PATH", action="append", default=[],
+        help="with --check-fixes: let the patched run name PATH (and what is under it) outside the copied folder, "
+        "in its arguments or environment variables; it may write there (repeatable)",
     )  # fmt: skip
     run.add_argument(
         "--stop-after", metavar="N", type=_positive_int, default=None,
@@ -422,7 +431,7 @@ def version_text() -> str:
 
 
 # Options of `graphwatch run` followed by a value (checked against the parser by the tests).
-RUN_VALUE_OPTIONS = frozenset({"--out", "--level", "--patch-out", "--stop-after"})
+RUN_VALUE_OPTIONS = frozenset({"--out", "--level", "--patch-out", "--stop-after", "--check-allow-path"})
 
 
 def split_script_args(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:

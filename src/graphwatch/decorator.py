@@ -4,7 +4,11 @@ With a session active, each call runs inside ``session.step()``.  With none,
 the first call starts a process-wide session that prints its summary (and
 writes its report, given ``out``) when the interpreter exits.  Its options are
 those of ``graphwatch.watch()``, set beforehand with :func:`configure`; the
-``GRAPHWATCH_OUT`` environment variable gives ``out`` when ``configure`` does not.
+``GRAPHWATCH_OUT`` environment variable gives ``out`` when ``configure`` does not
+(empty, like ``out=""``: no report).  The report folder is resolved when that
+session starts.  One that cannot be written is said once, then, in a warning
+that names the setting (``GRAPHWATCH_OUT`` or ``configure(out=)``); the
+training goes on, and at its end a second line says that no report was written.
 
 Example::
 
@@ -28,13 +32,13 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .errors import UsageError
-from .options import SessionOptions
+from .errors import UsageError, notify
+from .options import OUT_VARIABLE, SessionOptions, check_out_type, report_folder
 from .session import Session, active_session
 
 F = TypeVar("F", bound=Callable[..., Any])
-OUT_VARIABLE = "GRAPHWATCH_OUT"  # the report folder of the session @graphwatch.step starts, unless configured
 _process_session: Session | None = None
+_no_report = False  # the process-wide session was asked for a report folder it cannot write
 _configured: dict[str, Any] = {}
 
 
@@ -42,6 +46,7 @@ def configure(**options: Any) -> None:
     """Set options of the session that ``@graphwatch.step`` starts when no session is active: those of
     :func:`graphwatch.watch` (``out="report"``, ``strict=True``, ``level="light"``, ...), each call adding to
     the last.  Call it before the first decorated call; a wrong option is a :class:`~graphwatch.UsageError`.
+    ``out=""`` means no report (and overrides ``GRAPHWATCH_OUT``).
 
     Example::
 
@@ -54,7 +59,8 @@ def configure(**options: Any) -> None:
         graphwatch.watch() got an unknown option 'levle'
         >>> graphwatch.decorator._configured.clear()  # (back to the defaults)
     """
-    SessionOptions.checked(**{**_configured, **options})  # (also: a report folder that cannot be written)
+    SessionOptions.checked(**{**_configured, **options, "out": None})
+    check_out_type(options.get("out"), "configure")  # (a folder that cannot be written: said when the session starts)
     if _process_session is not None:
         raise UsageError(
             "graphwatch.configure() after the first @graphwatch.step call: that call started the session with "
@@ -67,14 +73,31 @@ def _end_process_session() -> None:
     session = _process_session
     if session is not None and session.active:
         session.__exit__(None, None, None)
+    if _no_report:
+        notify("graphwatch: no report was written: its folder cannot be written (see the warning when the session "
+               "started)")
+
+
+def _step_session_options() -> dict[str, Any]:
+    """The options of the session the first decorated call starts, its report folder resolved now; a folder
+    that cannot be written is said in a warning (naming the setting that gave it) and leaves no report."""
+    global _no_report
+    options = dict(_configured)
+    given, setting = (options["out"], "configure") if "out" in options else (os.environ.get(OUT_VARIABLE), OUT_VARIABLE)
+    try:
+        options["out"] = report_folder(given, setting)
+    except UsageError as error:
+        _no_report = True
+        notify(f"graphwatch: {error}; the training goes on, with no report", stacklevel=4)
+        options["out"] = None
+    return options
 
 
 def _session_for_step() -> Session:
     global _process_session
     session = active_session()
     if session is None:
-        options = {"out": os.environ.get(OUT_VARIABLE) or None, **_configured}
-        session = _process_session = Session(**options).__enter__()
+        session = _process_session = Session(**_step_session_options()).__enter__()
         atexit.register(_end_process_session)
     return session
 

@@ -2,17 +2,20 @@
 
 For each patch (findings that share one are checked once): the folder the
 run started in (the script's own folder when the script lies outside it) is
-copied to a scratch folder, within bounds (:data:`MAX_FILE_BYTES` a file,
-:data:`MAX_COPY_BYTES` and :data:`MAX_FILES` in all; virtual environments,
-version control, caches and the report folder are left out, and so are links
-to folders: what was not copied is said); the patch is applied there with
-``patch -p0``, as the report tells the user to; the script runs again, in a
-new process, under ``graphwatch run --stop-after N`` for the steps the finding
-needs (:func:`~graphwatch.analysis.patch_checks.steps_to_run`), with the same
-arguments; and :func:`~graphwatch.analysis.patch_checks.judge` compares the
-two traces.  The user's own files are only read.  An argument that names an
-existing path outside the copied folder is not run at all (the script could
-write there): the check says so instead.
+copied to a scratch folder (:mod:`graphwatch.fix_checks_copy` says what is
+copied and what never is: regular files only, within bounds, no secrets); the
+patch is applied there with ``patch -p0``, as the report tells the user to;
+the script runs again, in a new process of its own session, under ``graphwatch
+run --stop-after N`` for the steps the finding needs
+(:func:`~graphwatch.analysis.patch_checks.steps_to_run`), with the same
+arguments; and :func:`~graphwatch.analysis.patch_checks.judge` compares the two
+traces.  The user's own files are only read: arguments and environment
+variables naming a path outside the copied folder stop the check unless
+allowed (:mod:`graphwatch.fix_checks_paths`).  The patched run and every
+process it started are killed at its timeout (:func:`check_timeout`) and when
+it ends; ``stop()`` (SIGTERM, Ctrl-C) ends a check within
+:data:`POLL_SECONDS`, and the scratch folder is removed whatever happens
+(one left by a process killed outright is removed by the next check).
 
 Example::
 
@@ -28,71 +31,121 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from .analysis.evidence import human_bytes
 from .analysis.patch_checks import LineMap, judge, steps_to_run
-from .errors import TraceFormatError
+from .errors import TraceFormatError, UsageError
+from .fix_checks_copy import CheckStopped, FolderTooLarge, copy_folder, folder_refusal, survey
+from .fix_checks_paths import moved_args, outside_arguments, outside_environment
 from .model import Finding, PatchCheck, Trace, load_trace
 
-MAX_FILE_BYTES = 64 * 1024 * 1024  # a larger file is not copied (a data set, a checkpoint)
-MAX_COPY_BYTES = 512 * 1024 * 1024  # the whole copy
-MAX_FILES = 20_000
 MIN_TIMEOUT = 300.0  # seconds a patched run may take at least
-LEFT_OUT = frozenset({
-    ".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", ".mypy_cache", ".pytest_cache",
-    ".ruff_cache", "node_modules", ".ipynb_checkpoints", ".idea", ".vscode",
-})  # fmt: skip
+TIMEOUT_VARIABLE = "GRAPHWATCH_CHECK_TIMEOUT"  # seconds a patched run may take, instead (for tests)
+POLL_SECONDS = 0.05
+SCRATCH_PREFIX = "graphwatch-check-"
+STDERR_TAIL_BYTES = 64 * 1024
+
+
+def check_timeout(elapsed: float) -> float:
+    """Seconds a patched run may take: five times the original run, at least :data:`MIN_TIMEOUT`; or the
+    number in ``$GRAPHWATCH_CHECK_TIMEOUT`` (meant for tests).
+
+    >>> check_timeout(100.0) if "GRAPHWATCH_CHECK_TIMEOUT" not in os.environ else 500.0
+    500.0
+    """
+    try:
+        chosen = float(os.environ.get(TIMEOUT_VARIABLE, ""))
+    except ValueError:
+        chosen = 0.0
+    return chosen if chosen > 0 else max(MIN_TIMEOUT, 5 * elapsed)
+
+
+def copied_folder(script: Path, cwd: Path) -> Path:
+    """The folder the check copies: ``cwd``, or the script's folder when the script lies outside it."""
+    cwd, script = cwd.resolve(), script.resolve()
+    return cwd if script.is_relative_to(cwd) else script.parent
+
+
+def refusal(
+    script: Path, cwd: Path, args: Sequence[str], env: Mapping[str, str], allowed: Sequence[Path] = (),
+    report: Path | None = None,
+) -> str:  # fmt: skip
+    """Why ``--check-fixes`` must not run for ``script`` started from ``cwd`` with ``args`` and ``env`` (the
+    folder it would copy, or paths outside it the patched run could write), or ""; checked before the script
+    runs."""
+    root = copied_folder(script, cwd)
+    return folder_refusal(root, script) or survey(root, [report] if report is not None else []) or _outside(
+        root, cwd.resolve(), args, env, [Path(a).expanduser().resolve() for a in allowed]
+    )
 
 
 def check_fixes(
     trace: Trace, script: Path, args: Sequence[str], *, report: Path | None = None, timeout: float = MIN_TIMEOUT,
-    say: Callable[[str], None] | None = None,
+    say: Callable[[str], None] | None = None, allowed: Sequence[Path] = (), stop: Callable[[], bool] = lambda: False,
+    on_verdict: Callable[[], None] = lambda: None,
 ) -> int:  # fmt: skip
     """Check every patch of ``trace``'s findings (``script`` ran with ``args``); set each finding's ``check``.
 
     ``report``: the report folder (not copied when it lies in the script's folder).  ``say``: where to
-    print a line per check.  Returns how many patches were checked and held.
+    print a line per check.  ``allowed``: paths outside the folder the patched run may name.
+    ``on_verdict()`` runs after each verdict (to write the report again).  Raises :class:`CheckStopped` once
+    ``stop()``.  Returns how many patches were checked and held.
     """
     by_patch: dict[str, list[Finding]] = {}
     for finding in trace.findings:
         if finding.patch:
             by_patch.setdefault(finding.patch, []).append(finding)
     passed = 0
-    for number, (patch, targets) in enumerate(by_patch.items(), 1):
-        steps = steps_to_run(trace, targets)
-        if say is not None:
-            where = ", ".join((targets[0].evidence.get("sites") or [])[:1])
-            say(f"checking the patch of {targets[0].kind}{f' at {where}' if where else ''} ({number} of "
-                f"{len(by_patch)}): a copy of the folder, patched, runs {steps} steps")  # fmt: skip
-        check = check_patch(trace, script, args, patch, targets, steps=steps, report=report, timeout=timeout)
-        for finding in targets:
-            finding.check = check
-        passed += check.checked
-        if say is not None:
-            say("  patch checked" if check.checked else "  patch check FAILED (the summary says what failed)")
+    remove_stale_scratch()
+    scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
+    try:
+        for number, (patch, targets) in enumerate(by_patch.items(), 1):
+            steps = steps_to_run(trace, targets)
+            if say is not None:
+                where = ", ".join((targets[0].evidence.get("sites") or [])[:1])
+                say(f"checking the patch of {targets[0].kind}{f' at {where}' if where else ''} ({number} of "
+                    f"{len(by_patch)}): a copy of the folder, patched, runs {steps} steps")  # fmt: skip
+            check = check_patch(trace, script, args, patch, targets, steps=steps, report=report, timeout=timeout,
+                                allowed=allowed, stop=stop, scratch=scratch)  # fmt: skip
+            for finding in targets:
+                finding.check = check
+            on_verdict()
+            passed += check.checked
+            if say is not None:
+                say("  patch checked" if check.checked else "  patch check FAILED (the summary says what failed)")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return passed
 
 
 def check_patch(
     trace: Trace, script: Path, args: Sequence[str], patch: str, targets: Sequence[Finding], *, steps: int,
-    report: Path | None = None, timeout: float = MIN_TIMEOUT,
+    report: Path | None = None, timeout: float = MIN_TIMEOUT, allowed: Sequence[Path] = (),
+    stop: Callable[[], bool] = lambda: False, scratch: Path | None = None,
 ) -> PatchCheck:  # fmt: skip
-    """Apply ``patch`` to a copy of ``script``'s folder, run ``steps`` steps of it and judge it against ``trace``."""
+    """Apply ``patch`` to a copy of ``script``'s folder (in a folder made in ``scratch``), run ``steps`` steps
+    of it and judge it against ``trace``.  Raises :class:`CheckStopped` once ``stop()``."""
     cwd = Path(str(trace.options.get("cwd") or script.parent)).resolve()
     script = script.resolve()
-    root = cwd if script.is_relative_to(cwd) else script.parent
+    root = copied_folder(script, cwd)
     base, files = _patch_files(patch, cwd)
-    refused = _outside(root, cwd, base, files, args)
+    refused = folder_refusal(root, script) or _patch_outside(root, base, files) or _outside(
+        root, cwd, args, os.environ, [Path(a).expanduser().resolve() for a in allowed]
+    )
     if refused:
         return PatchCheck(checked=False, failed=[f"not checked: {refused}"])
-    with tempfile.TemporaryDirectory(prefix="graphwatch-check-") as temp:
+    with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=scratch) as temp:
         copy = Path(temp) / root.name
-        skipped = copy_folder(root, copy, leave_out=[Path(temp), *([report] if report is not None else [])])
+        try:
+            skipped = copy_folder(root, copy, [Path(temp), *([report] if report is not None else [])], stop)
+        except FolderTooLarge as exc:
+            return PatchCheck(checked=False, failed=[f"not checked: {exc}"])
         moved = copy / base.relative_to(root)
         failure = apply_patch(patch, moved)
         if failure is not None:
@@ -102,8 +155,8 @@ def check_patch(
         })  # fmt: skip
         level = str(trace.options.get("level") or "default")
         run_in = copy / cwd.relative_to(root) if cwd.is_relative_to(root) else copy
-        patched, failure = rerun(copy / script.relative_to(root), _moved_args(args, root, copy), run_in, steps,
-                                 level, Path(temp) / "report", timeout)  # fmt: skip
+        patched, failure = rerun(copy / script.relative_to(root), moved_args(args, root, copy), run_in, steps,
+                                 level, Path(temp) / "report", timeout, stop)  # fmt: skip
         if patched is not None and _ran_originals(patched, root, Path(temp)):
             failure, patched = f"the patched run imported the script's files from {root}, not the patched copy", None
         elif patched is not None:
@@ -111,44 +164,18 @@ def check_patch(
         return judge(trace, patched, targets, steps=steps, lines=lines, failure=failure, skipped=skipped)
 
 
-# ------------------------------------------------------------------ the copy
-def copy_folder(root: Path, dest: Path, leave_out: Sequence[Path] = ()) -> list[str]:
-    """Copy ``root`` to ``dest`` within the bounds of the module's docstring; return what was left out."""
-    skipped: list[str] = []
-    total = count = 0
-    left = {p.resolve() for p in leave_out}
-    for folder, subfolders, names in os.walk(root):
-        here = Path(folder)
-        kept = []
-        for name in sorted(subfolders):
-            path = here / name
-            if path.resolve() in left:  # the report folder, the scratch folder: not the user's to hear of
+def remove_stale_scratch() -> None:
+    """Remove the scratch folders of checks whose process is gone (killed outright: SIGKILL, a crash)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*"):
+        pid = folder.name[len(SCRATCH_PREFIX) :].partition("-")[0]
+        try:
+            if not pid.isdigit() or folder.is_symlink() or folder.lstat().st_uid != os.getuid():
                 continue
-            if name in LEFT_OUT or path.is_symlink():
-                skipped.append(f"{path.relative_to(root)}/" + (" (a link to a folder)" if path.is_symlink() else ""))
-            else:
-                kept.append(name)
-        subfolders[:] = kept
-        target = dest / here.relative_to(root)
-        target.mkdir(parents=True, exist_ok=True)
-        for name in sorted(names):
-            path = here / name
-            try:
-                size = path.stat().st_size  # (a link: the size of what it names; the copy holds the content)
-            except OSError:
-                skipped.append(f"{path.relative_to(root)} (unreadable)")
-                continue
-            if size > MAX_FILE_BYTES or total + size > MAX_COPY_BYTES or count >= MAX_FILES:
-                skipped.append(f"{path.relative_to(root)} ({human_bytes(size)})")
-                continue
-            try:
-                shutil.copyfile(path, target / name)
-                shutil.copymode(path, target / name)
-            except (OSError, shutil.SpecialFileError):  # a pipe, a socket, a file that went away
-                skipped.append(f"{path.relative_to(root)} (not a regular file)")
-                continue
-            total, count = total + size, count + 1
-    return skipped
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # alive (someone else's), or unreadable
+            continue
 
 
 def _patch_files(patch: str, cwd: Path) -> tuple[Path, list[str]]:
@@ -162,33 +189,28 @@ def _patch_files(patch: str, cwd: Path) -> tuple[Path, list[str]]:
     return base.resolve(), files
 
 
-def _outside(root: Path, cwd: Path, base: Path, files: Sequence[str], args: Sequence[str]) -> str:
-    """Why the check must not run (the patch or an argument names a path outside the copy), or ""."""
+def _patch_outside(root: Path, base: Path, files: Sequence[str]) -> str:
+    """Why the patch edits files outside the copy, or ""."""
     if not base.is_relative_to(root):
         return f"the patch edits files in {base}, outside the folder the check copies ({root})"
     for name in files:
         if Path(name).is_absolute() or ".." in Path(name).parts:
             return f"the patch names {name}, which is not a path inside {base}"
-    for arg in args:
-        value = arg.split("=", 1)[-1]
-        if os.sep not in value and value not in (".", ".."):
-            continue
-        path = Path(os.path.normpath(cwd / value))
-        if path.exists() and not path.resolve().is_relative_to(root):
-            return (f"the argument {arg} names {path}, outside the folder the check copies ({root}); the patched "
-                    "run could write there")  # fmt: skip
     return ""
 
 
-def _moved_args(args: Sequence[str], root: Path, copy: Path) -> list[str]:
-    """The arguments, with absolute paths inside ``root`` made paths inside the copy."""
-    moved = []
-    for arg in args:
-        head, equals, value = arg.rpartition("=") if "=" in arg else ("", "", arg)
-        if os.path.isabs(value) and Path(value).resolve().is_relative_to(root):
-            value = str(copy / Path(value).resolve().relative_to(root))
-        moved.append(f"{head}{equals}{value}")
-    return moved
+def _outside(root: Path, cwd: Path, args: Sequence[str], env: Mapping[str, str], allowed: Sequence[Path]) -> str:
+    """Why the patched run could write outside the copy of ``root`` (arguments and environment variables
+    naming paths outside it, not ``allowed``), or ""."""
+    arguments = outside_arguments(args, cwd if cwd.is_relative_to(root) else root, root, allowed)
+    variables = outside_environment(env, root, allowed)
+    if not arguments and not variables:
+        return ""
+    named = [f"the argument{'s' if len(arguments) > 1 else ''} {' '.join(arguments)}"] if arguments else []
+    named += [f"the environment variable{'s' if len(variables) > 1 else ''} {', '.join(variables)}"] if variables else []
+    return (f"{' and '.join(named)} name{'s' if len(arguments) + len(variables) == 1 else ''} a path outside the "
+            f"folder the check copies ({root}), where the patched run could write; run from a folder that holds "
+            "it, or allow it with --check-allow-path PATH")  # fmt: skip
 
 
 def _cited(name: str, base: Path, cwd: Path) -> str:
@@ -215,23 +237,64 @@ def apply_patch(patch: str, folder: Path) -> str | None:
 
 # ------------------------------------------------------------------ the patched run
 def rerun(
-    script: Path, args: Sequence[str], cwd: Path, steps: int, level: str, report: Path, timeout: float
-) -> tuple[Trace | None, str]:
-    """Run ``script`` under ``graphwatch run --stop-after steps`` in a new process; (its trace, "") or (None, why)."""
+    script: Path, args: Sequence[str], cwd: Path, steps: int, level: str, report: Path, timeout: float,
+    stop: Callable[[], bool] = lambda: False,
+) -> tuple[Trace | None, str]:  # fmt: skip
+    """Run ``script`` under ``graphwatch run --stop-after steps`` in a new process of its own session; (its
+    trace, "") or (None, why).  Every process of that session is killed when it ends or at ``timeout``;
+    raises :class:`CheckStopped` (the processes killed) once ``stop()``."""
     package = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package, os.environ.get("PYTHONPATH")])))
     command = [sys.executable, "-m", "graphwatch", "run", "--quiet", "--no-progress", "--stop-after", str(steps),
                "--level", level, "--out", str(report), str(script), *args]  # fmt: skip
+    errors = report.parent / "patched-run-stderr.txt"
+    with open(errors, "wb") as stderr:  # a file, not a pipe: a process the script left running may hold it
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=stderr, start_new_session=True)  # fmt: skip
     try:
-        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)  # fmt: skip
-    except subprocess.TimeoutExpired:
+        ended = _wait(process, timeout, stop)
+    finally:
+        end_session(process)
+    if not ended:
         return None, f"it did not end within {timeout:.0f} s"
     try:
         return load_trace(report / "trace.json"), ""
-    except TraceFormatError:
-        said = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        return None, f"exit code {done.returncode}" + (f", {said[-1].strip()}" if said else "")
+    except (TraceFormatError, UsageError):
+        said = [line for line in _tail(errors).splitlines() if line.strip()]
+        return None, f"exit code {process.returncode}" + (f", {said[-1].strip()}" if said else "")
+
+
+def _wait(process: subprocess.Popen[bytes], timeout: float, stop: Callable[[], bool]) -> bool:
+    """Wait for ``process`` to end (left unreaped where the system allows, so that its process group stays
+    its own until :func:`end_session`); False at ``timeout``; :class:`CheckStopped` once ``stop()``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if hasattr(os, "waitid"):
+            if os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        elif process.poll() is not None:
+            return True
+        if stop():
+            raise CheckStopped
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_SECONDS)
+
+
+def end_session(process: subprocess.Popen[bytes]) -> None:
+    """Kill every process of ``process``'s group (it leads one: ``start_new_session``), then reap it."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # none left
+        pass
+    process.wait()
+
+
+def _tail(path: Path) -> str:
+    """The last :data:`STDERR_TAIL_BYTES` of ``path``, as text."""
+    with open(path, "rb") as file:
+        file.seek(max(0, path.stat().st_size - STDERR_TAIL_BYTES))
+        return file.read().decode("utf-8", "replace")
 
 
 def _cite_as_original(patched: Trace, copy: Path, root: Path) -> None:

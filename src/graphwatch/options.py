@@ -27,6 +27,7 @@ from typing import Any
 from .errors import UsageError
 
 LEVELS = ("default", "light", "full", "precise")
+OUT_VARIABLE = "GRAPHWATCH_OUT"  # the report folder of the session @graphwatch.step starts, unless configured
 OPTIONS = ("strict", "level", "summary", "out", "keep_steps", "snapshots", "max_snapshots")
 
 
@@ -71,11 +72,7 @@ class SessionOptions:
             raise UsageError(f"max_snapshots={max_snapshots!r}: give a whole number, 0 or more")
         if isinstance(snapshots, str) and snapshots not in ("auto", "off"):
             raise UsageError(f"snapshots={snapshots!r}: use 'auto', 'off' or a list of step numbers")
-        if out is not None and not isinstance(out, (str, os.PathLike)):
-            raise UsageError(f"out={out!r}: give the report folder as a path (a str or pathlib.Path), or None")
-        folder = Path(out) if out is not None else None
-        if folder is not None:
-            check_writable_folder(folder)
+        folder = report_folder(out)
         try:
             steps = snapshots if isinstance(snapshots, str) else frozenset(int(s) for s in snapshots)
         except (TypeError, ValueError):
@@ -83,8 +80,43 @@ class SessionOptions:
         return cls(bool(strict), level, bool(summary), folder, keep_steps, steps, max_snapshots)
 
 
-def check_writable_folder(folder: Path) -> None:
-    """A UsageError unless ``folder`` (or the nearest folder above it that exists) can be written."""
+# Each way the report folder is given: how its errors name it, and what they ask for instead.
+_SETTINGS = {
+    "out": ("out={!r}", "pass out= a folder you can write (None or \"\": no report)"),
+    "configure": ("graphwatch.configure(out={!r})", "pass graphwatch.configure(out=) a folder you can write"),
+    OUT_VARIABLE: (OUT_VARIABLE + "={!r}", f"set {OUT_VARIABLE} to a folder you can write (empty: no report)"),
+}
+
+
+def check_out_type(out: object, setting: str = "out") -> None:
+    """A UsageError unless ``out`` is a path (a str or os.PathLike) or None; ``setting`` (``"out"``,
+    ``"configure"`` or ``"GRAPHWATCH_OUT"``) is how the message names it."""
+    if out is not None and not isinstance(out, (str, os.PathLike)):
+        named = _SETTINGS[setting][0].format(out)
+        raise UsageError(f"{named}: give the report folder as a path (a str or pathlib.Path), or None")
+
+
+def report_folder(out: str | os.PathLike[str] | None, setting: str = "out") -> Path | None:
+    """The report folder ``out`` names, resolved once, now (a script that calls ``os.chdir()`` later still
+    gets its report where it was asked for): an absolute path, or None for no report (None or ``""``).
+    A UsageError naming ``setting`` (see :func:`check_out_type`) when it is not a path or cannot be written.
+
+    >>> report_folder(""), report_folder(None), report_folder("rep").is_absolute()
+    (None, None, True)
+    """
+    check_out_type(out, setting)
+    if out is None or os.fspath(out) == "":
+        return None
+    folder = Path(out).absolute()
+    check_writable_folder(folder, setting, out)
+    return folder
+
+
+def check_writable_folder(folder: Path, setting: str = "out", given: object = None) -> None:
+    """A UsageError unless ``folder`` (or the nearest folder above it that exists) can be written; the message
+    names ``setting`` (and, for an environment variable or configure(), the value ``given``)."""
+    from .rendering.terminal import printable_path
+
     probe = folder
     while not probe.exists():
         probe = probe.parent
@@ -94,6 +126,9 @@ def check_writable_folder(folder: Path) -> None:
         with tempfile.TemporaryFile(dir=probe):  # os.access says yes to root, even for /proc
             pass
     except OSError:
+        named, fix = _SETTINGS[setting]
+        where = "" if setting == "out" else f" ({named.format(given)})"
         raise UsageError(
-            f"cannot write the report to {folder}: {probe} is not a writable folder; pass out= a folder you can write"
+            f"cannot write the report to {printable_path(folder)}{where}: {printable_path(probe)} is not a writable "
+            f"folder; {fix}"
         ) from None

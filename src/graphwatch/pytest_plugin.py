@@ -9,7 +9,9 @@ enables it.  Two ways in:
 * the ``@pytest.mark.graphwatch`` marker: the same for a whole test (or class,
   or module via ``pytestmark``) without naming the fixture.  Its keyword
   arguments go to :func:`graphwatch.watch`, e.g.
-  ``@pytest.mark.graphwatch(level="light")``.
+  ``@pytest.mark.graphwatch(level="light")``; a positional argument, an
+  unknown option or a bad value is an error at the test's setup that names
+  the marker.
 
 A leak (a kind in ``graphwatch.analysis.LEAK_KINDS``) fails the test with the
 findings' text: at the end of the step where it shows (the strict session
@@ -18,6 +20,10 @@ for findings made when the session ends (the last step's, memory growth over
 the steps), when the test body returns.  ``strict=False`` in the marker
 records findings without failing.  Findings the failure does not show go to
 the test's report section "graphwatch" (``-rP`` shows it for passing tests).
+An error that passes through graphwatch's code (torch's in-place error with
+graphwatch's paragraph, a ``BackwardTwiceError``) fails the test with a
+traceback that ends at the test's own line: graphwatch's and torch's frames
+are left out, the message is shown in full.
 
 Example::
 
@@ -40,17 +46,20 @@ Example::
 from __future__ import annotations
 
 import os
+import traceback
 from collections.abc import Generator, Iterator
+from types import TracebackType
 from typing import Any
 
 import pytest
 import torch
 
 from .analysis import LEAK_KINDS
-from .errors import BackwardTwiceError, GraphLeakError, without_own_frames
+from .errors import GraphLeakError, UsageError, without_own_frames
 from .session import Session, watch
 
 TORCH_FOLDER = os.path.normcase(os.path.dirname(os.path.abspath(torch.__file__))) + os.sep
+OWN_FOLDER = os.path.normcase(os.path.dirname(os.path.abspath(__file__))) + os.sep
 FIXTURE = "graphwatch_session"
 MARKER = "graphwatch"
 _SESSION = pytest.StashKey[Session]()
@@ -74,9 +83,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def session_options(item: pytest.Item) -> dict[str, Any]:
-    """Options for :func:`graphwatch.watch`: strict, no printed summary, then the marker's keywords."""
+    """Options for :func:`graphwatch.watch`: strict, no printed summary, then the marker's keywords (a
+    positional argument is a :class:`~graphwatch.UsageError`: its meaning would be a guess)."""
     marker = item.get_closest_marker(MARKER)
-    return {"strict": True, "summary": False, **(marker.kwargs if marker is not None else {})}
+    if marker is None:
+        return {"strict": True, "summary": False}
+    if marker.args:
+        raise UsageError(f"the marker takes keyword options only: e.g. @pytest.mark.{MARKER}(level={marker.args[0]!r})")
+    return {"strict": True, "summary": False, **marker.kwargs}
+
+
+def _marker_text(item: pytest.Item) -> str:
+    """The test's marker as it is written: ``@pytest.mark.graphwatch('light', strict=False)``."""
+    marker = item.get_closest_marker(MARKER)
+    given = [*map(repr, marker.args), *(f"{k}={v!r}" for k, v in marker.kwargs.items())] if marker else []
+    return f"@pytest.mark.{MARKER}({', '.join(given)})"
 
 
 @pytest.fixture
@@ -87,7 +108,10 @@ def graphwatch_session(request: pytest.FixtureRequest) -> Iterator[Session]:
     ``@pytest.mark.graphwatch(...)`` marker on the test, if any.
     """
     item = request.node
-    session = watch(**session_options(item))
+    try:
+        session = watch(**session_options(item))
+    except UsageError as error:  # the marker's options: one line naming the marker, no traceback
+        raise pytest.fail.Exception(f"{_marker_text(item)}: {error}", pytrace=False) from None
     session.__enter__()
     item.stash[_SESSION] = session
     try:
@@ -109,10 +133,11 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, None]:
     if session is None:
         return
     error = outcome.excinfo[1] if outcome.excinfo is not None else None
+    ours = error is not None and _through_graphwatch(error.__traceback__)  # (before the session's exit trims it)
     _end(session, error)
-    if isinstance(error, BackwardTwiceError) and hasattr(outcome, "force_exception"):
-        # its text says everything: the traceback ends at the test's own backward call, with no page of
-        # torch's or graphwatch's source before the message
+    if error is not None and ours and hasattr(outcome, "force_exception"):
+        # its text says everything (torch's message, then graphwatch's paragraph): the traceback ends at the
+        # test's own line, with no page of torch's or graphwatch's source before the message
         error.__traceback__ = without_own_frames(error.__traceback__, folders=[TORCH_FOLDER])
         outcome.force_exception(error)
     leaks = [f for f in session.findings if f.kind in LEAK_KINDS]
@@ -129,6 +154,11 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, None]:
             if not hasattr(outcome, "force_exception"):  # pluggy < 1.1: raising fails the call
                 raise
             outcome.force_exception(failure)
+
+
+def _through_graphwatch(tb: TracebackType | None) -> bool:
+    """True when a frame of graphwatch's own code is on the traceback ``tb``."""
+    return any(os.path.normcase(frame.f_code.co_filename).startswith(OWN_FOLDER) for frame, _ in traceback.walk_tb(tb))
 
 
 def _end(session: Session, exc: BaseException | None) -> None:

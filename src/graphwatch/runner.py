@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .analysis import LEAK_KINDS
-from .capture.parameters import ParameterLedger
 from .capture.ranks import rank_and_world_size
 from .capture.step_limit import StepLimitReached, check_step_limit
 from .errors import TraceFormatError, UsageError, without_own_frames
@@ -349,7 +348,7 @@ def run_script(
     run = ScriptRun(path, session)
     buffer = io.StringIO()
     caught: BaseException | None = None
-    ledger = ParameterLedger(step=lambda: len(session.trace.steps))
+    ledger = session.ledger
     with script_context(path, args):
         session.__enter__()
         try:
@@ -360,7 +359,6 @@ def run_script(
                     stack.enter_context(redirect_stdout(buffer))
                     stack.enter_context(redirect_stderr(buffer))
                 stack.enter_context(guard.armed() if guard is not None else nullcontext())
-                stack.enter_context(ledger)
                 session.script_globals = runpy.run_path(str(path), run_name="__main__")
             if stop_after is not None:  # a rerun that checks a fix: optimizers that never stepped count too
                 ledger.find_unstepped()
@@ -375,7 +373,6 @@ def run_script(
         finally:
             session.__exit__(type(caught) if caught else None, caught, caught.__traceback__ if caught else None)
     run.output = buffer.getvalue()
-    run.trace.optimizers, run.trace.parameters = ledger.records()
     if isinstance(caught, StepLimitReached):
         run.trace.ended_early = str(caught)
     run.terminated = isinstance(run.error, Terminated) or (guard is not None and guard.terminated)

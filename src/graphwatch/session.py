@@ -44,7 +44,7 @@ from .analysis import (
     is_backward_twice,
     session_findings,
 )
-from .analysis.torch_errors import is_no_graph_error
+from .analysis.torch_errors import is_no_graph_error, is_unused_input_error
 from .backwards import BackwardWatch
 from .capture import EnginePatch, Recorder, parse_engine_args
 from .capture.call_mode import CallSiteMode
@@ -58,6 +58,7 @@ from .capture.line_templates import LineTemplates
 from .capture.loop_steps import LoopSteps
 from .capture.optimizer import GradResetTracker, OptimizerHooks
 from .capture.own_time import OwnTime
+from .capture.parameters import ParameterLedger
 from .capture.ranks import rank_and_world_size
 from .capture.saved import make_chained_hooks, make_hooks
 from .capture.source import cited_lines
@@ -68,7 +69,6 @@ from .errors import ExplainedError, GraphLeakError, GraphwatchError, UsageError,
 from .model import BackwardRecord, Finding, NodeRecord, StepRecord, Trace, save_trace
 from .model.trace_io import save_trace_elsewhere
 from .options import SessionOptions
-from .rendering.ranks import rank_folder
 from .signals import SignalGuard, end_sigterm_guard, sigterm_guard
 from .step_ends import StepEnds
 
@@ -95,7 +95,9 @@ class Session:
         they are raised) or ``"precise"`` (full plus a TorchFunctionMode: the exact line of every node, and
         every node's and saved tensor's record, at a higher cost).
       summary: print the terminal summary when the session ends.
-      out: folder to write the HTML report, trace.json and SVG snapshots to when the session ends.
+      out: folder to write the HTML report, trace.json and SVG snapshots to when the session ends, named
+        relative to the current folder when the session is made (a later ``os.chdir()`` does not move it);
+        None or ``""``: no report (as ``GRAPHWATCH_OUT=""`` for ``@graphwatch.step``).
       keep_steps: per-node records are kept for this many recent steps (plus steps with findings).
       snapshots: ``"auto"`` (the first backward, the first graph that crosses steps, each error),
         ``"off"``, or step numbers.
@@ -131,6 +133,8 @@ class Session:
         }
         self._log = FindingLog(self._recorder.trace.findings)
         self._grads = GradResetTracker()
+        # what each optimizer steps and which parameters get gradients (trace.optimizers, trace.parameters)
+        self.ledger = ParameterLedger(step=lambda: self._recorder.step, site=self._recorder.sites.from_frame)
         self._installed: list[Callable[[], None]] = []
         self._explicit = False
         self._loop = LoopSteps()
@@ -285,6 +289,7 @@ class Session:
         try:
             if exc_type is not None:
                 self.trace.ended_early = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
+                self._backwards.explain_escaped(exc, tb)  # torch's error of the user's own call, explained
             if isinstance(exc, (GraphwatchError, ExplainedError)):  # its traceback ends at the user's call
                 exc.__traceback__ = without_own_frames(tb)
             found = len(self.findings)
@@ -376,11 +381,14 @@ class Session:
             return
         self._recorder.close()
         self._own.record(self.trace, saved_hooks=self.level != "light")  # (light: no saved-tensor hooks)
+        self.trace.optimizers, self.trace.parameters = self.ledger.records()
         new = [f for f in session_findings(self.trace) if self._log.add(f)]
         trace = self.trace
         add_patches(trace)
         trace.sources = cited_lines(trace)
         trace.rank, trace.world_size = rank_and_world_size(trace.rank, trace.world_size)
+        from .rendering.ranks import rank_folder  # (rich loads with it: not at import)
+
         out = None if self.out is None else rank_folder(self.out, trace)  # no two ranks write one file
         if out is not None:
             try:
@@ -395,7 +403,7 @@ class Session:
         if self.print_summary and not trace.rank:  # rank 0 (or no distributed job) prints
             from .rendering.terminal import print_summary
 
-            print_summary(trace, report=out)
+            print_summary(trace, report=_from_start(out, trace))
         leaks = [f for f in new if f.kind in LEAK_KINDS]
         if self.strict and leaks and raise_leaks:
             listed = "\n".join(map(str, leaks))
@@ -445,6 +453,7 @@ class Session:
         if self._stop_due:
             raise StepLimitReached(self.stop_after or 0)
         own = time.perf_counter()
+        self.ledger.before_step(optimizer, args, kwargs)  # (what trains: trace.optimizers, trace.parameters)
         loop = self._loop
         loop.in_optimizer_step += 1  # backwards from here to the post hook are its closure's
         recorder = self._recorder
@@ -549,6 +558,8 @@ class Session:
                 raise self._backwards.explain(record, roots, freed, exc) from None
             if is_no_graph_error(exc):
                 raise self._backwards.explain_no_graph(record, exc) from None
+            if is_unused_input_error(exc):
+                raise self._backwards.explain_unused_input(record, t_outputs, args, kwargs, exc) from None
             if light:
                 explain_inplace(recorder, exc, roots, sys._getframe(1))
             raise
@@ -563,6 +574,13 @@ class Session:
                 self._begin_step(recorder.step + 1)
         parts["around backwards"] += time.perf_counter() - own
         return result
+
+
+def _from_start(folder: Path | None, trace: Trace) -> Path | None:
+    """The report ``folder`` (absolute) as the user named it: relative to the folder the session started in,
+    when it is inside it."""
+    start = Path(str(trace.options.get("cwd") or "/"))
+    return folder.relative_to(start) if folder is not None and folder.is_relative_to(start) else folder
 
 
 def watch(

@@ -30,10 +30,10 @@ Example::
 from __future__ import annotations
 
 from ..model import BackwardRecord, CallSite, Edit, NodeRecord, Remedy, Trace
-from .codemods.detach import detach_statement
-from .codemods.expressions import edited_statement
 from .evidence import carried_pattern, carrier_line, site_chain, step_name
 from .kept_fixes import parameters_remedy
+
+# .codemods (LibCST) is imported inside the functions that use it: not at `import graphwatch` (test_import_cost.py)
 
 _TBPTT = "(keeps the value, cuts the graph: truncated backpropagation through time)"
 
@@ -83,6 +83,8 @@ def _update_under_no_grad(trace: Trace, holder: str, update: CallSite | None, ba
 def _detach_state(
     trace: Trace, carrier: NodeRecord, backward: BackwardRecord, site: CallSite | None, name: str | None
 ) -> Remedy:
+    from .codemods.detach import detach_statement
+
     target = ", ".join(carrier.carried_with) if carrier.carried_with else name
     value_type = carrier.carried_type or ""
     statement = detach_statement(target, value_type) if target and value_type else None
@@ -112,6 +114,8 @@ def _detach_state(
 def _detach_made(carrier: NodeRecord, site: CallSite | None, name: str | None, trusted: bool) -> Remedy:
     """Keep a detached copy where the value is made: the patch when what made it is not trained (``trusted``),
     advice otherwise (the user knows whether a gradient should flow there)."""
+    from .codemods.expressions import edited_statement
+
     copy = f"`{name}.detach()`" if name else "a detached copy (`.detach()`)"
     edits: list[Edit] = []
     where = site.where if site is not None else "the line that makes it"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from ..model import BackwardRecord, Edit, Finding, Remedy, StepRecord, Trace
 from .carried_fixes import carried_remedies, carried_shape
-from .codemods.detach import detach_statement
 from .evidence import (
     backwards_of,
     carrier_line,
@@ -27,8 +26,11 @@ from .evidence import (
     optimizer_name,
     step_name,
 )
+from .explain import is_backward_twice
 from .findings import make_finding, renderer
 from .leaks import graph_kept_alive, retained_graph
+
+# .codemods (LibCST) is imported inside the functions that use it: not at `import graphwatch` (test_import_cost.py)
 
 FINDING_KINDS = (
     "backward-through-freed-graph",
@@ -39,6 +41,10 @@ FINDING_KINDS = (
     "missing-zero-grad",
     "modified-in-place",  # torch's in-place error, explained (analysis/torch_errors.py)
     "loss-without-graph",  # torch's "does not require grad" error, explained (analysis/torch_errors.py)
+    "non-scalar-backward",  # torch's "only for scalar outputs" error, explained (analysis/torch_errors.py)
+    "unused-grad-input",  # torch's "not have been used in the graph" error of autograd.grad, explained (same)
+    "leaf-modified-in-place",  # torch's "a leaf Variable ... in-place operation" error, explained (same)
+    "untrained-parameters",  # an optimizer steps parameters no backward ever reaches (analysis/untrained.py)
 )
 # Kinds that mean a graph outlives the step that made it: a strict session fails on them.
 LEAK_KINDS = frozenset({"graph-carried-across-steps", "retained-graph", "graph-kept-alive", "memory-growth"})
@@ -72,6 +78,8 @@ def carried_across_steps(trace: Trace, step: StepRecord) -> list[Finding]:
     for bw in backwards_of(trace, step):
         if not bw.earlier_nodes_reached or not loops_back(trace, bw):
             continue
+        from .codemods.detach import detach_statement  # (a step that carries no graph never loads LibCST)
+
         pairs = [(trace.nodes.get(p), trace.nodes.get(c)) for p, c in bw.crossings]
         user, carrier = next(((p, c) for p, c in pairs if c is not None), (None, None))
         site, name = carrier_line(trace, carrier) if carrier else (None, None)
@@ -96,6 +104,7 @@ def carried_across_steps(trace: Trace, step: StepRecord) -> list[Finding]:
             "constant": shape == "constant",
             "per_step": [[bw.step, bw.earlier_nodes_reached, bw.nodes_reached, round(bw.seconds, 6), earliest]],
             "failed": bw.error is not None,
+            "failed_because": _failure_cause(trace, bw, earliest) if bw.error is not None else None,
             "bytes": sum(b for s, b in step.saved_alive_by_step.items() if s < step.index),
         }
         severity = "error" if bw.error else "warning"
@@ -105,6 +114,23 @@ def carried_across_steps(trace: Trace, step: StepRecord) -> list[Finding]:
             remedies = [Remedy("detach the tensor the step carries over at the start of each step")]
         findings.append(make_finding("graph-carried-across-steps", severity, bw.step, evidence, remedies))
     return findings
+
+
+_FREED = "an earlier step's backward had freed that graph"
+_INPLACE_ERROR = "modified by an inplace operation"  # torch's in-place error, which graphwatch's paragraph follows
+
+
+def _failure_cause(trace: Trace, backward: BackwardRecord, earliest: int) -> str:
+    """Why ``backward``, run into the graph of step ``earliest``, failed, as its error's paragraph names it: an
+    ``optimizer.step()`` since that step that updated the parameters the graph saved (the first one, as the
+    paragraph finds it), a tensor changed in place, or the graph freed by an earlier backward."""
+    error = backward.error or ""
+    if _INPLACE_ERROR not in error:
+        return _FREED if is_backward_twice(RuntimeError(error)) else "of the error it raised"
+    stepped = next((s.optimizer_site for s in trace.steps[earliest : backward.step] if s.optimizer_site is not None), None)
+    if stepped is None:
+        return "a tensor that graph had saved was changed in place since"
+    return f"optimizer.step() at {describe_site(trace, stepped)} updated in place the parameters that graph had saved"
 
 
 def _share(row: list) -> str:
@@ -137,7 +163,7 @@ def _render_carried(ev: dict) -> str:
     if len(rows) > 1 and rows[-1][1] > rows[0][1]:
         per = (rows[-1][1] - rows[0][1]) / max(rows[-1][0] - rows[0][0], 1)
         growth = f": it grows by about {per:.1f} nodes per step, so every backward is slower than the last"
-    tail = "; the backward failed because an earlier step's backward had freed that graph" if ev["failed"] else ""
+    tail = f"; the backward failed because {ev.get('failed_because') or _FREED}" if ev["failed"] else ""
     if ev.get("bytes"):
         tail += f"; up to {human_bytes(ev['bytes'])} of earlier steps' saved tensors stay alive with it"
     return (

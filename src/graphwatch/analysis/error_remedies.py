@@ -25,8 +25,8 @@ import ast
 
 from ..model import BackwardRecord, CallSite, Edit, Remedy, Trace
 from ..model.causes import BackwardCause, Cut
-from .codemods import CODEMODS
-from .codemods.expressions import edited_statement
+
+# .codemods (LibCST) is imported inside the functions that use it: not at `import graphwatch` (test_import_cost.py)
 
 
 def backward_expression(source: str) -> str | None:
@@ -52,6 +52,8 @@ def backward_expression(source: str) -> str | None:
 
 def edited_line(site: CallSite, edit: Edit) -> str | None:
     """``site``'s line as ``edit`` leaves it (None: the edit cannot be made there, or has no codemod yet)."""
+    from .codemods.expressions import edited_statement
+
     return edited_statement(edit, site.source) if site.source else None
 
 
@@ -132,6 +134,8 @@ class RemedyMaker:
 
     def remove_second(self) -> Remedy | None:
         """Drop the second backward of one tensor (never the only backward of a loop: same line)."""
+        from .codemods import CODEMODS
+
         if self.failing_site is None or self.freeing_site is None or self.failing_site.where == self.freeing_site.where:
             return None
         if self.cause.stepped_between:

@@ -20,6 +20,7 @@ from ..model.columns import field_values
 from .evidence import human_bytes
 from .findings import make_finding, renderer
 from .leaks import final_retained
+from .untrained import untrained_parameters
 
 MIN_STEPS = 5  # fewer steps than this say nothing about a trend
 MIN_R2 = 0.8  # how straight the rise must be
@@ -124,6 +125,7 @@ def _render_growth(ev: dict) -> str:
 
 
 def session_findings(trace: Trace) -> list[Finding]:
-    """Findings that need the whole run: the last step's unused retains, then memory growth, attributed."""
+    """Findings that need the whole run: the last step's unused retains, then memory growth, attributed, then
+    parameters an optimizer stepped and never trained."""
     found = final_retained(trace)
-    return found + memory_growth(trace, trace.findings + found)
+    return found + memory_growth(trace, trace.findings + found) + untrained_parameters(trace)

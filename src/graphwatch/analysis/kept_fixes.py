@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from ..model import CallSite, Edit, Holder, Remedy, Trace
 from ..model.columns import field_values
-from .codemods.expressions import edited_statement
-from .codemods.numbers import kept_expression, kept_statement
 from .evidence import site_chain
+
+# .codemods (LibCST) is imported inside the functions that use it: not at `import graphwatch` (test_import_cost.py)
 
 GENERIC = (
     "keep numbers (`loss.item()`) or detached tensors (`.detach()`) across steps; run evaluation under "
@@ -81,6 +81,9 @@ def parameters_remedy(trace: Trace, module: str, update: CallSite | None, why: s
 def holder_remedy(site: CallSite, spelled: str, holders: list[Holder]) -> Remedy | None:
     """What the holder assigned or added to on ``site`` (``spelled`` as the line spells it) should keep instead,
     or None when the line does neither."""
+    from .codemods.expressions import edited_statement
+    from .codemods.numbers import kept_expression
+
     kept = kept_expression(site.source)
     if kept is not None:
         return _keep_value(site, kept, holders)
@@ -100,6 +103,8 @@ def holder_remedy(site: CallSite, spelled: str, holders: list[Holder]) -> Remedy
 
 def _keep_value(site: CallSite, kept: str, holders: list[Holder]) -> Remedy | None:
     """``.item()`` for a tensor of one element, ``.detach()`` for one of more (``.item()`` would raise)."""
+    from .codemods.numbers import kept_statement
+
     counts = {h.numel for h in holders}
     if None in counts:
         return None

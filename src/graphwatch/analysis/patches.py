@@ -27,7 +27,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..model import Edit, Finding, Trace
-from .codemods import apply_edits
+
+# .codemods (LibCST) is imported inside the functions that use it: not at `import graphwatch` (test_import_cost.py)
 
 
 def add_patches(trace: Trace) -> None:
@@ -47,6 +48,8 @@ def patch_for(finding: Finding, cwd: str) -> str | None:
 
 def patch_of(edits: Iterable[Edit], cwd: str) -> str | None:
     """The unified diff that makes ``edits`` (files as the trace cites them, relative to ``cwd``), or None."""
+    from .codemods import apply_edits
+
     by_file: dict[str, list[Edit]] = {}
     for edit in edits:
         by_file.setdefault(edit.file, []).append(edit)

@@ -1,4 +1,4 @@
-"""Findings for two more of torch's autograd errors, each explained after torch's own text:
+"""Findings for more of torch's autograd errors, each explained after torch's own text:
 
 - ``modified-in-place``: "one of the variables needed for gradient computation has been modified by an
   inplace operation".  The finding names the line that changed the saved tensor (not only the one that saved
@@ -9,6 +9,20 @@
   finding names the ``with torch.no_grad():`` block or ``@torch.no_grad()`` decorator the loss was made
   under, and, for a block, puts the statements from the loss's first line to the backward under
   ``torch.enable_grad()`` (``enable-grad``).
+- ``non-scalar-backward``: "grad can be implicitly created only for scalar outputs".  The finding names the
+  line that made the loss, its shape, and the criterion built with ``reduction='none'`` that made it (where it
+  is built); the fix, ``.mean()`` or ``.sum()``, is the user's choice: no patch.
+- ``unused-grad-input``: "... appears to not have been used in the graph" (``torch.autograd.grad``).  The
+  finding names the input, where it was made, and the tensors of its shape the outputs were computed from
+  instead (a gradient penalty's critic run on ``interp`` while ``interp_copy`` is differentiated); no patch.
+- ``leaf-modified-in-place``: "a leaf Variable that requires grad is being used in an in-place operation".
+  The finding names the parameter as the frames do (``model.fc.weight``) and the statement; for a parameter,
+  the update goes under ``with torch.no_grad():`` (``no-grad``: the loop over the parameters when it only
+  updates them).
+
+A non-scalar backward and a leaf changed in place are raised by the user's own call, before any engine run
+graphwatch sees: they are explained as they leave the session, from the frames their traceback keeps
+(:meth:`graphwatch.backwards.BackwardWatch.explain_escaped`).
 
 Example::
 
@@ -19,10 +33,14 @@ Example::
 
 from __future__ import annotations
 
+import re
+
 from ..model import Edit, Finding, Remedy, Trace
 from ..model.causes import InplaceCause, NoGraphCause
+from ..model.error_causes import LeafInplaceCause, NonScalarCause, UnusedInputCause
 from .error_remedies import edited_line
 from .evidence import describe, step_name
+from .kept_fixes import training_lines
 
 INPLACE_KIND = "modified-in-place"
 NO_GRAPH_KIND = "loss-without-graph"
@@ -125,3 +143,135 @@ def no_graph_finding(trace: Trace, cause: NoGraphCause, step: int) -> Finding:
     evidence = {"key": where[0] if where else "?", "sites": where, "steps": [step],
                 "block_at": block.where if block else None, "block": cause.kind or None}
     return Finding(NO_GRAPH_KIND, "error", step, text, fix, evidence, remedies=remedies)
+
+
+# ------------------------------------------------------------------ errors of the user's own calls
+NON_SCALAR_KIND = "non-scalar-backward"
+UNUSED_INPUT_KIND = "unused-grad-input"
+LEAF_INPLACE_KIND = "leaf-modified-in-place"
+_NON_SCALAR = "grad can be implicitly created only for scalar outputs"
+_UNUSED = "appears to not have been used in the graph"
+_LEAF_INPLACE = "a leaf Variable that requires grad is being used in an in-place operation"
+_INDEX = re.compile(r"Tensor at index (\d+) appears")
+
+
+def is_non_scalar_error(error: BaseException) -> bool:
+    """True for torch's error about a backward without a gradient from a tensor of more than one element."""
+    return isinstance(error, RuntimeError) and str(error).startswith(_NON_SCALAR)
+
+
+def is_unused_input_error(error: BaseException) -> bool:
+    """True for torch's error about an input of ``torch.autograd.grad`` the outputs were not computed from."""
+    return isinstance(error, RuntimeError) and _UNUSED in str(error)
+
+
+def is_leaf_inplace_error(error: BaseException) -> bool:
+    """True for torch's error about a leaf that requires grad changed in place."""
+    return isinstance(error, RuntimeError) and str(error).startswith(_LEAF_INPLACE)
+
+
+def unused_index(error: BaseException) -> int | None:
+    """The input's position as torch's message gives it (torch >= 2.6), else None.
+
+    >>> unused_index(RuntimeError("The differentiated Tensor at index 2 appears to not have been used in the graph."))
+    2
+    """
+    found = _INDEX.search(str(error))
+    return int(found.group(1)) if found else None
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _named(name: str | None, default: str) -> str:
+    return f"`{name}`" if name else default
+
+
+def _evidence(trace: Trace, step: int, *sites: int | None, **found: object) -> dict:
+    """A finding's evidence: its key (the first site's line), the cited lines, the step, and what was found."""
+    where = list(dict.fromkeys(trace.where(s) for s in sites if s is not None))
+    return {"key": where[0] if where else "?", "sites": where, "steps": [step], **found}
+
+
+def non_scalar_finding(trace: Trace, cause: NonScalarCause, step: int) -> Finding:
+    """The finding of a backward called on a tensor of more than one element; its message follows torch's."""
+    backward, made, built = trace.site(cause.backward_at), trace.site(cause.made_at), trace.site(cause.built_at)
+    loss = _named(cause.name, "the tensor")
+    text = f"graphwatch: {loss} backwarded at {describe(backward)}"
+    text += f" holds one value per element, shape {_shape(cause.shape)}, not one number" if cause.shape else " is not one number"
+    text += f"; it was made at {describe(made)}" if made is not None else ""
+    if cause.criterion:
+        how = "the only module built with reduction='none' the frames hold" if cause.criterion_only else "it"
+        text += (f" by `{cause.criterion}`, an nn.{cause.criterion_type} built with reduction='none'"
+                 + (f" at {describe(built)}" if built is not None else "") + f" ({how} keeps one loss per element)")
+    elif cause.unreduced_op:
+        text += f" by a loss computed with reduction='none' (its graph's {cause.unreduced_op} keeps one loss per element)"
+    text += "."
+    fix = (f"reduce {loss} to one number before the backward, as you mean it: `.mean()` (what the default "
+           "reduction='mean' does) or `.sum()` (gradients then grow with the batch size)"
+           + (f"; or build `{cause.criterion}` without reduction='none'" if cause.criterion else ""))
+    text += f"\nFix (your choice, so no patch): {fix}."
+    evidence = _evidence(trace, step, cause.backward_at, cause.made_at, cause.built_at, shape=list(cause.shape),
+                         criterion=cause.criterion, built_at=built.where if built else None,
+                         made_at=made.where if made else None)
+    why = "which reduction the loss means (a mean, a sum, a weighting) needs the user's judgement"
+    return Finding(NON_SCALAR_KIND, "error", step, text, fix, evidence, remedies=[Remedy(fix, [], why)])
+
+
+def unused_input_finding(trace: Trace, cause: UnusedInputCause, step: int) -> Finding:
+    """The finding of an input of ``torch.autograd.grad`` the outputs were not computed from."""
+    call, made = trace.site(cause.call_at), trace.site(cause.made_at)
+    unused = _named(cause.name, "the tensor")
+    position = f"input {cause.index}" if cause.count > 1 else "the input"
+    text = (f"graphwatch: {position} of the `torch.autograd.grad` at {describe(call)}, {unused}"
+            + (f" (made at {describe(made)})" if made is not None else "")
+            + ", is not in the graph of the outputs: nothing they were computed from comes from it.")
+    seen = [s for s in cause.seen if s.requires_grad] + [s for s in cause.seen if not s.requires_grad]
+    for tensor in seen[:3]:
+        used, built = trace.site(tensor.used_at), trace.site(tensor.made_at)
+        text += (f"\nThey were computed from `{tensor.name}`, of the same shape {_shape(cause.shape)}"
+                 + (f", made at {describe(built)}" if built is not None else "")
+                 + (f", which the model ran on at {describe(used)}" if used is not None else "") + ".")
+    target = seen[0] if seen else None
+    if target is not None and target.requires_grad:
+        fix = (f"pass `{target.name}`, the tensor the outputs were computed from, to `torch.autograd.grad` in place "
+               f"of {unused}, or compute the outputs from {unused} (run the model on the tensor you differentiate)")
+    elif target is not None:
+        fix = (f"compute the outputs from {unused} (run the model on the tensor you differentiate, not on "
+               f"`{target.name}`, which does not require grad)")
+    else:
+        fix = f"compute the outputs from {unused}, or differentiate with respect to a tensor they were computed from"
+    fix += "; `allow_unused=True` only if that input is meant to have no gradient (it then gets None)"
+    text += f"\nFix (no patch: which tensor is meant needs your judgement): {fix}."
+    evidence = _evidence(trace, step, cause.call_at, cause.made_at, *(s.used_at for s in seen[:3]),
+                         index=cause.index, input=cause.name, computed_from=[s.name for s in seen])
+    return Finding(UNUSED_INPUT_KIND, "error", step, text, fix, evidence,
+                   remedies=[Remedy(fix, [], "the outputs and the inputs disagree: only the user knows which is meant")])
+
+
+def leaf_inplace_finding(trace: Trace, cause: LeafInplaceCause, step: int) -> Finding:
+    """The finding of a leaf that requires grad changed in place outside ``torch.no_grad()``."""
+    changed = trace.site(cause.changed_at)
+    what = _named(cause.target, "a leaf tensor that requires grad")
+    named = f"`{cause.parameter}`, " if cause.parameter and cause.parameter != cause.target else ""
+    is_what = f"{named}a parameter (a leaf that requires grad)" if cause.is_parameter else "a leaf that requires grad"
+    text = (f"graphwatch: the statement at {describe(changed)} changes {what} in place"
+            + (f", and {what} is {is_what}" if cause.target else "")
+            + ": autograd cannot record an in-place change of a leaf that requires grad outside `torch.no_grad()`.")
+    remedies: list[Remedy] = []
+    if cause.is_parameter and changed is not None:
+        edit = Edit("no-grad", changed.file, changed.line, training=training_lines(trace).get(changed.file, []))
+        fix = (f"run the update at {changed.where} under `with torch.no_grad():` (the loop over the parameters "
+               "that holds it, when that loop only updates them): a hand-written optimizer step changes the "
+               "parameters' values and must record no graph")
+        remedies.append(Remedy(fix, [edit], f"{what} is a parameter: changing it in place is an update of what "
+                               "trains, never a step of the graph", True))
+    else:
+        fix = ("put the change under `with torch.no_grad():` if it updates a tensor you train by hand; if it belongs "
+               f"to the graph, make it out of place (`{cause.target or 'x'} = {cause.target or 'x'} + ...`)")
+        remedies.append(Remedy(fix, [], "graphwatch cannot tell an update of what trains from a step of the graph"))
+    text += f"\nFix: {fix}."
+    evidence = _evidence(trace, step, cause.changed_at, target=cause.target, parameter=cause.parameter,
+                         shape=list(cause.shape))
+    return Finding(LEAF_INPLACE_KIND, "error", step, text, fix, evidence, remedies=remedies)

@@ -1,12 +1,17 @@
 """What trained: per optimizer, and per parameter it owns, whether a backward gave it a gradient.
 
-A :class:`ParameterLedger` installs its own global optimizer pre-step hook.
+A :class:`ParameterLedger` installs its own global optimizer pre-step hook (a
+session calls its :meth:`~ParameterLedger.before_step` from the session's own).
 The first time an optimizer steps it gets an index (the order in which
 optimizers first step), its class and the variable that holds it, and each of
 its parameters a record: group, index, shape, and the name the user's frames
 give it (``netD.main.0.weight``).  At each step of that optimizer a parameter
-that holds a non-zero gradient for the first time notes the step.  Once all of
-an optimizer's parameters have done so, its steps cost a dictionary look-up.
+that holds a gradient (any, then a non-zero one) for the first time notes the
+step, and one that requires a gradient but holds none counts the step as
+bare (a ``step(closure)`` is not counted: its closure makes the gradients
+after this hook).  Each step looks only at the parameters not yet seen with
+a non-zero gradient: once all of an optimizer's parameters have one, its steps
+cost a dictionary look-up.
 
 Example::
 
@@ -40,33 +45,36 @@ from .holders import parameter_names
 
 
 class _Seen:
-    """One optimizer's records, and whether every parameter it owns has had a gradient."""
+    """One optimizer's records, and which of its parameters have not had a non-zero gradient yet."""
 
-    __slots__ = ("complete", "count", "params", "record", "ref")
+    __slots__ = ("count", "params", "pending", "record", "ref")
 
     def __init__(self, optimizer: torch.optim.Optimizer, record: OptimizerRecord) -> None:
         self.ref = weakref.ref(optimizer)
         self.record = record
         self.params: list[ParameterRecord] = []
         self.count = -1  # parameters it owned when they were last listed
-        self.complete = False
+        self.pending: list[int] = []  # indices in params of those with no non-zero gradient so far
 
 
 class ParameterLedger:
     """Records what each optimizer trains while entered (see the module's docstring).
 
-    ``step``: the index of the step in progress (the session's), read at each optimizer step.
+    ``step``: the index of the step in progress (the session's), read at each optimizer step.  ``site``: the
+    call site id of a frame (the session's :meth:`~graphwatch.capture.callsite.SiteTable.from_frame`), read at
+    each optimizer's first step.
     """
 
-    def __init__(self, step: Callable[[], int]) -> None:
+    def __init__(self, step: Callable[[], int], site: Callable[[FrameType], int | None] | None = None) -> None:
         self._step = step
+        self._site = site
         self._seen: dict[int, _Seen] = {}  # id(optimizer) -> its records
         self._handle: Any = None
         self._unstepped: list[OptimizerRecord] = []
         self._unstepped_params: list[ParameterRecord] = []
 
     def __enter__(self) -> ParameterLedger:
-        self._handle = register_optimizer_step_pre_hook(self._before_step)
+        self._handle = register_optimizer_step_pre_hook(self.before_step)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -98,11 +106,13 @@ class ParameterLedger:
             index += 1
 
     # ------------------------------------------------------------------ hook
-    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """An optimizer step pre-hook: entered, the ledger installs it; a session calls it from its own."""
         seen = self._seen.get(id(optimizer))
         if seen is None or seen.ref() is not optimizer:
             frame = sys._getframe(1)
             record = OptimizerRecord(index=len(self._seen), kind=type(optimizer).__name__, name=_variable_name(frame, optimizer))
+            record.site = self._site(frame) if self._site is not None else None
             seen = self._seen[id(optimizer)] = _Seen(optimizer, record)
         step = self._step()
         record = seen.record
@@ -113,14 +123,29 @@ class ParameterLedger:
         if count != seen.count:  # first step, or add_param_group since
             named = {p.key: p for p in seen.params}
             seen.params = [named.get(p.key, p) for p in _parameter_records(optimizer, record.index, sys._getframe(1))]
-            seen.count, seen.complete = count, False
-        if seen.complete:
-            return
-        params = [param for group in optimizer.param_groups for param in group["params"]]
-        for entry, param in zip(seen.params, params):
-            if entry.first_grad_step is None and _has_gradient(param):
-                entry.first_grad_step = step
-        seen.complete = all(entry.first_grad_step is not None for entry in seen.params)
+            seen.count = count
+            seen.pending = [i for i, entry in enumerate(seen.params) if entry.first_grad_step is None]
+        if seen.pending:
+            closure = args[1] if len(args) > 1 else kwargs.get("closure")  # (args[0]: the optimizer itself)
+            _note_gradients(seen, optimizer, step, count_bare=closure is None)
+
+
+def _note_gradients(seen: _Seen, optimizer: torch.optim.Optimizer, step: int, count_bare: bool) -> None:
+    """Note, for each pending parameter, the first step it holds a gradient, then a non-zero one; or count the
+    step as bare (``count_bare``) when it requires a gradient and holds none."""
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    entries = seen.params
+    for i in seen.pending:
+        entry, param = entries[i], params[i]
+        if entry.first_held_step is None:
+            if param.grad is None:
+                if count_bare and param.requires_grad:
+                    entry.bare_steps += 1
+                continue
+            entry.first_held_step = step
+        if _has_gradient(param):
+            entry.first_grad_step = step
+    seen.pending = [i for i in seen.pending if entries[i].first_grad_step is None]
 
 
 def _has_gradient(param: torch.Tensor) -> bool:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -40,24 +40,30 @@ def hide_from_compiler() -> None:
     objects is marked "skip this frame" (what ``torch.compiler.disable`` does,
     with no wrapper and no cost per call); the frames they call, the user's
     hooks among them, are treated by Dynamo as without graphwatch.  Cheap
-    (one C call per code object, once per process) and a no-op where torch
+    (one C call per code object, once per module) and a no-op where torch
     has no frame strategies.
+
+    Each call hides the modules loaded since the last one: graphwatch imports
+    some of its code on first use (the drawing code, the codemods), maybe from
+    a hook inside a compiled function, and calls this right after.
     """
-    global _hidden
-    if _hidden or _set_strategy is None:
+    if _set_strategy is None:
         return
+    loaded = {
+        name: module
+        for name, module in list(sys.modules.items())
+        if (name == "graphwatch" or name.startswith("graphwatch.")) and name not in _hidden
+    }
     skip = _strategy(_action.SKIP, _action.DEFAULT)
-    for code in _graphwatch_code():
+    for code in _graphwatch_code(loaded.values()):
         _set_strategy(code, skip)
-    _hidden = True
+    _hidden.update(loaded)
 
 
-def _graphwatch_code() -> Iterator[types.CodeType]:
-    """The live code objects of graphwatch's loaded modules: functions, methods, properties, and the
+def _graphwatch_code(modules: Iterable[types.ModuleType]) -> Iterator[types.CodeType]:
+    """The live code objects of graphwatch's ``modules``: functions, methods, properties, and the
     functions nested in them (a closure's code is a constant of the function that makes it)."""
-    pending: list[Any] = [
-        module for name, module in list(sys.modules.items()) if name == "graphwatch" or name.startswith("graphwatch.")
-    ]
+    pending: list[Any] = list(modules)
     seen: set[int] = set()
     while pending:
         item = pending.pop()
@@ -95,7 +101,7 @@ try:
     )
 except ImportError:  # torch without frame strategies: nothing to hide from
     _set_strategy = None  # type: ignore[assignment]
-_hidden = False
+_hidden: set[str] = set()  # the graphwatch modules whose code Dynamo skips
 
 
 def transforming() -> bool:

@@ -30,6 +30,9 @@ class PatchCheck:
     held: list[str] = field(default_factory=list)  # the conditions that held, one sentence each
     failed: list[str] = field(default_factory=list)  # what did not hold (or why the check could not run)
     skipped: list[str] = field(default_factory=list)  # files and folders not copied to the scratch folder
+    # read from a trace file: a verdict this process did not compute, only what the trace claims (every check
+    # the loader reads is marked so, whatever the file says)
+    from_trace: bool = False
 
     @property
     def verdict(self) -> str:

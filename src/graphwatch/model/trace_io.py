@@ -170,6 +170,8 @@ def _record(cls: type, row: Any) -> Any:
         except TypeError as exc:  # (a record of the wrong shape inside: named by the field that holds it)
             raise TypeError(f"{cls.__name__} field {name!r}: {exc}") from None
     check_fields(record, cls.__name__)
+    if isinstance(record, PatchCheck):
+        record.from_trace = True  # a verdict the trace claims, not one computed here
     if isinstance(record, Holder):
         record.steps = StepSpans.of(record.steps)
     return record

@@ -5,15 +5,18 @@ a patched run can be compared with the original one (``--check-fixes``): every
 parameter that received gradients before must still receive them and be
 stepped by the same optimizer.  A parameter is identified across two runs by
 its optimizer's index, its group, its index in the group and its shape, and by
-its name where the user's frames name it (``netD.main.0.weight``).
+its name where the user's frames name it (``netD.main.0.weight``).  A
+session also tells from them which parameters an optimizer steps but never
+trains (:mod:`graphwatch.analysis.untrained`): those that required a gradient
+and held none at every one of its steps.
 
 Example::
 
     >>> from graphwatch.model.training import OptimizerRecord, ParameterRecord
     >>> adam = OptimizerRecord(index=1, kind="Adam", name="optimizerG", first_step=0, steps=3)
     >>> p = ParameterRecord(optimizer=1, group=0, index=2, shape=(8, 4), name="netG.main.0.weight")
-    >>> adam.label, p.label, p.key, p.trained
-    ('optimizerG (Adam)', 'netG.main.0.weight', (1, 0, 2, (8, 4)), False)
+    >>> adam.label, p.label, p.key, p.trained, p.starved
+    ('optimizerG (Adam)', 'netG.main.0.weight', (1, 0, 2, (8, 4)), False, False)
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class OptimizerRecord:
     name: str = ""  # the variable that holds it, where the user's frames name it: "optimizerD"
     first_step: int | None = None  # the step of its first .step(); None: it never stepped
     steps: int = 0  # how many times .step() ran
+    site: int | None = None  # the call site (Trace.sites) of its first .step(), where the session knows it
 
     @property
     def label(self) -> str:
@@ -39,7 +43,8 @@ class OptimizerRecord:
 
 @dataclass(slots=True)
 class ParameterRecord:
-    """One parameter of one optimizer: the first step in which that optimizer stepped it holding a gradient."""
+    """One parameter of one optimizer: the first step in which that optimizer stepped it holding a gradient, and
+    the steps it held none while it required one."""
 
     optimizer: int  # OptimizerRecord.index
     group: int
@@ -47,6 +52,8 @@ class ParameterRecord:
     shape: tuple[int, ...] = ()
     name: str = ""  # as the user's frames name it ("model.0.weight", "log_alpha"), where they do
     first_grad_step: int | None = None  # None: never held a (non-zero) gradient when its optimizer stepped
+    first_held_step: int | None = None  # the first step its optimizer stepped it holding any gradient (zeros too)
+    bare_steps: int = 0  # its optimizer's steps before that at which it required a gradient and held none
 
     @property
     def key(self) -> tuple[int, int, int, tuple[int, ...]]:
@@ -61,3 +68,8 @@ class ParameterRecord:
     @property
     def trained(self) -> bool:
         return self.first_grad_step is not None
+
+    @property
+    def starved(self) -> bool:
+        """Stepped while it required a gradient, and never held one: no backward ever reached it."""
+        return self.first_held_step is None and self.bare_steps > 0

@@ -30,7 +30,8 @@ from typing import Any, cast
 import graphviz
 import torch
 
-from ..model import Trace
+from ..analysis.evidence import carrier_line
+from ..model import NodeRecord, Trace
 from . import dot_writer
 from .focus import FOCUS_BOXES, focus
 from .graph_items import (
@@ -50,6 +51,7 @@ from .graph_items import (
     tensor_label,
 )
 from .kept import add_holders, note_what_each_keeps
+from .visible import one_line
 
 _HEAD = 40  # nodes nearest the outputs kept when a large graph is summarised
 _IMPORTANT = 40  # at most this many crossing / freed-frontier nodes kept besides
@@ -96,10 +98,18 @@ def _overlay(graph: GraphBuilder, trace: Trace | None, current_step: int | None,
     for k, (child, parent) in enumerate(graph.flow):
         old, new = items[child].record, items[parent].record
         if old is not None and new is not None and new.step > old.step:
-            where = trace.where(old.site) if trace is not None and old.site is not None else _step_text(old.step)
+            where = _carrier_where(trace, old) if trace is not None and old.site is not None else _step_text(old.step)
             carried[k] = {"color": EARLIER_COLOR, "fontcolor": EARLIER_COLOR, "style": "bold", "label": where,
                           "fontname": "monospace", "fontsize": "10"}
     return carried
+
+
+def _carrier_where(trace: Trace, carrier: NodeRecord) -> str:
+    """The line a carried edge is labelled with: the one the finding cites for its earlier node (the loop's
+    line that assigns the carried value, ``h = model(x, h)``, rather than the line inside the model that made
+    the node), else the node's own line; on one line."""
+    site, _ = carrier_line(trace, carrier)
+    return one_line(site.where if site is not None else trace.where(carrier.site))
 
 
 def _freed_frontier(items: list[Item], index: int, parents: list[int]) -> bool:
@@ -188,15 +198,17 @@ def _emit(graph: GraphBuilder, rep: list[int], carried: dict[int, dict], overlai
             label = item.label if item.value is None else tensor_label(item, overlaid and item.role == SAVED)
             attrs = {**({"fillcolor": item.fill} if item.fill else {}), **(item.attrs or {}), **_tooltip(item, label, trace)}
             body.append(dot_writer.node(names[index], label, attrs))
+    edges: list[tuple[int, int, dict[str, str]]] = [(c, p, {}) for c, p in graph.flow] + graph.links
+    ways = Counter((rep[t], rep[h]) for t, h, _ in edges if rep[t] != t or rep[h] != h)
     merged: set[tuple[str, str]] = set()  # edges between boxes that draw several items: each drawn once
-    for k, (tail, head, attrs) in enumerate([(c, p, {}) for c, p in graph.flow] + graph.links):
+    for k, (tail, head, attrs) in enumerate(edges):
         remapped = rep[tail] != tail or rep[head] != head
         tail, head = rep[tail], rep[head]
         if tail < 0 or head < 0 or tail == head:
             continue
         pair = (names[tail], names[head])
-        if remapped:
-            if pair in merged:
+        if remapped:  # one arrow between a fold and a box: the way most of its edges go (else the first met)
+            if pair in merged or pair[::-1] in merged or ways[(head, tail)] > ways[(tail, head)]:
                 continue
             merged.add(pair)
         edge = carried.get(k, attrs)
@@ -276,8 +288,8 @@ def _lifecycle(graph: GraphBuilder, trace: Trace | None, current_step: int | Non
 def _draw(graph: GraphBuilder, overlaid: bool, carried: dict[int, dict], legend: bool | None, max_nodes: int,
           focus_on: Collection[int] | None, trace: Trace | None) -> tuple[list[str], dict[str, str]]:
     """Summarise (or focus; that adds to the labels of the nodes it folds into: draw it last) and emit; the boxes
-    either adds to the graph's items for this picture are taken out again."""
-    drawn = len(graph.items)
+    (and their links) either adds to the graph for this picture are taken out again."""
+    drawn, links = len(graph.items), len(graph.links)
     rep = list(range(drawn))
     if focus_on is not None:
         targets = [i for i, item in enumerate(graph.items) if item.record is not None and item.record.id in focus_on]
@@ -285,7 +297,7 @@ def _draw(graph: GraphBuilder, overlaid: bool, carried: dict[int, dict], legend:
     elif len(graph.items) > max_nodes:
         rep = _summarise(graph, [graph.flow[k] for k in carried], max_nodes)
     drawing = _emit(graph, rep, carried, overlaid, overlaid if legend is None else legend, trace)
-    del graph.items[drawn:]
+    del graph.items[drawn:], graph.links[links:]
     return drawing
 
 

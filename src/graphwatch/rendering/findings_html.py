@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from ..model import Finding, SourceLines
 from .gallery import code_spans
 from .patch_checks import check_html
+from .patch_file import not_for_copying
 from .sources import SourceExcerpt, cited_excerpts
-from .visible import html_attr, html_text, patch_warning
+from .visible import html_attr, html_text
 from .wording import finding_steps, steps_text
 
 
@@ -35,37 +36,37 @@ def _diff_class(line: str) -> str:
     return {"+": "add", "-": "del"}.get(line[:1], "")
 
 
-def _patch_html(patch: str) -> str:
+def _patch_html(patch: str, cwd: str | None) -> str:
     """The finding's patch as a diff with a copy button (the page's one script copies the text).
 
-    A patch holding characters that hide or reorder what it shows (bidirectional controls, ESC, ...) is
-    shown with them made visible, says so, and has no copy button: what it applies is not what it reads.
+    A patch holding characters that hide or reorder what it shows (bidirectional controls, ESC, ...), or one
+    that writes outside the run's folder ``cwd`` (:func:`~graphwatch.rendering.patch_file.not_for_copying`),
+    is shown as text (hidden characters made visible) under a warning, and has no copy button.
 
-    >>> 'class="copy"' in _patch_html("+x = 1 #\u202e")
-    False
+    >>> 'class="copy"' in _patch_html("+x = 1 #\u202e", None), 'class="copy"' in _patch_html("--- /etc/passwd", None)
+    (False, False)
     """
     lines = "".join(f'<span class="{_diff_class(line)}">{html_text(line)}</span>\n' for line in patch.splitlines())
-    warning = patch_warning(patch)
+    warning = not_for_copying(patch, cwd)
     if warning is not None:
-        head = f'<p class="patch-warning">{html_attr(warning[0].upper() + warning[1:])}; they are shown marked, and it is ' \
-            "not offered for copying.</p>"
+        head = f'<p class="patch-warning">{html_attr(warning[0].upper() + warning[1:])}; it is shown as text, any ' \
+            "hidden character marked, and it is not offered for copying.</p>"
+        title = "<strong>Patch, not to apply as it is</strong>"
     else:
         head = '<button type="button" class="copy">copy</button>'
-    return (
-        '<div class="patch"><div class="patch-head"><strong>Patch</strong> (apply with <code>patch -p0</code>)'
-        f"{head}</div><pre>{lines}</pre></div>"
-    )
+        title = "<strong>Patch</strong> (apply with <code>patch -p0</code>)"
+    return f'<div class="patch"><div class="patch-head">{title}{head}</div><pre>{lines}</pre></div>'
 
 
 def _same_patch_html(kind: str) -> str:
     return f'<p class="patch-same"><strong>Patch:</strong> the one under <code>{html_attr(kind)}</code> above</p>'
 
 
-def finding_articles(findings: Sequence[Finding], sources: Sequence[SourceLines], notes: Mapping[int, str] | None = None
-                     ) -> list[str]:
+def finding_articles(findings: Sequence[Finding], sources: Sequence[SourceLines], notes: Mapping[int, str] | None = None,
+                     cwd: str | None = None) -> list[str]:
     """Each finding's HTML, its cited lines from ``sources`` (the trace's; ``notes``: by ``id(finding)``, e.g.
     "only on rank 1"); a patch two findings share (an error and the carried graph behind it) is shown under the
-    first only.
+    first only.  ``cwd``: the folder the run ran in (a patch that writes outside it is not offered for copying).
 
     >>> f = Finding("retained-graph", "warning", 3, "m", "f", patch="--- a.py\\n+++ a.py\\n")
     >>> [part.count('class="copy"') for part in finding_articles([f, f], sources=[])]
@@ -75,15 +76,18 @@ def finding_articles(findings: Sequence[Finding], sources: Sequence[SourceLines]
     parts = []
     for finding in findings:
         note = (notes or {}).get(id(finding), "")
-        parts.append(finding_article(finding, sources, note, shown.get(finding.patch or "", "")))
+        parts.append(finding_article(finding, sources, note, shown.get(finding.patch or "", ""), cwd))
         if finding.patch:
             shown.setdefault(finding.patch, finding.kind)
     return parts
 
 
-def finding_article(finding: Finding, sources: Sequence[SourceLines], note: str = "", patch_above: str = "") -> str:
+def finding_article(
+    finding: Finding, sources: Sequence[SourceLines], note: str = "", patch_above: str = "", cwd: str | None = None
+) -> str:
     """One finding: kind, steps, message, fix, its patch (or, ``patch_above``, the kind of the finding above
-    that shows the same one), the source lines it cites (from ``sources``, the trace's stored lines)."""
+    that shows the same one; ``cwd``: as :func:`finding_articles`), the source lines it cites (from ``sources``,
+    the trace's stored lines)."""
     excerpts = cited_excerpts(finding, sources)
     shown = {site for e in excerpts for site in e.sites}
     unread = [s for s in dict.fromkeys(finding.evidence.get("sites") or []) if s not in shown and s != "<unknown>"]
@@ -98,7 +102,8 @@ def finding_article(finding: Finding, sources: Sequence[SourceLines], note: str 
         + f'<span class="steps">{html_attr(steps_text(finding_steps(finding)))}</span></header>'
         f'<p class="message">{code_spans(finding.message)}</p>'
         + (f'<p class="fix"><strong>Fix:</strong> {code_spans(finding.fix)}</p>' if finding.fix not in finding.message else "")
-        + (_same_patch_html(patch_above) if finding.patch and patch_above else _patch_html(finding.patch) if finding.patch else "")
+        + (_same_patch_html(patch_above) if finding.patch and patch_above else "")
+        + (_patch_html(finding.patch, cwd) if finding.patch and not patch_above else "")
         + (check_html(finding.check) if finding.patch and finding.check is not None and not patch_above else "")
         + "".join(map(_excerpt_html, excerpts))
         + missing

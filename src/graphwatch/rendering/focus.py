@@ -31,8 +31,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Sequence
 
-from ..analysis.evidence import counted, human_bytes
+from ..analysis.evidence import counted, human_bytes, steps_text
 from .graph_items import FADED, FN, SAVED, SUMMARY_FILL, GraphBuilder, Item, shape_bytes
+from .kept import count_graphs_not_drawn
 
 FOCUS_BOXES = 30  # about this many boxes in a focused picture (backward nodes, tensors, folds)
 _NODE_SHARE = 2 / 3  # of the boxes, for backward nodes and parameters first; then their tensors
@@ -40,6 +41,7 @@ _FOLD_RESERVE = 4  # boxes kept free for the folds
 _PATH_ENDS = 3  # a root's nearest nodes kept on a long path, besides the target's side
 _TARGETS = 3  # at most this many places of interest (crossings, stale nodes, kept steps: each a path)
 _CHAIN = 2  # a parameter drawn at a node through at most this many single-input nodes (TBackward0, a view)
+_STEP_FOLDS = 4  # above this many steps' folds, the steps with no node drawn fold into one box together
 PARAMETERS = "parameters"  # the fold of the parameters not drawn by name
 
 
@@ -51,11 +53,14 @@ def focus(graph: GraphBuilder, carried: Sequence[tuple[int, int]], targets: Coll
     ``carried``: the (earlier node, later node) flow edges where the graph crosses steps; ``targets``: item
     indices of other nodes that show the problem (a stale node).  Without either, a graph under named
     outputs (what holds kept graphs) is focused on the first node of each step it reaches, and any other
-    graph on the nodes nearest its roots.  A kept node whose tensors find no room says how many it saved.
+    graph on the nodes nearest its roots; a holder's graphs past the first few are counted in one box
+    (:func:`~graphwatch.rendering.kept.count_graphs_not_drawn`).  A kept node whose tensors find no room says
+    how many it saved.
     """
-    if len(graph.items) <= budget:
-        return list(range(len(graph.items)))
-    picture = _Focus(graph, budget)
+    rep = count_graphs_not_drawn(graph)
+    if sum(1 for index, drawn_as in enumerate(rep) if drawn_as == index) <= budget:
+        return rep
+    picture = _Focus(graph, budget, rep)
     places = picture.places(carried, targets)
     for place in places:
         picture.keep(place, must=True)
@@ -75,7 +80,7 @@ def focus(graph: GraphBuilder, carried: Sequence[tuple[int, int]], targets: Coll
 class _Focus:
     """What :func:`focus` keeps, as it decides."""
 
-    def __init__(self, graph: GraphBuilder, budget: int) -> None:
+    def __init__(self, graph: GraphBuilder, budget: int, rep: list[int]) -> None:
         self.graph, self.items, self.budget = graph, graph.items, budget
         n = len(self.items)
         self.kids: list[list[int]] = [[] for _ in range(n)]  # a node's inputs
@@ -89,22 +94,23 @@ class _Focus:
                 self.tensors[item.owner].append(index)
         self.param = {item.owner: i for i, item in enumerate(self.items) if item.role != FN and item.role != SAVED
                       and item.owner >= 0 and self.items[item.owner].op == "AccumulateGrad"}
+        self.rep = rep  # (the graphs a holder's count box draws are not walked)
         self.order, self.previous = self._walk()
         self.kept: dict[int, None] = {}  # in the order kept: the most telling first
         self.drawn_tensors: set[int] = set()
-        self.rep = list(range(n))
-        self.used = sum(1 for item in self.items if item.role != FN and item.owner == -1)  # outputs, holders
+        self.used = sum(1 for i, item in enumerate(self.items) if item.role != FN and item.owner == -1 and rep[i] == i)
         self.holds = bool(self.used)  # graphs under named outputs: what a holder keeps
+        self.steps: set[int] | None = None  # kept graphs: the steps whose nodes are drawn (None: any step's)
         for root in graph.roots:
             self.keep(root, must=True)
 
     def _walk(self) -> tuple[list[int], dict[int, int]]:
-        """Breadth first from the roots: the order met, and the node each was first met from."""
-        previous = {root: -1 for root in self.graph.roots}
+        """Breadth first from the roots drawn: the order met, and the node each was first met from."""
+        previous = {root: -1 for root in self.graph.roots if self.rep[root] == root}
         order = list(previous)
         for node in order:  # grows while iterating
             for kid in self.kids[node]:
-                if kid not in previous:
+                if kid not in previous and self.rep[kid] == kid:
                     previous[kid] = node
                     order.append(kid)
         return order, previous
@@ -121,7 +127,11 @@ class _Focus:
                 if record is not None and self.items[node].op != "AccumulateGrad":
                     steps.setdefault(record.step, node)
             found = sorted(steps.values(), key=rank.__getitem__)
-        return list(dict.fromkeys(found))[: 2 * _TARGETS]
+        found = list(dict.fromkeys(found))
+        if self.holds:  # kept graphs: a few places, and only their steps' nodes drawn
+            found = found[:_TARGETS]
+            self.steps = {record.step for node in found if (record := self.items[node].record) is not None} or None
+        return found[: 2 * _TARGETS]
 
     def paths(self, places: list[int]) -> tuple[list[int], list[int]]:
         """The nodes on the way from a root to each place: those beside each place or a root, and the
@@ -145,9 +155,16 @@ class _Focus:
         chain = [] if must else self._chain_to_parameter(node)
         if chain:  # a parameter (through its AccumulateGrad): its named box
             self._draw_parameter(chain, limit)
-        elif must or self._fits(1, limit):
+        elif must or (self._fits(1, limit) and self._of_steps_drawn(node)):
             self.kept[node] = None
             self.used += 1
+
+    def _of_steps_drawn(self, node: int) -> bool:
+        """Whether ``node`` is of a step whose nodes are drawn: of kept graphs, only those of the steps of their
+        places are (the other steps fold into one box), so that the picture stays as wide however many steps
+        are kept."""
+        record = self.items[node].record
+        return self.steps is None or (record is not None and record.step in self.steps)
 
     def _fits(self, boxes: int, limit: int | None = None) -> bool:
         return self.used + boxes <= (self.budget - _FOLD_RESERVE if limit is None else limit)
@@ -195,22 +212,28 @@ class _Focus:
         return chain if chain[-1] not in self.kept else []
 
     def fold(self) -> list[int]:
-        """Fold every node not kept into one box per step (parameters into one box of their own); return the
-        items' representatives."""
+        """Fold every node not kept into one box per step (parameters into one box of their own; above
+        :data:`_STEP_FOLDS` steps, those with no node drawn into one box together); return the items'
+        representatives."""
         items, rep = self.items, self.rep
-        groups: dict[int | str | None, list[int]] = {}
+        groups: dict[int | tuple[int, ...] | str | None, list[int]] = {}
         for index, item in enumerate(items):
             if item.role == FN and index not in self.kept and rep[index] == index:
                 key = PARAMETERS if index in self.param else None if item.record is None else item.record.step
                 groups.setdefault(key, []).append(index)
+        if sum(isinstance(key, int) for key in groups) > _STEP_FOLDS:
+            drawn = {record.step for node in self.kept if (record := items[node].record) is not None}
+            steps = [key for key in groups if isinstance(key, int) and key not in drawn]
+            if len(steps) > 1:
+                groups[tuple(steps)] = [index for step in steps for index in groups.pop(step)]
         for index, item in enumerate(items):
             if item.role != FN and item.owner >= 0 and rep[index] == index:
                 owner = item.owner
                 shown = index in self.drawn_tensors or rep[owner] == index
                 rep[index] = index if shown else -1
-        for key, members in groups.items():
+        for group, members in groups.items():
             rep.append(len(items))
-            items.append(self._parameters_item(members) if key == PARAMETERS else self._fold_item(key, members))
+            items.append(self._parameters_item(members) if group == PARAMETERS else self._fold_item(group, members))
             for index in members:
                 rep[index] = rep[-1]
         return rep
@@ -220,9 +243,13 @@ class _Focus:
         head = f"+{counted(len(members), 'parameter')}"
         return _fold(head, [], head + (": " + ", ".join(names) if names else ""))
 
-    def _fold_item(self, step: int | str | None, members: list[int]) -> Item:
+    def _fold_item(self, step: int | tuple[int, ...] | str | None, members: list[int]) -> Item:
+        """The fold of the nodes of one step (``step``), of several (a tuple of them), or of no known step."""
         items = self.items
-        of = "" if not isinstance(step, int) else f" of step {step}" if step >= 0 else " from before the session"
+        if isinstance(step, tuple):
+            of = f" of {steps_text(step)}"
+        else:
+            of = "" if not isinstance(step, int) else f" of step {step}" if step >= 0 else " from before the session"
         head = f"+{counted(len(members), 'node')}{of}"
         held = sum(_bytes(items[t]) for i in members for t in self.tensors[i] if items[t].role == SAVED)
         freed_by = {record.freed_by for i in members if (record := items[i].record) is not None}

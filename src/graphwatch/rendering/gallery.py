@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass
 
 from ..model import Snapshot, Trace
-from .dot import legend_entries
-from .svg import DOT_MISSING_NOTICE, DotError, render_svg
 from .visible import html_attr, html_text
+
+# .dot and .svg (graphviz, xml.etree) are imported where a snapshot is drawn: a report without one never loads them
 
 
 def code_spans(text: str) -> str:
@@ -58,6 +58,8 @@ def render_pictures(trace: Trace, slug: str) -> list[Picture]:
         if i >= MAX_PICTURES:
             pictures.append(Picture(snap, file, None, f"not drawn: a report draws the first {MAX_PICTURES} snapshots"))
             continue
+        from .svg import DotError, render_svg
+
         try:
             full = render_svg(snap.dot)
             focus = render_svg(snap.focus) if snap.focus and full is not None else None
@@ -70,6 +72,8 @@ def render_pictures(trace: Trace, slug: str) -> list[Picture]:
 def gallery_html(pictures: list[Picture], slug: str) -> str:
     if not pictures:
         return '<p class="empty">No graph snapshots were taken in this run.</p>'
+    from .svg import DOT_MISSING_NOTICE
+
     missing = any(p.svg is None and p.error is None for p in pictures)
     notice = f'<p class="notice">{code_spans(DOT_MISSING_NOTICE)}</p>' if missing else ""
     figures = []
@@ -96,6 +100,8 @@ _CSS_COLOURS = {"lightblue": "#add8e6", "orange": "#ffa500", "darkolivegreen1": 
 def legend_html() -> str:
     """The snapshots' legend, once per report (the snapshots in the page have none): each entry drawn
     as the drawings draw it, in HTML, so that it reads at any size."""
+    from .dot import legend_entries
+
     entries = []
     for text, attrs in legend_entries():
         fill = _CSS_COLOURS.get(attrs.get("fillcolor", "lightgrey"), "#d3d3d3")

@@ -29,6 +29,7 @@ from ..capture.graph_walk import node_record
 from ..capture.saved import SavedHandle
 from ..capture.saved_views import raw_data
 from ..model import NodeRecord
+from .visible import one_line
 
 PARAM_FILL, SAVED_FILL, OUTPUT_FILL, BASE_FILL = "lightblue", "orange", "darkolivegreen1", "darkolivegreen3"
 FREED_FILL, FREED_SAVED_FILL, SUMMARY_FILL, EARLIER_COLOR = "gray95", "#ffe4bf", "white", "red"
@@ -63,7 +64,7 @@ class Item:
 class Kind(NamedTuple):
     """What is cached per autograd node class (``dir()`` is slow)."""
 
-    name: str
+    name: str  # the class's name on one line (a custom Function's is the user's: any string)
     saved: tuple[tuple[str, bool], ...]  # (attribute after "_saved_", holds tensors)
     custom: bool  # a custom autograd.Function: its saved tensors are always drawn
     accumulates: bool  # AccumulateGrad: draws its .variable
@@ -78,7 +79,7 @@ def node_kind(node: Any) -> Kind:
         names = dir(node)
         raw = {n[11:] for n in names if n.startswith("_raw_saved_")}
         saved = tuple((n[7:], n[7:] in raw) for n in names if n.startswith("_saved_"))
-        kind = Kind(type(node).__name__, saved, "_raw_saved_tensors" in names, "variable" in names)
+        kind = Kind(one_line(type(node).__name__), saved, "_raw_saved_tensors" in names, "variable" in names)
         _KINDS[type(node)] = kind
     return kind
 
@@ -146,7 +147,7 @@ class GraphBuilder:
     """Walks the graph once (iteratively, in torchviz's preorder) into items and edges."""
 
     def __init__(self, params: Mapping[str, torch.Tensor] | None, attrs: bool, saved: bool, max_chars: int) -> None:
-        self.names = {id(t): name for name, t in (params or {}).items()}
+        self.names = {id(t): one_line(name) for name, t in (params or {}).items()}  # a box's first line
         self.show_attrs, self.show_saved, self.max_chars = attrs, saved, max_chars
         self.items: list[Item] = []
         self.flow: list[tuple[int, int]] = []  # (input node, node using it): backward-node edges

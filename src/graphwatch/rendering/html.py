@@ -273,7 +273,9 @@ def _section_html(run: _Run, multi: bool, notes: dict[int, str], legend: str = "
         parts.append(_verdict_html([trace]))
     parts.append(_meta_html(trace, run.trace_file))
     parts.append("<h3>Findings</h3>")
-    parts += finding_articles(trace.findings, trace.sources, notes) or ['<p class="empty">No findings.</p>']
+    cwd = trace.options.get("cwd")
+    articles = finding_articles(trace.findings, trace.sources, notes, cwd=str(cwd) if cwd else None)
+    parts += articles or ['<p class="empty">No findings.</p>']
     parts.append("<h3>Per step</h3>")
     if trace.steps:
         parts += [_charts_html(trace), _table_html(trace)]
@@ -333,14 +335,24 @@ def check_pictures_folder(out_dir: Path) -> None:
     ...
     graphwatch.errors.UsageError: cannot write the report to ...: its snapshots folder is a link ...
     """
+    from .terminal import printable_path
+
     pictures = out_dir / "snapshots"
     if pictures.is_symlink():
-        raise UsageError(
-            f"cannot write the report to {out_dir}: its snapshots folder is a link (to {os.readlink(pictures)}), and "
-            "graphwatch writes only inside the report folder; remove the link or pass another folder"
+        raise _unwritable(
+            out_dir, f"its snapshots folder is a link (to {printable_path(os.readlink(pictures))}), and graphwatch "
+            "writes only inside the report folder; remove the link or pass another folder"
         )
     if pictures.exists() and not pictures.is_dir():
-        raise UsageError(f"cannot write the report to {out_dir}: {pictures} is a file; move it or pass another folder")
+        raise _unwritable(out_dir, f"{printable_path(pictures)} is a file; move it or pass another folder")
+
+
+def _unwritable(out_dir: Path, why: str) -> UsageError:
+    """The error for a report folder that cannot be written: ``cannot write the report to DIR: WHY`` (DIR as
+    one line: :func:`~graphwatch.rendering.terminal.printable_path`)."""
+    from .terminal import printable_path
+
+    return UsageError(f"cannot write the report to {printable_path(out_dir)}: {why}")
 
 
 def _prepare_folder(out_dir: Path) -> None:
@@ -349,11 +361,9 @@ def _prepare_folder(out_dir: Path) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "snapshots").mkdir(exist_ok=True)
     except OSError as exc:
-        raise UsageError(
-            f"cannot write the report to {out_dir}: {exc.strerror or exc}; pass a folder you can write"
-        ) from None
+        raise _unwritable(out_dir, f"{exc.strerror or exc}; pass a folder you can write") from None
     if not os.access(out_dir, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write the report to {out_dir}: permission denied; pass a folder you can write")
+        raise _unwritable(out_dir, "permission denied; pass a folder you can write")
 
 
 def write_report(

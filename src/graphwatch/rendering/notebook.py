@@ -21,6 +21,8 @@ from typing import Any
 from ..model import Finding, Trace
 from .findings_html import finding_article, finding_articles
 from .html import CSS, _meta_html, _verdict_html
+from .visible import html_text
+from .wording import session_hint
 
 NOTEBOOK_SCOPE = "graphwatch-summary"
 
@@ -39,18 +41,32 @@ def _scoped_css(css: str, scope: str) -> str:
     return "".join(rules)
 
 
-def summary_html(trace: Trace) -> str:
+def summary_html(trace: Trace, name: str = "") -> str:
     """The verdict, findings and patches of ``trace`` as a piece of HTML in the report's look (what Jupyter
-    shows for a session or a finding), its styles limited to itself.
+    shows for a session or a finding), its styles limited to itself; with ``name``, it ends with the name the
+    session is bound to in the notebook and what to call on it (:func:`named_hint`).
 
     >>> "graphwatch: no steps recorded" in summary_html(Trace())
     True
+    >>> "gw.findings" in summary_html(Trace(), name="gw")
+    True
     """
     findings = "".join(finding_articles(trace.findings, trace.sources))
+    hint = f'<p class="meta">{html_text(named_hint(name))}</p>' if name else ""
     return (
         f"<style>{_scoped_css(CSS, NOTEBOOK_SCOPE)}</style>"
-        f'<div class="{NOTEBOOK_SCOPE}">{_verdict_html([trace], "h1")}{_meta_html(trace, "")}{findings}</div>'
+        f'<div class="{NOTEBOOK_SCOPE}">{_verdict_html([trace], "h1")}{_meta_html(trace, "")}{findings}{hint}</div>'
     )
+
+
+def named_hint(name: str) -> str:
+    """The line under a notebook's summary: the name the session is bound to, and what to call on it.
+
+    >>> print(named_hint("gw"))  # doctest: +NORMALIZE_WHITESPACE
+    this session is `gw` in the next cells: gw.summary(): the per-step table; gw.report(DIR): the HTML report;
+    gw.findings: these findings
+    """
+    return f"this session is `{name}` in the next cells: {session_hint(name)}"
 
 
 def finding_html(finding: Finding) -> str:

@@ -1,5 +1,8 @@
 """How a report shows a patch's check (``graphwatch run --check-fixes``): one line under the patch.
 
+A check read from a trace file is what that file claims, not a verdict this process computed (a trace can
+be written by anyone): it is shown as ``checked, according to the trace``.
+
 Example::
 
     >>> from graphwatch.model import PatchCheck
@@ -7,6 +10,8 @@ Example::
     'check: checked in 3 steps: the patch applies; the finding is gone'
     >>> "FAILED" in check_html(PatchCheck(checked=False, failed=["<x> got no gradient"]))
     True
+    >>> str(check_text(PatchCheck(checked=True, steps=3, held=["the finding is gone"], from_trace=True)))
+    'check: checked, according to the trace, in 3 steps: the finding is gone'
 """
 
 from __future__ import annotations
@@ -19,14 +24,16 @@ from .visible import html_text, visible
 
 
 def _details(check: PatchCheck) -> tuple[str, str]:
-    """(the verdict word, what held or failed, and what the copy left out)."""
+    """(the verdict word, said to be the trace's claim when it was read from one; what held or failed, and what
+    the copy left out)."""
     said = "; ".join(check.held if check.checked else check.failed)
     if check.skipped:
         shown = ", ".join(check.skipped[:5]) + (f" and {len(check.skipped) - 5} more" if len(check.skipped) > 5 else "")
         said += f" (not copied: {shown})"
+    claimed = ", according to the trace" if check.from_trace else ""
     if check.checked:
-        return "checked", f" in {counted(check.steps, 'step')}: {said}"
-    return "FAILED", f": {said}"
+        return f"checked{claimed}{',' * check.from_trace}", f" in {counted(check.steps, 'step')}: {said}"
+    return f"FAILED{claimed}", f": {said}"
 
 
 def check_text(check: PatchCheck) -> Text:
@@ -39,4 +46,5 @@ def check_text(check: PatchCheck) -> Text:
 def check_html(check: PatchCheck) -> str:
     """The check as a paragraph of the HTML report."""
     word, said = _details(check)
-    return f'<p class="check {"checked" if check.checked else "failed"}"><strong>Check:</strong> {word}{html_text(said)}</p>'
+    verdict = "checked" if check.checked else "failed"
+    return f'<p class="check {verdict}{" claimed" * check.from_trace}"><strong>Check:</strong> {word}{html_text(said)}</p>'

@@ -36,6 +36,7 @@ Example::
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,9 +44,11 @@ from pathlib import Path
 
 from ..analysis.evidence import counted
 from ..model import Finding
+from .visible import patch_warning
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
 _FOLDER = re.compile(r"^# in (?P<folder>.+): patch -p0$")
+_NAME_LINES = ("--- ", "+++ ", "*** ", "Index: ")  # the lines that name the file a diff changes (unified, context)
 
 
 @dataclass
@@ -90,6 +93,43 @@ def _file_diffs(patch: str) -> list[_FileDiff]:
             preamble.append(line)
             i += 1
     return parts
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether ``path`` names ``folder`` or a path under it, by the names alone (nothing is read from disk)."""
+    path, folder = os.path.normpath(path), os.path.normpath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def outside_warning(patch: str, cwd: str | None) -> str | None:
+    """Why ``patch`` must not be offered for applying because of where it writes: it names a file by an absolute
+    path or through ``..``, or its ``# in DIR: patch -p0`` line names a folder outside ``cwd`` (the run's
+    folder; None when it is not known: then any such line), or None.
+
+    >>> outside_warning("# in /etc: patch -p0\\n--- passwd\\n+++ passwd\\n", "/home/me/run")
+    'this patch changes files outside the folder the run ran in (/etc); read it before applying it by hand'
+    >>> outside_warning("--- train.py\\n+++ train.py\\n", "/home/me/run") is None
+    True
+    """
+    outside = []
+    for line in patch.splitlines():  # every line that could name a file to ``patch`` (a removed "-- x" line too)
+        folder = _FOLDER.match(line)
+        if folder is not None:
+            inside = cwd is not None and os.path.isabs(folder["folder"]) and _inside(folder["folder"], cwd)
+            outside += [] if inside else [folder["folder"]]
+        elif line.startswith(_NAME_LINES):
+            name = line.split(" ", 1)[1].split("\t")[0].strip()
+            outside += [name] if os.path.isabs(name) or ".." in name.split("/") else []
+    if not outside:
+        return None
+    named = ", ".join(dict.fromkeys(outside))
+    return f"this patch changes files outside the folder the run ran in ({named}); read it before applying it by hand"
+
+
+def not_for_copying(patch: str, cwd: str | None) -> str | None:
+    """Why ``patch`` must not be offered for copying (:func:`~graphwatch.rendering.visible.patch_warning`:
+    characters that hide what it does; :func:`outside_warning`: where it writes), or None when it may be."""
+    return patch_warning(patch) or outside_warning(patch, cwd)
 
 
 Change = tuple[int, int, list[str]]  # lines [start, end) of the original file, and the lines that replace them
@@ -159,18 +199,41 @@ def _applied(original: list[str], changes: list[Change]) -> list[str]:
     return result
 
 
-def combined_patch(findings: Sequence[Finding], cwd: str | Path) -> str:
-    """One text with every distinct patch of ``findings``, per file one diff from the file on disk (found from
-    ``cwd``, the run's folder, where the patches' paths start) to all its patches applied; first a comment
-    line saying how many, how to apply it, and which patches were left out and why."""
-    patches = list(dict.fromkeys(f.patch for f in findings if f.patch))
+def _parts_by_file(patches: Sequence[str]) -> dict[tuple[str | None, str], list[_FileDiff]]:
+    """The per-file parts of ``patches``, by (the folder a ``# in FOLDER`` line names, the file's path)."""
     by_file: dict[tuple[str | None, str], list[_FileDiff]] = {}
     for patch in patches:
         for part in _file_diffs(patch):
             by_file.setdefault((part.folder, part.path), []).append(part)
+    return by_file
+
+
+def patched_files(findings: Sequence[Finding], cwd: str | Path) -> list[Path]:
+    """The files the patches of ``findings`` change, found from ``cwd`` (the run's folder) as
+    :func:`combined_patch` reads them.
+
+    >>> patched_files([Finding("k", "warning", 0, "m", "f", patch="--- a.py\\n+++ a.py\\n")], "/run")
+    [PosixPath('/run/a.py')]
+    """
+    patches = list(dict.fromkeys(f.patch for f in findings if f.patch))
+    return [Path(folder or cwd) / path for folder, path in _parts_by_file(patches)]
+
+
+def combined_patch(findings: Sequence[Finding], cwd: str | Path) -> str:
+    """One text with every distinct patch of ``findings``, per file one diff from the file on disk (found from
+    ``cwd``, the run's folder, where the patches' paths start) to all its patches applied; first a comment
+    line saying how many, how to apply it, and which patches were left out and why (or, with no finding at
+    all, that there is nothing to patch).
+
+    >>> combined_patch([], ".")
+    '# graphwatch: nothing to patch: the run had no finding\\n'
+    """
+    if not findings:
+        return "# graphwatch: nothing to patch: the run had no finding\n"
+    patches = list(dict.fromkeys(f.patch for f in findings if f.patch))
     notes: list[str] = []
     diffs: list[str] = []
-    for (folder, path), parts in by_file.items():
+    for (folder, path), parts in _parts_by_file(patches).items():
         file = Path(folder or cwd) / path
         try:
             original = file.read_text(encoding="utf-8").splitlines(keepends=True)

@@ -41,7 +41,8 @@ from ..analysis.evidence import counted, human_bytes
 from ..model import Finding, Trace
 from .charts import SPARK_ASCII, SPARK_BLOCKS, sparkline
 from .patch_checks import check_text
-from .visible import patch_warning, visible
+from .patch_file import not_for_copying
+from .visible import visible
 from .wording import (
     averaged_text,
     cited_sites,
@@ -59,6 +60,7 @@ from .wording import (
     verdict,
 )
 
+_LINE_BREAKS = re.compile("[\t\n]")  # what :func:`visible` leaves as they are; a printed path shows them escaped
 _SEVERITY_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold blue"}
 _SEVERITY_MARK = {"error": "✖", "warning": "▲", "info": "●"}
 # one ASCII character for each non-ASCII one the summary draws, so columns stay aligned
@@ -71,7 +73,7 @@ _ASCII = str.maketrans(
 # ------------------------------------------------------------------------- rich output
 def finding_lines(
     finding: Finding, note: str = "", in_error: bool = False, patch_above: str | None = None,
-    patch_number: int | None = None,
+    patch_number: int | None = None, cwd: str | None = None,
 ) -> Iterator[RenderableType]:
     """One finding as the summary shows it: kind and steps (and ``note``, e.g. ``only on rank 1``), message, fix,
     patch, lines.
@@ -79,7 +81,8 @@ def finding_lines(
     ``in_error``: the error that ended the run holds the explanation; one line points at it.
     ``patch_above``: the kind of a finding printed above with the same patch (it is not printed again).
     ``patch_number``: the patch is printed below, outside any box, as that number (:func:`patch_blocks`); only
-    a line points at it.  Otherwise the patch follows, exactly as it is (:class:`Verbatim`).
+    a line points at it.  Otherwise the patch follows, exactly as it is (:class:`Verbatim`), unless it is not
+    to be copied (:func:`~graphwatch.rendering.patch_file.not_for_copying`; ``cwd``: the run's folder).
 
     >>> [type(part).__name__ for part in finding_lines(Finding("retained-graph", "warning", 3, "m", "f"))]
     ['Text', 'Padding', 'Padding']
@@ -96,9 +99,9 @@ def finding_lines(
         yield Padding(Text(printable(finding.message)), (0, 0, 0, 2), expand=False)
     if not in_error and finding.fix not in finding.message:  # an explanation lists its fixes: not again
         yield Padding(Text.assemble(("fix: ", "bold green"), printable(finding.fix)), (0, 0, 0, 2), expand=False)
-    warning = patch_warning(finding.patch) if finding.patch else None
+    warning = not_for_copying(finding.patch, cwd) if finding.patch else None
     if finding.patch and warning is not None:  # never offered for copying: shown marked, in the box
-        head = f"patch, not for copying: {warning}; it is shown marked:"
+        head = f"patch, not for copying: {warning}; it is shown as text, any hidden character marked:"
         yield Padding(Text(head, style="bold red"), (0, 0, 0, 2), expand=False)
         yield Padding(diff_text(finding.patch), (0, 0, 0, 4), expand=False)
     elif finding.patch and patch_number is not None:
@@ -118,11 +121,12 @@ def finding_lines(
 
 def findings_lines(
     findings: Sequence[Finding], in_error: Callable[[Finding], bool] | None = None,
-    patch_numbers: Mapping[str, int] | None = None,
+    patch_numbers: Mapping[str, int] | None = None, cwd: str | None = None,
 ) -> Iterator[RenderableType]:
     """Each of ``findings`` by :func:`finding_lines`, a blank line between them; a patch two findings share
     (a backward-twice error and the carried graph behind it) is printed under the first only.
     ``patch_numbers`` (patch -> its number, :func:`numbered_patches`): the patches are printed elsewhere.
+    ``cwd``: the folder the run ran in (:func:`finding_lines`).
 
     >>> f = Finding("retained-graph", "warning", 3, "m", "f", patch="--- a.py\\n+++ a.py\\n")
     >>> [type(part).__name__ for part in findings_lines([f, f])].count("Padding")
@@ -135,15 +139,16 @@ def findings_lines(
         number = patch_numbers.get(finding.patch or "") if patch_numbers is not None else None
         yield from finding_lines(
             finding, in_error=bool(in_error and in_error(finding)), patch_above=printed.get(finding.patch or ""),
-            patch_number=number,
+            patch_number=number, cwd=cwd,
         )
         if finding.patch:
             printed.setdefault(finding.patch, finding.kind)
 
 
-def numbered_patches(findings: Sequence[Finding]) -> dict[str, int]:
+def numbered_patches(findings: Sequence[Finding], cwd: str | None = None) -> dict[str, int]:
     """Each distinct patch of ``findings`` that may be offered for copying -> its number (1, 2, ...), in the
-    findings' order (a patch holding hidden or reordering characters is shown marked under its finding).
+    findings' order (a patch holding hidden or reordering characters, or writing outside ``cwd``, the run's
+    folder, is shown as text under its finding: :func:`~graphwatch.rendering.patch_file.not_for_copying`).
 
     >>> f = Finding("retained-graph", "warning", 3, "m", "f", patch="--- a.py\\n+++ a.py\\n")
     >>> numbered_patches([f, f, Finding("retained-graph", "warning", 4, "m", "f")])
@@ -151,7 +156,7 @@ def numbered_patches(findings: Sequence[Finding]) -> dict[str, int]:
     """
     numbers: dict[str, int] = {}
     for finding in findings:
-        if finding.patch and finding.patch not in numbers and patch_warning(finding.patch) is None:
+        if finding.patch and finding.patch not in numbers and not_for_copying(finding.patch, cwd) is None:
             numbers[finding.patch] = len(numbers) + 1
     return numbers
 
@@ -247,6 +252,17 @@ def printable(text: str) -> str:
     return visible(text)
 
 
+def printable_path(path: str | os.PathLike[str]) -> str:
+    """A path as one line of output: :func:`printable`, and its tabs and newlines written as ``\\u{9}`` and
+    ``\\u{a}`` too (a folder name holding a newline must not print a line of its own, one that reads as
+    graphwatch's).
+
+    >>> printable_path("rep\\ngraphwatch: no graph leaks")
+    'rep\\\\u{a}graphwatch: no graph leaks'
+    """
+    return _LINE_BREAKS.sub(lambda match: f"\\u{{{ord(match[0]):x}}}", printable(os.fspath(path)))
+
+
 def ascii_safe(console: Console, options: ConsoleOptions, parts: Sequence[RenderableType]) -> RenderResult:
     """Render ``parts`` with no control character left in their text (whatever escaped :func:`printable` is
     made visible here); on a console that cannot encode unicode, as ASCII (rich already draws boxes in ASCII
@@ -303,7 +319,7 @@ class Summary:
         for notice in (detail_text(trace), averaged_text(trace), counted_only_text(trace)):
             if notice:
                 yield Text(notice, style="dim")
-        patches = numbered_patches(trace.findings)
+        patches = numbered_patches(trace.findings, self._cwd)
         if trace.findings and boxed:
             yield Panel(
                 Group(*self._findings(patches)),
@@ -322,10 +338,17 @@ class Summary:
             yield Text(time_text(trace), style="dim")
         if self.report is not None:
             index = Path(self.report)
-            yield Text.assemble(("report: ", "bold"), str(index if index.suffix == ".html" else index / "index.html"))
+            yield Text.assemble(("report: ", "bold"), printable_path(index if index.suffix == ".html" else index / "index.html"))
 
     def _findings(self, patches: Mapping[str, int]) -> Iterator[RenderableType]:
-        yield from findings_lines(self.trace.findings, lambda finding: explained_in_error(self.trace, finding), patches)
+        yield from findings_lines(
+            self.trace.findings, lambda finding: explained_in_error(self.trace, finding), patches, self._cwd
+        )
+
+    @property
+    def _cwd(self) -> str | None:
+        cwd = self.trace.options.get("cwd")
+        return str(cwd) if cwd else None
 
     def _table(self) -> Table:
         steps = self.trace.steps

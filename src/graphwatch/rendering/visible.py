@@ -67,6 +67,18 @@ def visible(text: str) -> str:
     return _HIDDEN.sub(_marker, _readable(text))
 
 
+def one_line(text: str) -> str:
+    """``text`` as :func:`visible` shows it, on one line: a newline written as ``\\n`` and a tab as ``\\t``.
+
+    For a name the user's code spells (a module attribute set with ``setattr`` can be any string) where the
+    lines are graphwatch's own: a box of a drawing is the name over its shape, and its first line is the name.
+
+    >>> one_line('a"b\\n]c\\\\\\t')
+    'a"b\\\\n]c\\\\\\\\t'
+    """
+    return visible(text).replace("\n", "\\n").replace("\t", "\\t")
+
+
 def _readable(text: str) -> str:
     return text if text.isascii() else _ESCAPED_BYTES.sub(_decoded, text)  # (isascii: a flag, not a scan)
 

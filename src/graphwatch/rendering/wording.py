@@ -291,9 +291,18 @@ def session_line(trace: Trace, state: str) -> str:
     return f"<graphwatch.Session {state}: {counted(len(trace.steps), 'step')}, {said}>"
 
 
-def session_text(trace: Trace, state: str) -> str:
+def session_hint(name: str = "gw") -> str:
+    """Where to read more about a session bound to ``name``.
+
+    >>> session_hint("gw2")
+    'gw2.summary(): the per-step table; gw2.report(DIR): the HTML report; gw2.findings: these findings'
+    """
+    return f"{name}.summary(): the per-step table; {name}.report(DIR): the HTML report; {name}.findings: these findings"
+
+
+def session_text(trace: Trace, state: str, name: str = "gw") -> str:
     """A session as text (``print(gw)``, a notebook's text view): the verdict, each finding with its fix and
-    patch, and where to read more.
+    patch, and where to read more (the session bound to ``name``).
 
     >>> print(session_text(Trace(findings=[Finding("retained-graph", "warning", 3, "held", "drop it")]), "ended"))
     graphwatch: 1 problem in 0 steps (session ended)
@@ -310,7 +319,7 @@ def session_text(trace: Trace, state: str) -> str:
         lines.append(str(finding))
         if finding.patch:
             lines += ["  patch (patch -p0):", finding.patch.rstrip("\n")]
-    lines.append("gw.summary(): the per-step table; gw.report(DIR): the HTML report; gw.findings: these findings")
+    lines.append(session_hint(name))
     return "\n".join(lines)
 
 

@@ -26,6 +26,7 @@ from typing import TypeVar, cast
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
+from ...capture.transforms import hide_from_compiler
 from ...model import EDIT_KINDS, Edit
 
 NodeT = TypeVar("NodeT", bound=cst.CSTNode)
@@ -121,3 +122,6 @@ from . import detach as detach  # noqa: E402
 from . import inplace as inplace  # noqa: E402
 from . import no_grad as no_grad  # noqa: E402
 from . import numbers as numbers  # noqa: E402
+
+# loaded on first use, maybe by a hook inside a compiled function: Dynamo must skip these frames as graphwatch's others
+hide_from_compiler()

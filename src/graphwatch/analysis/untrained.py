@@ -1,0 +1,133 @@
+"""Parameters an optimizer steps but never trains: an ``untrained-parameters`` finding at the session's end.
+
+A GAN whose generator step detaches the generator's output (a "fix" for
+torch's backward-twice error) runs without error and never trains the
+generator: its optimizer steps every iteration and none of its parameters ever
+holds a gradient.  The session's :class:`~graphwatch.capture.parameters.ParameterLedger`
+counts, per parameter, its optimizer's steps at which it required a gradient
+and held none (``ParameterRecord.bare_steps``) until a gradient first arrived
+(``first_held_step``); a parameter with at least :data:`MIN_STEPS` such steps
+and no gradient ever is *starved*.  Silent on a frozen parameter
+(``requires_grad=False``), on one that gets gradients on some steps only, on a
+gradient of zeros (a gradient arrived), and on short runs.  One finding per
+optimizer names it and its starved parameters, and says in words what can cut
+them off (no patch: which part should train takes judgement).
+
+Example::
+
+    >>> from graphwatch.model import OptimizerRecord, ParameterRecord, Trace
+    >>> trace = Trace()
+    >>> trace.optimizers = [OptimizerRecord(index=0, kind="Adam", name="opt_G", first_step=0, steps=50)]
+    >>> trace.parameters = [ParameterRecord(optimizer=0, group=0, index=i, shape=(4,), name=f"G.fc.{n}",
+    ...                                     bare_steps=50) for i, n in enumerate(("weight", "bias"))]
+    >>> [finding.evidence["parameters_text"] for finding in untrained_parameters(trace)]
+    ['all 2 parameters of G.fc']
+"""
+
+from __future__ import annotations
+
+from ..model import Finding, OptimizerRecord, ParameterRecord, Remedy, Trace
+from .evidence import counted, optimizer_name
+from .findings import make_finding, renderer
+
+MIN_STEPS = 10  # steps of its optimizer at which a parameter required a gradient and held none
+LISTED = 4  # names (or modules) a finding lists before "and N more"
+
+
+def untrained_parameters(trace: Trace) -> list[Finding]:
+    """One finding per optimizer that stepped parameters requiring a gradient that never held one."""
+    findings = []
+    for optimizer in trace.optimizers:
+        owned = [p for p in trace.parameters if p.optimizer == optimizer.index]
+        starved = [p for p in owned if p.first_held_step is None and p.bare_steps >= MIN_STEPS]
+        if starved:
+            findings.append(_finding(trace, optimizer, owned, starved))
+    return findings
+
+
+def _finding(trace: Trace, optimizer: OptimizerRecord, owned: list, starved: list) -> Finding:
+    site = trace.site(optimizer.site)
+    name = optimizer.name or (optimizer_name(site.source) if site is not None and site.source else "")
+    others = [o.label for o in trace.optimizers if o is not optimizer and _trains(trace, o)]
+    evidence = {
+        "key": f"untrained:{optimizer.index}:{optimizer.kind}:{name}",
+        "sites": [site.where] if site is not None else [],
+        "steps": [optimizer.first_step or 0],
+        "optimizer": name or f"optimizer {optimizer.index}",
+        "optimizer_kind": optimizer.kind,
+        "optimizer_at": site.where if site is not None else None,
+        "optimizer_steps": optimizer.steps,
+        "bare_steps": min(p.bare_steps for p in starved),
+        "parameters": len(starved),
+        "owned": len(owned),
+        "names": [p.label for p in starved],
+        "parameters_text": _summary(starved, owned),
+        "others_train": others,
+    }
+    last = max(len(trace.steps) - 1, 0)
+    return make_finding("untrained-parameters", "warning", last, evidence, [_advice(evidence)])
+
+
+def _trains(trace: Trace, optimizer: OptimizerRecord) -> bool:
+    return any(p.first_held_step is not None for p in trace.parameters if p.optimizer == optimizer.index)
+
+
+def _module(name: str) -> str:
+    """``G.fc`` for ``G.fc.weight``; "" for a name without a module."""
+    return name.rpartition(".")[0]
+
+
+def _common_module(names: list[str]) -> str:
+    """The longest dotted prefix every name shares (``G`` for ``G.fc.weight`` and ``G.out.bias``), or ""."""
+    parts = [name.split(".")[:-1] for name in names]
+    common: list[str] = []
+    for column in zip(*parts):
+        if len(set(column)) != 1:
+            break
+        common.append(column[0])
+    return ".".join(common)
+
+
+def _summary(starved: list[ParameterRecord], owned: list[ParameterRecord]) -> str:
+    """The starved parameters as the user's frames name them: a whole optimizer or module in a few words."""
+    if len(starved) == len(owned) > 1:
+        module = _common_module([p.name for p in owned]) if all(p.name for p in owned) else ""
+        return f"all {counted(len(owned), 'parameter')} " + (f"of {module}" if module else "it owns")
+    groups: dict[str, list[ParameterRecord]] = {}
+    for param in starved:
+        groups.setdefault(_module(param.name), []).append(param)
+    parts = []
+    for module, group in groups.items():
+        whole = module and len(group) > 1 and len(group) == sum(_module(p.name) == module for p in owned)
+        parts += [f"all {counted(len(group), 'parameter')} of {module}"] if whole else [p.label for p in group]
+    shown = ", ".join(parts[:LISTED])
+    return shown + (f" and {len(parts) - LISTED} more" if len(parts) > LISTED else "")
+
+
+def _advice(ev: dict) -> Remedy:
+    """Words, never an edit: which part should train takes judgement."""
+    return Remedy(
+        f"find what cuts {ev['parameters_text']} off from the loss whose backward runs before "
+        f"`{ev['optimizer']}.step()`: a `.detach()`, `.data` or `torch.no_grad()` between them and that loss "
+        "(a GAN detaches the generator's output for the discriminator's loss only, never at the generator's step), "
+        "or a module the forward never calls; if they are meant to stay fixed, call `requires_grad_(False)` on "
+        f"them or leave them out of `{ev['optimizer']}`"
+    )
+
+
+@renderer("untrained-parameters")
+def _render_untrained(ev: dict) -> str:
+    at = f" at {ev['optimizer_at']}" if ev["optimizer_at"] else ""
+    some = ev["parameters"] < ev["owned"]
+    if some:
+        cause = ("it trains the others, so these are most likely in a module the forward never calls, or one whose "
+                 "output is cut from the loss by `.detach()`, `.data` or `torch.no_grad()`")  # fmt: skip
+    else:
+        trained = f" while {', '.join(ev['others_train'])} trains" if ev["others_train"] else ""
+        cause = (f"it trains nothing{trained}: the network it owns is cut off from the loss, most likely by a "
+                 "`.detach()`, `.data` or `torch.no_grad()` between its output and that loss, or it is never called")  # fmt: skip
+    return (
+        f"`{ev['optimizer']}.step()`{at} ({ev['optimizer_kind']}) ran {counted(ev['optimizer_steps'], 'time')}, "
+        f"but {ev['parameters_text']} never held a gradient at any of them (at least {ev['bare_steps']} of those "
+        f"steps while requiring one): no backward reached them, so the optimizer never changes them; {cause}"
+    )

@@ -1,0 +1,111 @@
+"""``import graphwatch`` loads only what watching needs (issue 41): LibCST, the codemods and the renderers
+that only a report, a patch or a drawing needs load when first used.
+
+A short script, and every pytest run (the plugin registers itself through the
+``pytest11`` entry point, so it imports graphwatch in every pytest run of a
+user who installed it), would otherwise pay for them.  Each test runs a fresh
+interpreter and reads its ``sys.modules``; no timings (benchmarks/import_cost.py
+measures what this saves).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import graphwatch
+
+REPO = Path(graphwatch.__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parent
+PATCHES = ("libcst", "graphwatch.analysis.codemods")  # what makes a patch, or a fix sentence's edited line
+DRAWING = ("graphviz", "graphwatch.rendering.dot", "graphwatch.rendering.svg")  # what draws a graph snapshot
+REPORTS = ("rich", "graphwatch.rendering.html", "graphwatch.rendering.terminal")  # the HTML report, the summary
+HEAVY = PATCHES + DRAWING + REPORTS
+
+
+def loaded_after(code: str, cwd: Path) -> tuple[set[str], str]:
+    """Run ``code`` in a fresh interpreter (in ``cwd``); which of :data:`HEAVY` it had loaded at the end, and
+    what it printed before that."""
+    report = f"import json as _j, sys as _s\nprint(_j.dumps([m for m in {HEAVY!r} if m in _s.modules]))"
+    done = subprocess.run(
+        [sys.executable, "-c", f"{code}\n{report}"], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    *printed, last = done.stdout.splitlines()
+    return set(json.loads(last)), "\n".join(printed)
+
+
+def test_import_graphwatch_loads_no_libcst_codemods_or_renderers(tmp_path: Path) -> None:
+    loaded, _ = loaded_after("import graphwatch", tmp_path)
+    assert loaded == set()
+
+
+def test_importing_the_pytest_plugin_loads_no_libcst_codemods_or_renderers(tmp_path: Path) -> None:
+    loaded, _ = loaded_after("import graphwatch.pytest_plugin", tmp_path)
+    assert loaded == set()
+
+
+def test_the_public_names_that_load_on_first_use_still_work(tmp_path: Path) -> None:
+    code = """
+import graphwatch, torch
+names = dir(graphwatch)
+y = (torch.ones(2, requires_grad=True) * 2).sum()
+print("make_dot" in names, "fillcolor=lightblue" in graphwatch.make_dot(y, params={}).source)
+from graphwatch import make_dot
+print(make_dot is graphwatch.make_dot)
+try:
+    graphwatch.no_such_name
+except AttributeError as error:
+    print(error)
+"""
+    loaded, printed = loaded_after(code, tmp_path)
+    assert printed.splitlines() == ["True True", "True", "module 'graphwatch' has no attribute 'no_such_name'"]
+    assert {"graphviz", "graphwatch.rendering.dot"} <= loaded
+
+
+def test_watching_a_near_empty_script_loads_no_codemods_and_draws_nothing(tmp_path: Path) -> None:
+    (tmp_path / "empty.py").write_text("print(1)\n")
+    code = "from graphwatch.cli import main\nassert main(['run', '--out', 'out', 'empty.py']) == 0"
+    loaded, printed = loaded_after(code, tmp_path)
+    assert printed == "1"
+    assert loaded.isdisjoint(PATCHES + DRAWING)
+    assert set(REPORTS) <= loaded  # the summary and the report are still made
+    assert "No graph snapshots were taken in this run." in (tmp_path / "out" / "index.html").read_text()
+
+
+def test_a_findings_patch_loads_the_codemods_and_the_drawing_and_they_work(tmp_path: Path) -> None:
+    shutil.copy(REPO / "examples" / "total_loss_bug.py", tmp_path / "total_loss_bug.py")
+    code = "from graphwatch.cli import main\nmain(['run', '--quiet', '--out', 'out', 'total_loss_bug.py'])"
+    loaded, _ = loaded_after(code, tmp_path)
+    assert set(HEAVY) <= loaded
+    trace = graphwatch.load(tmp_path / "out" / "trace.json")
+    patch = next(f.patch for f in trace.findings if f.patch)
+    assert "+" in patch and ".item()" in patch  # the codemod's edit: keep a number, not the graph
+    assert trace.snapshots and trace.snapshots[0].dot.startswith("digraph")
+    if shutil.which("dot"):
+        assert "<svg" in (tmp_path / "out" / "index.html").read_text()
+
+
+def test_drawing_code_loaded_inside_a_compiled_function_is_hidden_from_dynamo_too(tmp_path: Path) -> None:
+    """The first backward's snapshot loads the drawing code from inside a compiled step: Dynamo must skip its
+    frames as graphwatch's others (test_compile_breaks.py), not compile graphs of them."""
+    code = f"""
+import sys
+sys.path.insert(0, {str(TESTS)!r})
+from test_compile_breaks import compile_stats, train_step_with_backward_inside
+bare = compile_stats(train_step_with_backward_inside, None)
+print("graphwatch.rendering.dot" in sys.modules)
+watched = compile_stats(train_step_with_backward_inside, "default")
+print("graphwatch.rendering.dot" in sys.modules)
+print(bare["graphs"], watched["graphs"], sum(bare["breaks"].values()), sum(watched["breaks"].values()))
+print(bare["warnings"] == watched["warnings"])
+"""
+    _, printed = loaded_after(code, tmp_path)
+    drawn_before, drawn_after, counts, same_warnings = printed.splitlines()[-4:]
+    assert (drawn_before, drawn_after) == ("False", "True")  # loaded by the session, inside the compiled step
+    bare_graphs, watched_graphs, bare_breaks, watched_breaks = counts.split()
+    assert (watched_graphs, watched_breaks) == (bare_graphs, bare_breaks)
+    assert same_warnings == "True"
