@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import graphwatch
 
 REPO = Path(graphwatch.__file__).resolve().parents[2]
@@ -123,3 +125,16 @@ def test_an_empty_out_means_no_report_however_it_is_given(tmp_path: Path) -> Non
         assert run.returncode == 0, run.stderr
         assert run.stdout == "trained\n" and "no graph leaks in 3 steps" in run.stderr and "report:" not in run.stderr
         assert files_in(folder) == {"train.py"}, how
+
+
+def test_a_newline_in_an_unwritable_out_folder_or_a_rank_hint_prints_no_line_of_its_own(tmp_path: Path) -> None:
+    from graphwatch.rendering.terminal import other_ranks_hint
+    from graphwatch.runner import check_out_dir
+
+    folder = tmp_path / "a\nFAKE: 0 problems"
+    folder.write_text("a file where the folder should be")
+    with pytest.raises(graphwatch.UsageError) as error:
+        check_out_dir(folder)
+    assert "\n" not in str(error.value) and "a\\u{a}FAKE: 0 problems" in str(error.value)
+    hint = other_ranks_hint(tmp_path / "out\nFAKE" / "rank0")
+    assert "\n" not in hint and "out\\u{a}FAKE/rank*/trace.json" in hint

@@ -173,17 +173,18 @@ def check_out_dir(out: str | os.PathLike[str]) -> Path:
         cannot write the report to /dev/null/graphwatch-report: Not a directory; pass --out a folder you can write
     """
     from .rendering.html import check_pictures_folder
+    from .rendering.terminal import printable_path
 
-    path = Path(out)
+    path, shown = Path(out), printable_path(out)  # (a newline in the name must not print a line of its own)
     if path.exists() and not path.is_dir():
-        raise UsageError(f"cannot write the report to {out}: it is a file, not a folder; pass --out a folder")
+        raise UsageError(f"cannot write the report to {shown}: it is a file, not a folder; pass --out a folder")
     check_pictures_folder(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as exc:
-        raise UsageError(f"cannot write the report to {out}: {exc.strerror or exc}; pass --out a folder you can write") from None
+        raise _unwritable(out, exc) from None
     return path
 
 
@@ -199,7 +200,15 @@ def write_report(
     try:
         return Path(render(traces, out, headline))
     except OSError as exc:
-        raise UsageError(f"cannot write the report to {out}: {exc.strerror or exc}; pass --out a folder you can write") from None
+        raise _unwritable(out, exc) from None
+
+
+def _unwritable(out: str | os.PathLike[str], exc: OSError) -> UsageError:
+    """The error for a report folder ``out`` that could not be written, its name on one line."""
+    from .rendering.terminal import printable_path
+
+    return UsageError(f"cannot write the report to {printable_path(out)}: {exc.strerror or exc}; "
+                      "pass --out a folder you can write")  # fmt: skip
 
 
 def in_distributed_job() -> bool:

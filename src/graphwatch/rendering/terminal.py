@@ -419,7 +419,8 @@ def other_ranks_hint(report: Path | None) -> str:
     if folder is not None and folder.suffix == ".html":
         folder = folder.parent
     base = folder.parent if folder is not None and folder.name.startswith("rank") else None
-    where = f"{base}/rank*/trace.json --out {base}" if base is not None else "RANK0.json RANK1.json ..."
+    shown = None if base is None else printable_path(base)
+    where = f"{shown}/rank*/trace.json --out {shown}" if shown is not None else "RANK0.json RANK1.json ..."
     return f"other ranks record their own traces; one report of all ranks: graphwatch report {where}"
 
 
