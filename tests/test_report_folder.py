@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_text_forms import STEP_SCRIPT
 
 import graphwatch
 
@@ -30,19 +31,7 @@ for _ in range(3):
     (w * 2).sum().backward()
     opt.step()
 """
-STEPS = """\
-import torch, graphwatch
-{configure}
-w = torch.ones(3, requires_grad=True)
-
-@graphwatch.step
-def train_step():
-    (w * 2).sum().backward()
-
-for _ in range(3):
-    train_step()
-print("trained")
-"""
+STEPS = STEP_SCRIPT + 'print("trained")\n'  # the decorator's session, then a line that says the training ended
 
 
 def run_python(folder: Path, code: str, **env: str) -> subprocess.CompletedProcess[str]:
