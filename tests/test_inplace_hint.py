@@ -28,7 +28,7 @@ def gan_reusing_d_output(steps: int = 2) -> None:
         opt_g.step()
 
 
-def rnn_retained_across_steps(steps: int = 3) -> None:
+def rnn_retained_across_steps(steps: int = 3, retain_graph: bool = True) -> None:
     torch.manual_seed(0)
     cell, head = nn.RNNCell(3, 4), nn.Linear(4, 1)
     opt = torch.optim.SGD([*cell.parameters(), *head.parameters()], lr=0.1)
@@ -36,7 +36,7 @@ def rnn_retained_across_steps(steps: int = 3) -> None:
     for _ in range(steps):
         opt.zero_grad()
         h = cell(torch.randn(2, 3), h)
-        head(h).pow(2).mean().backward(retain_graph=True)
+        head(h).pow(2).mean().backward(retain_graph=retain_graph)
         opt.step()  # at: rnn-step
 
 
@@ -77,15 +77,7 @@ def loss_backwarded_again_after_a_step(steps: int = 3) -> None:
 
 
 def rnn_carried_without_detach(steps: int = 3) -> None:
-    torch.manual_seed(0)
-    cell, head = nn.RNNCell(3, 4), nn.Linear(4, 1)
-    opt = torch.optim.SGD([*cell.parameters(), *head.parameters()], lr=0.1)
-    h = torch.zeros(2, 4)
-    for _ in range(steps):
-        opt.zero_grad()
-        h = cell(torch.randn(2, 3), h)
-        head(h).pow(2).mean().backward()
-        opt.step()
+    rnn_retained_across_steps(steps, retain_graph=False)  # the step's backward frees what the next one reaches
 
 
 def carried_finding(program: object) -> tuple[str, str]:
