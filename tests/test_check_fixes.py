@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import warm_python
 
 import graphwatch
 from graphwatch.analysis.patch_checks import steps_to_run
@@ -88,14 +89,14 @@ def folder_digest(folder: Path) -> dict[str, str]:
 
 def graphwatch_run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, COLUMNS="1000")  # one terminal line per summary line
-    return subprocess.run([sys.executable, "-m", "graphwatch", "run", *args], cwd=cwd, env=env, capture_output=True,
+    return warm_python.run([sys.executable, "-m", "graphwatch", "run", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)
 
 
 # ------------------------------------------------------------------ --stop-after
 def test_stop_after_ends_the_script_at_the_end_of_step_n_and_changes_nothing_before(tmp_path: Path) -> None:
     script = write(tmp_path / "gan", "gan.py", GAN.replace("D(fake), zeros", "D(fake.detach()), zeros"))
-    bare = subprocess.run([sys.executable, script.name], cwd=script.parent, capture_output=True, text=True, timeout=300)
+    bare = warm_python.run([sys.executable, script.name], cwd=script.parent, capture_output=True, text=True, timeout=300)
     done = graphwatch_run("--quiet", "--out", str(tmp_path / "report"), "--stop-after", "3", script.name, cwd=script.parent)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == bare.stdout.splitlines()[:3]  # steps 0..2 ran whole, with their prints

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import warm_python
 from rich.console import Console
 
 import graphwatch
@@ -48,7 +49,7 @@ LEAKING = LOOP.format(steps=8, accumulate="loss")  # keeps every step's graph al
 
 def gw(*args: str | Path, cwd: Path, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
     """``python -m graphwatch ARGS`` with the repository on PYTHONPATH (no install needed)."""
-    return subprocess.run(
+    return warm_python.run(
         [sys.executable, "-m", "graphwatch", *map(str, args)],
         cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout,
     )

@@ -21,6 +21,7 @@ from xml.etree import ElementTree
 
 import pytest
 import test_html_report
+import warm_python
 from test_html_report import CHROMIUM, chromium, console_messages, kept_alive, with_test_script
 
 import graphwatch
@@ -46,7 +47,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def graphwatch_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "graphwatch", *args], cwd=cwd, env=_env(**env),
+    return warm_python.run([sys.executable, "-m", "graphwatch", *args], cwd=cwd, env=_env(**env),
                           capture_output=True, timeout=300, check=False)  # fmt: skip
 
 

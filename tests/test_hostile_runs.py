@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import warm_python
 
 import graphwatch
 from graphwatch.model import BackwardRecord, StepRecord, Trace, trace_to_dict
@@ -41,7 +42,7 @@ def _script(folder: Path, text: str, name: str = "train.py") -> Path:
 
 
 def _run(args: list[str], cwd: Path, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env or _env(), capture_output=True, text=True,
+    return warm_python.run([sys.executable, *args], cwd=cwd, env=env or _env(), capture_output=True, text=True,
                           timeout=TIMEOUT, **kwargs)  # fmt: skip
 
 

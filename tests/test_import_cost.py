@@ -109,3 +109,30 @@ print(bare["warnings"] == watched["warnings"])
     bare_graphs, watched_graphs, bare_breaks, watched_breaks = counts.split()
     assert (watched_graphs, watched_breaks) == (bare_graphs, bare_breaks)
     assert same_warnings == "True"
+
+
+def test_a_session_that_shows_and_writes_nothing_makes_its_patches_when_its_trace_is_read(tmp_path: Path) -> None:
+    """A patch parses the user's file (seconds for a file of thousands of lines, as the sessions of PyTorch's own
+    test suite meet, one per test): a ``summary=False`` session with no report makes it when ``gw.trace`` is
+    first read, the same patch."""
+    (tmp_path / "train.py").write_text("""\
+import sys, torch, graphwatch
+from torch import nn
+model, total = nn.Linear(4, 1), 0
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with graphwatch.watch(summary=False) as gw:
+    for _ in range(4):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        total += loss
+print([f.patch for f in gw._recorder.trace.findings])  # (the records as the session left them)
+kept = [f for f in gw.trace.findings if f.kind == "graph-kept-alive"]
+print(len(kept), "+        total += loss.item()" in (kept[0].patch or ""))
+""")
+    loaded, printed = loaded_after("import runpy\nruns = runpy.run_path('train.py')", tmp_path)
+    before, after = printed.splitlines()
+    assert before.strip("[]").split(", ") and set(before.strip("[]").split(", ")) == {"None"}
+    assert after == "1 True"
+    assert set(PATCHES) <= loaded

@@ -52,7 +52,8 @@ def test_backward_after_the_optimizer_step_of_the_same_step_names_that_step(at: 
         text = message(gan_reusing_d_output)
     assert bare.startswith(INPLACE) and text.startswith(bare + "\n\ngraphwatch: ")  # torch's text first, unchanged
     assert f"optimizer.step() at {at(gan_reusing_d_output, 'd-step')} updated this parameter" in text  # type: ignore[operator]
-    assert "Run this backward before that optimizer step, or recompute the forward" in text
+    assert "run this backward before that optimizer step (`bce(output, torch.ones(8, 1)).backward()` at " in text
+    assert "or recompute the forward after the step" in text
     assert "Something changed it in place" not in text
 
 
@@ -103,13 +104,15 @@ def test_a_second_backward_through_a_freed_graph_still_says_freed() -> None:
     assert "optimizer.step()" not in finding
 
 
-def test_an_inplace_change_by_the_user_keeps_the_plain_hint() -> None:
+def test_a_users_inplace_change_is_named_when_the_backward_runs_elsewhere(at: object) -> None:
     x = torch.ones(3, requires_grad=True)
     with graphwatch.watch(summary=False, snapshots="off"):
         y = x.exp()
-        y.add_(1)
+        y.add_(1)  # at: user-add
         text = message(lambda: y.sum().backward())
-    assert text.startswith(INPLACE) and "Something changed it in place after autograd saved it" in text
+    line = at(test_a_users_inplace_change_is_named_when_the_backward_runs_elsewhere, "user-add")  # type: ignore[operator]
+    assert text.startswith(INPLACE) and f"then changed in place at {line} (`y.add_(1)" in text
+    assert "Something changed it in place" not in text
 
 
 # ------------------------------------------------------------- the line that changed the tensor

@@ -122,6 +122,20 @@ def test_a_summed_loss_picture_stays_readable_however_many_steps_it_keeps(steps:
         assert any(re.match(r"\+\d+ nodes of steps 0\.\.\d+", label) for label in folds), folds
 
 
+def test_a_node_whose_line_was_inferred_names_no_line_when_hovered() -> None:
+    """``total_loss += loss`` saves no tensor: its ``AddBackward0``'s line is read off the op before it (the loss's
+    line), which is another line's; hovering the node names its op and step, never that line."""
+    trace = total_loss_kept(4)
+    nodes, _ = parse(kept_picture(trace))
+    adds = [node["tooltip"] for node in nodes.values() if node["label"] == "AddBackward0"]
+    assert any(", step " in tip for tip in adds), adds  # (the newest has no record yet: its label is its tooltip)
+    assert all(re.fullmatch(r"AddBackward0(, step \d+)?", tip) for tip in adds), adds
+    inferred = [n for n in trace.nodes.values() if n.op == "AddBackward0"]
+    assert inferred and all(n.site_inferred for n in inferred)  # (what the drawing is honest about)
+    losses = [node["tooltip"] for node in nodes.values() if node["label"].startswith("MseLossBackward0")]
+    assert losses and all(" at " in tip and "test_kept_pictures.py:" in tip for tip in losses), losses
+
+
 class Recurrent(nn.Module):
     """A recurrence whose carried node is made inside the model, not on the loop's line."""
 

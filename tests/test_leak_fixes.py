@@ -7,11 +7,11 @@ its printed losses are compared with a known-good fix written by hand: a fix mus
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import warm_python
 from test_patches import REPO, apply_patch, graphwatch_run, needs_patch_tool
 
 import graphwatch
@@ -20,7 +20,7 @@ pytestmark = needs_patch_tool
 
 
 def run_plain(folder: Path, script: str) -> str:
-    done = subprocess.run([sys.executable, script], cwd=folder, capture_output=True, text=True, timeout=300)
+    done = warm_python.run([sys.executable, script], cwd=folder, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -392,7 +392,7 @@ def test_an_ema_update_is_patched_at_its_line_read_from_the_source_as_the_precis
     default = finding_of(diagnose(tmp_path, EMA), "graph-kept-alive")
     assert default.fix.startswith("update `teacher`'s parameters under `with torch.no_grad():`")
     assert default.evidence["sites"][0] == "train.py:25"
-    run = subprocess.run(
+    run = warm_python.run(
         [sys.executable, "-m", "graphwatch", "run", "--level", "precise", "--out", "precise", "train.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

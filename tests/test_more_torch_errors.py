@@ -9,11 +9,11 @@ from __future__ import annotations
 import contextlib
 import io
 import runpy
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import warm_python
 from test_patches import apply_patch, graphwatch_run, needs_patch_tool
 
 import graphwatch
@@ -136,7 +136,7 @@ def strict_run(tmp_path: Path, name: str, kind: str) -> str:
     """``graphwatch run --strict``: the script fails as without graphwatch, and the summary, the printed error
     and the trace all carry the finding."""
     out = tmp_path / "strict-out"
-    run = subprocess.run(
+    run = warm_python.run(
         [sys.executable, "-m", "graphwatch", "run", "--strict", "--out", str(out), name],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -227,8 +227,8 @@ def test_the_manual_sgd_patch_applies_and_trains_like_the_hand_fixed_loop(tmp_pa
     assert finding.kind == "leaf-modified-in-place" and finding.patch is not None
     assert "+    with torch.no_grad():\n+        for p in model.parameters():" in finding.patch
     apply_patch(tmp_path, finding.patch)
-    patched = subprocess.run([sys.executable, "manual_sgd.py"], cwd=tmp_path, capture_output=True, text=True)
-    fixed = subprocess.run([sys.executable, "fixed.py"], cwd=written(tmp_path, "fixed.py", MANUAL_SGD_FIXED).parent,
+    patched = warm_python.run([sys.executable, "manual_sgd.py"], cwd=tmp_path, capture_output=True, text=True)
+    fixed = warm_python.run([sys.executable, "fixed.py"], cwd=written(tmp_path, "fixed.py", MANUAL_SGD_FIXED).parent,
                            capture_output=True, text=True)  # fmt: skip
     assert patched.returncode == fixed.returncode == 0, patched.stderr + fixed.stderr
     assert patched.stdout == fixed.stdout and patched.stdout.startswith("[")

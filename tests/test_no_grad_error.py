@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import runpy
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -145,11 +146,12 @@ def test_a_no_grad_decorator_is_named_without_a_patch(tmp_path: Path) -> None:
     assert [r.edits for r in finding.remedies] == [[]]  # moving a loss out of a decorated function is for the user
 
 
-def test_a_loss_without_a_graph_outside_no_grad_says_what_to_look_for() -> None:
+def test_a_loss_without_a_graph_outside_no_grad_names_the_detach_that_cut_it(at: Callable[..., str]) -> None:
     w = torch.ones(3, requires_grad=True)
     with graphwatch.watch(summary=False, snapshots="off") as gw:
-        loss = (w * 2).sum().detach()
+        loss = (w * 2).sum().detach()  # at: detach
         with pytest.raises(graphwatch.LossWithoutGraphError) as info:
             loss.backward()
-    assert "no `torch.no_grad()` block or decorator around it is on the stack" in str(info.value)
-    assert [f.kind for f in gw.findings] == ["loss-without-graph"] and gw.findings[0].remedies == []
+    detach = at(test_a_loss_without_a_graph_outside_no_grad_names_the_detach_that_cut_it, "detach")
+    assert f"was computed from `.detach()` at {detach}" in str(info.value)  # (issue 38: the cut, off the stack)
+    assert [f.kind for f in gw.findings] == ["loss-without-graph"] and [r.edits for r in gw.findings[0].remedies] == [[]]

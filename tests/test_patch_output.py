@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import warm_python
 
 import graphwatch
 from graphwatch.patch_out import check_patch_out
@@ -113,7 +114,7 @@ def test_a_patch_printed_in_a_terminal_applies_with_patch_p0(tmp_path: Path) -> 
 @needs_patch_tool
 def test_patch_out_writes_every_patch_of_a_run_as_one_file_that_patch_p0_applies(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(TWO_FIXES)
-    run = subprocess.run(
+    run = warm_python.run(
         [sys.executable, "-m", "graphwatch", "run", "--quiet", "--patch-out", "fixes.patch", "--out", "out",
          "train.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"},
@@ -131,7 +132,7 @@ def test_patch_out_writes_every_patch_of_a_run_as_one_file_that_patch_p0_applies
     assert applied.returncode == 0, applied.stdout + applied.stderr
     source = (tmp_path / "train.py").read_text()
     assert "opt.zero_grad()\n        loss.backward()\n" in source and "total_loss += loss.item()" in source
-    again = subprocess.run(
+    again = warm_python.run(
         [sys.executable, "-m", "graphwatch", "run", "--strict", "--out", "out2", "train.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -140,7 +141,7 @@ def test_patch_out_writes_every_patch_of_a_run_as_one_file_that_patch_p0_applies
 
 def test_patch_out_into_a_folder_that_cannot_be_written_stops_before_the_script_runs(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("print('the script ran')\n")
-    run = subprocess.run(
+    run = warm_python.run(
         [sys.executable, "-m", "graphwatch", "run", "--patch-out", "/dev/null/fixes.patch", "train.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -151,7 +152,7 @@ def test_patch_out_into_a_folder_that_cannot_be_written_stops_before_the_script_
 def test_a_run_with_no_finding_says_there_was_nothing_to_patch(tmp_path: Path) -> None:
     """Issue 41: the file said "no finding's fix is one edit graphwatch can make safely" of a run with no finding."""
     (tmp_path / "train.py").write_text("import torch\nx = torch.ones(2, requires_grad=True)\n(x * x).sum().backward()\n")
-    run = subprocess.run(
+    run = warm_python.run(
         [sys.executable, "-m", "graphwatch", "run", "--patch-out", "fixes.patch", "--out", "out", "train.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -166,7 +167,7 @@ MARKS_ITS_RUN = "import pathlib\npathlib.Path('the-script-ran').write_text('yes'
 
 
 def graphwatch_run(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "graphwatch", "run", *args], cwd=folder, capture_output=True,
+    return warm_python.run([sys.executable, "-m", "graphwatch", "run", *args], cwd=folder, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
 
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import warm_python
 
 import graphwatch
 from graphwatch.analysis.patches import patch_for
@@ -34,7 +35,7 @@ needs_patch_tool = pytest.mark.skipif(shutil.which("patch") is None, reason="nee
 
 def graphwatch_run(folder: Path, script: str) -> tuple[subprocess.CompletedProcess[str], graphwatch.Trace]:
     out = folder / "out"
-    run = subprocess.run(
+    run = warm_python.run(
         [sys.executable, "-m", "graphwatch", "run", "--out", str(out), script],
         cwd=folder, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

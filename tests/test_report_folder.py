@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import warm_python
 from test_text_forms import STEP_SCRIPT
 
 import graphwatch
@@ -36,7 +37,7 @@ STEPS = STEP_SCRIPT + 'print("trained")\n'  # the decorator's session, then a li
 
 def run_python(folder: Path, code: str, **env: str) -> subprocess.CompletedProcess[str]:
     (folder / "train.py").write_text(code)
-    return subprocess.run(
+    return warm_python.run(
         [sys.executable, "train.py"], cwd=folder, capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": str(REPO / "src"), **env},
     )  # fmt: skip

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import warm_python
 from IPython.lib.pretty import pretty
 
 import graphwatch
@@ -142,7 +143,7 @@ for _ in range(3):
 
 def run_script(tmp_path: Path, configure: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     (tmp_path / "train.py").write_text(STEP_SCRIPT.format(configure=configure))
-    return subprocess.run(
+    return warm_python.run(
         [sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})},
     )  # fmt: skip
@@ -168,7 +169,7 @@ def test_configure_after_the_session_started_or_with_a_wrong_option_is_a_usage_e
     assert late.returncode == 0 and not (tmp_path / "graphwatch-report").exists()
     script = (tmp_path / "train.py").read_text() + 'graphwatch.configure(out="late")\n'
     (tmp_path / "train.py").write_text(script)
-    run = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    run = warm_python.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})  # fmt: skip
     assert run.returncode == 1 and "graphwatch.errors.UsageError: graphwatch.configure() after the first" in run.stderr
     with pytest.raises(graphwatch.UsageError, match="did you mean 'level'"):

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import warm_python
 from test_patches import REPO, apply_patch, needs_patch_tool
 
 CORPUS = os.environ.get("GRAPHWATCH_CORPUS")
@@ -38,7 +38,7 @@ def case_named(name: str) -> Case:
 def printed(case: Case, script: Path, *more: str) -> str:
     """What the script prints, run plainly (no graphwatch), timings left out."""
     env = dict(os.environ, **case.env, PYTHONPATH=os.pathsep.join([str(HERE / "shims"), str(REPO / "src")]))
-    done = subprocess.run([sys.executable, script.name, *case.args, *more], cwd=script.parent, env=env,
+    done = warm_python.run([sys.executable, script.name, *case.args, *more], cwd=script.parent, env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     return TIMINGS.sub("", done.stdout)
@@ -66,7 +66,7 @@ def test_word_language_model_carrying_its_hidden_state_is_patched_to_train_like_
     (tmp_path / "work").mkdir()
     script, findings = patched(case, tmp_path)
     carried = next(f for f in findings if f.kind == "graph-carried-across-steps")
-    assert carried.fix.startswith("`hidden = tuple(h.detach() for h in hidden)` at the start of each step")
+    assert carried.fix.startswith("`hidden = repackage_hidden(hidden)` at the start of each step")  # its own helper
     upstream = _prepare(replace(case, mutation=()), Path(CORPUS or ""), tmp_path / "upstream")
     assert upstream is not None
     assert printed(case, script) == printed(case, upstream)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+import warm_python
 from torch import nn
 
 import graphwatch
@@ -143,7 +143,7 @@ def test_graphwatch_run_reports_it_and_its_trace_keeps_the_evidence(tmp_path: Pa
         """)
     )
     env = dict(os.environ, NO_COLOR="1", PYTHONPATH=str(REPO / "src"))
-    result = subprocess.run([sys.executable, "-m", "graphwatch", "run", "--strict", "--out", "out", "train.py"],
+    result = warm_python.run([sys.executable, "-m", "graphwatch", "run", "--strict", "--out", "out", "train.py"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)  # fmt: skip
     assert result.returncode == 0, result.stderr  # --strict fails on leaks only
     assert f"1 problem in {STEPS} steps" in result.stderr and KIND in result.stderr  # (the summary: on stderr)

@@ -15,7 +15,9 @@ allowed (:mod:`graphwatch.fix_checks_paths`).  The patched run and every
 process it started are killed at its timeout (:func:`check_timeout`) and when
 it ends; ``stop()`` (SIGTERM, Ctrl-C) ends a check within
 :data:`POLL_SECONDS`, and the scratch folder is removed whatever happens
-(one left by a process killed outright is removed by the next check).
+(one left by a process killed outright is removed by the next check).  When two
+or more patches hold, one more run checks them all applied together, as
+``--patch-out`` writes them (:func:`check_together`).
 
 Example::
 
@@ -39,7 +41,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from .analysis.patch_checks import LineMap, judge, steps_to_run
+from .analysis.patch_checks import LineMap, judge, steps_to_run, together
 from .errors import TraceFormatError, UsageError
 from .fix_checks_copy import CheckStopped, FolderTooLarge, copy_folder, folder_refusal, survey
 from .fix_checks_paths import moved_args, outside_arguments, outside_environment
@@ -119,9 +121,40 @@ def check_fixes(
             passed += check.checked
             if say is not None:
                 say("  patch checked" if check.checked else "  patch check FAILED (the summary says what failed)")
+        passed -= check_together(trace, script, args, report=report, timeout=timeout, say=say, allowed=allowed,
+                                 stop=stop, scratch=scratch, on_verdict=on_verdict)  # fmt: skip
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return passed
+
+
+def check_together(
+    trace: Trace, script: Path, args: Sequence[str], *, report: Path | None, timeout: float,
+    say: Callable[[str], None] | None, allowed: Sequence[Path], stop: Callable[[], bool], scratch: Path,
+    on_verdict: Callable[[], None],
+) -> int:  # fmt: skip
+    """Check the patches whose own check held all applied together, as ``--patch-out`` writes them (one more
+    run, only when there are two or more); each of their checks gets the verdict.  Returns how many of those
+    patches failed together."""
+    from .rendering.patch_file import combined_patch
+
+    held = [f for f in trace.findings if f.patch and f.check is not None and f.check.checked]
+    checks = list({id(f.check): f.check for f in held if f.check is not None}.values())
+    joint_patch = combined_patch(held, str(trace.options.get("cwd") or script.parent))
+    if len(checks) < 2 or any(line.startswith("# in ") for line in joint_patch.splitlines()):
+        return 0  # one patch was checked as it is; patches of files in other folders apply one folder at a time
+    steps = steps_to_run(trace, held)
+    if say is not None:
+        say(f"checking the {len(checks)} patches together, as --patch-out writes them: a copy of the folder, "
+            f"patched, runs {steps} steps")  # fmt: skip
+    joint = check_patch(trace, script, args, joint_patch, held, steps=steps, report=report, timeout=timeout,
+                        allowed=allowed, stop=stop, scratch=scratch)  # fmt: skip
+    for check in checks:
+        together(check, joint, len(checks) - 1)
+    on_verdict()
+    if say is not None:
+        say("  patches checked together" if joint.checked else "  patches together FAILED (the summary says what failed)")
+    return 0 if joint.checked else len(checks)
 
 
 def check_patch(

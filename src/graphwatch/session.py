@@ -153,17 +153,21 @@ class Session:
         self.script_globals: dict[str, Any] | None = None  # a finished script's globals (graphwatch run), searched last
         self.stop_after: int | None = None  # end the run after this many steps (graphwatch run --stop-after)
         self._stop_due = False
+        self._patches_due = False  # the session ended showing and writing nothing: patches wait for gw.trace
 
     # ---------------------------------------------------------------- public
     @property
     def trace(self) -> Trace:
         """The records so far (plain data; see :mod:`graphwatch.model`)."""
+        if self._patches_due:  # (a session that showed and wrote nothing makes its patches when first asked)
+            self._patches_due = False
+            add_patches(self._recorder.trace)
         return self._recorder.trace
 
     @property
     def findings(self) -> list[Finding]:
         """What graphwatch diagnosed so far, in the order first seen."""
-        return self._recorder.trace.findings
+        return self.trace.findings
 
     @property
     def active(self) -> bool:
@@ -383,8 +387,13 @@ class Session:
         self._own.record(self.trace, saved_hooks=self.level != "light")  # (light: no saved-tensor hooks)
         self.trace.optimizers, self.trace.parameters = self.ledger.records()
         new = [f for f in session_findings(self.trace) if self._log.add(f)]
-        trace = self.trace
-        add_patches(trace)
+        trace = self._recorder.trace
+        # A patch parses the user's file (seconds for a file of thousands of lines, as the sessions of a test suite
+        # meet): made now when the session shows or writes its findings, else when gw.trace is first read.
+        if self.print_summary or self.out is not None or self.strict:
+            add_patches(trace)
+        else:
+            self._patches_due = True
         trace.sources = cited_lines(trace)
         trace.rank, trace.world_size = rank_and_world_size(trace.rank, trace.world_size)
         from .rendering.ranks import rank_folder  # (rich loads with it: not at import)

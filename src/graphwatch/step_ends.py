@@ -151,26 +151,42 @@ class StepEnds:
     def finish(self, frame: FrameType | None, light: bool, script: dict | None, cut_short: bool = False) -> None:
         """End the last step; its holders are searched in ``frame`` (the ``with`` block's) and ``script``
         (``cut_short``: an exception ends the session, maybe inside a step seen light, which saved nothing
-        graphwatch saw: it is closed if it made nodes)."""
+        graphwatch saw: it is closed if it made nodes).  Forwards alone after the last step are no step of their
+        own (:meth:`_last_part_is_a_step`)."""
         recorder = self._recorder
-        current, trace = recorder.current, recorder.trace
+        trace = recorder.trace
         if recorder.boundary_pending:
             self.end(recorder.pending_source, frame, light, final=True, script=script)
-        elif current.saved_packed or current.backwards or not trace.steps or (cut_short and light and recorder.nodes_made()):
+        elif self._last_part_is_a_step(light, cut_short):
             self.end("session-end", frame, light, final=True, script=script)
-        elif self._plan.is_full(len(trace.steps) - 1):
+        elif self._plan.is_full(len(trace.steps) - 1) and recorder.made_nothing_yet():
             if trace.steps[-1].detail:  # the last step: every holder's full count
                 self._refresh_kept(trace.steps[-1], frame)
-        elif not self._plan.never and (frame is not None or script is not None):  # seen light: a census now
-            self._holders.at_step_end(recorder, frame, True, script)
-            if recorder.saves_seen(recorder.step):  # what ran after the last step saved tensors: a step of its own
-                self.end("session-end", frame, light, final=True, script=script)  # (as a pack would have told)
-                return
+        elif not self._plan.never and (frame is not None or script is not None):  # seen light, or forwards since: a census
             last = trace.steps[-1]  # (as at its end: its own graphs are not earlier ones, and are counted now)
-            last.holders = self._holders.at_step_end(recorder, frame, True, script, step=last.index)
+            holders = self._holders.at_step_end(recorder, frame, True, script, step=last.index)
+            # graphs of earlier steps outlive the loop and forwards since saved tensors (not a `total = total + loss`
+            # after the loop's last optimizer step): those forwards are the step that shows them kept
+            if holders and (recorder.current.saved_packed or recorder.saves_seen(recorder.step)):
+                self.end("session-end", frame, light, final=True, script=script)
+                return
+            last.holders = holders
             recorder.recount_ended(last)
             if last.holders:  # (the loop's frames may be gone: no finding of what nothing names)
                 self._refresh_kept(last, frame)
+
+    def _last_part_is_a_step(self, light: bool, cut_short: bool) -> bool:
+        """Whether what ran after the last step's end is a step of its own: the first one, one that ran a
+        backward, one a finding was made in, or one an exception cut short that made a graph.  Forwards alone
+        after the last step (a final ``predict()``, a last evaluation) are not, unless graphs of earlier steps
+        are still held when the session ends (:meth:`finish`): they are then the step those are seen kept at
+        the end of, as before, so that no kept-alive finding is lost."""
+        recorder = self._recorder
+        current, trace, index = recorder.current, recorder.trace, recorder.step
+        if current.backwards or not trace.steps or any(f.step == index for f in trace.findings):
+            return True
+        made = current.saved_packed or recorder.saves_seen(index) or (light and recorder.nodes_made())
+        return cut_short and bool(made)
 
     def _refresh_kept(self, step: StepRecord, frame: FrameType | None) -> None:
         """The kept-alive findings at the end of the session, with the last step's holders."""

@@ -23,15 +23,24 @@ Example::
     >>> from graphwatch.model import BackwardRecord, NodeRecord, Trace
     >>> carrier = NodeRecord(id=0, op="TanhBackward0", step=0, seq=1, carried_as="h", carried_kind="recurrent")
     >>> first, second = carried_remedies(Trace(), carrier, BackwardRecord(0, 1, None, "backward", False, False))
-    >>> first.text.split(" (")[0], first.patchable, second.text  # (the value's type was not recorded: no edit)
-    ('detach `h` at the start of each step', False, 'or start each step from a fresh `h` made inside the step')
+    >>> first.text.split(" (")[0], first.patchable  # (the value's type was not recorded: no edit)
+    ('detach `h` at the start of each step', False)
+    >>> second.text
+    'or, if the state need not carry over, start each step from a fresh `h` made inside the step (this drops the state)'
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ..capture.source import assigned_names
 from ..model import BackwardRecord, CallSite, Edit, NodeRecord, Remedy, Trace
 from .evidence import carried_pattern, carrier_line, site_chain, step_name
-from .kept_fixes import parameters_remedy
+from .kept_fixes import _file_source, parameters_remedy
+
+if TYPE_CHECKING:
+    import libcst as cst
 
 # .codemods (LibCST) is imported inside the functions that use it: not at `import graphwatch` (test_import_cost.py)
 
@@ -56,8 +65,11 @@ def carried_remedies(
         return [_update_under_no_grad(trace, name or "", site, backward)]
     tensor = f"`{name}`" if name else "the tensor"
     if shape == "recurrent":
-        return [_detach_state(trace, carrier, backward, site, name),
-                Remedy(f"or start each step from a fresh {tensor} made inside the step")]  # fmt: skip
+        module, kept, name = _state_file(site, name)
+        fresh = f"`{name}`" if name else "the tensor"
+        return [_detach_state(trace, carrier, backward, (site, kept), name, module),
+                Remedy(f"or, if the state need not carry over, start each step from a fresh {fresh} made inside "
+                       "the step (this drops the state)")]  # fmt: skip
     used = used_where or trace.where(backward.site)
     compute = f"compute {tensor} inside the step that uses it ({used})"
     made = _detach_made(carrier, site, name, trusted=shape == "constant")
@@ -80,22 +92,41 @@ def _update_under_no_grad(trace: Trace, holder: str, update: CallSite | None, ba
     return parameters_remedy(trace, module, update, why=why)
 
 
-def _detach_state(
-    trace: Trace, carrier: NodeRecord, backward: BackwardRecord, site: CallSite | None, name: str | None
-) -> Remedy:
-    from .codemods.detach import detach_statement
+def _state_file(site: CallSite | None, name: str | None) -> tuple[cst.Module | None, CallSite | None, str | None]:
+    """The file holding the state's line (None: unread), and where and how it keeps the state (:func:`_kept_where`)."""
+    from .codemods import file_tree
 
+    source = _file_source(site) if site is not None else None
+    module = file_tree(source).module if source is not None else None
+    if site is None or name is None or module is None:
+        return module, site, name
+    return (module, *_kept_where(site, name, module))
+
+
+def _detach_state(
+    trace: Trace,
+    carrier: NodeRecord,
+    backward: BackwardRecord,
+    sites: tuple[CallSite | None, CallSite | None],
+    name: str | None,
+    module: cst.Module | None,
+) -> Remedy:
+    """The detach of a state the loop carries, placed where each step starts using it; ``sites``: the line as it
+    ran (where a step starts is read off it) and the line that keeps the state, as the file spells it."""
+    from .codemods.detach import HELPER_NAME, state_statement
+
+    ran, site = sites
     target = ", ".join(carrier.carried_with) if carrier.carried_with else name
     value_type = carrier.carried_type or ""
-    statement = detach_statement(target, value_type) if target and value_type else None
+    statement, added = state_statement(module, target, value_type) if target and value_type else (None, False)
     before = f", before {site.where}" if site is not None else ""
-    if statement is None or site is None or target is None:
+    if statement is None or site is None or ran is None or target is None:
         what = f"`{name}`" if name else "the tensor the step carries over"
         kind = f" (it held {_described(value_type)}: detach each tensor in it)" if value_type == "other" else ""
         return Remedy(f"detach {what} at the start of each step{before}{kind} {_TBPTT}")
     text = f"`{statement}` at the start of each step{before} {_TBPTT}"
-    until = _line_towards(trace, backward, site)
-    if until is None and not _once_per_step(trace, carrier, site):
+    until = _line_towards(trace, backward, ran)
+    if until is None and not _once_per_step(trace, carrier, ran):
         return Remedy(text)  # the function holding it runs more than once a step: where a step starts is unknown
     edits = [Edit("detach-state", site.file, site.line, target, until=until, value_type=value_type)]
     backward_site = trace.site(backward.site)
@@ -108,6 +139,13 @@ def _detach_state(
         else f"first in `{site.function}`, which ran once per step"
     )
     why = f"`{target}` held {_described(value_type)} when the step used it; the detach goes {placed}"
+    if statement.endswith(f"({target})"):
+        helper = statement.rsplit(" = ", 1)[-1].split("(")[0]
+        why += f"; the script's own `{helper}` detaches it" if not added else (
+            f"; the script makes `{target}` a tuple in one place and a tensor in another: `{helper}` detaches either"
+        )
+        if added:
+            text += f" (`{HELPER_NAME}`, added to the file, detaches a tensor and tuples of them alike)"
     return Remedy(text, edits, why=why, mechanical=True)
 
 
@@ -130,6 +168,22 @@ def _detach_made(carrier: NodeRecord, site: CallSite | None, name: str | None, t
     why = "no parameter an optimizer steps is reached from its graph (checked when the backward ran into it)"
     text = f"keep a detached copy: {copy} where it is made ({where}); what made it is not trained, so no gradient needs to flow there"
     return Remedy(text, edits, why, mechanical=bool(edits))
+
+
+def _kept_where(site: CallSite, name: str, module: cst.Module) -> tuple[CallSite, str]:
+    """Where the function holding ``site`` keeps the attribute ``name`` names, as it spells it: a KV cache on a
+    submodule, seen as ``self.cache_k``, kept by the outer model's ``self.attn.cache_k = torch.cat([...])``
+    (``site`` and ``name`` unchanged when the line assigns it already, or the function does not)."""
+    from .codemods.detach import attribute_assignment
+
+    head, _, attr = name.partition(".")
+    if head != "self" or "." in attr or name in assigned_names(site.source):
+        return site, name
+    found = attribute_assignment(module, site.line, attr)
+    if found is None:
+        return site, name
+    line, spelled = found
+    return replace(site, line=line, source=module.code.splitlines()[line - 1]), spelled
 
 
 def _line_towards(trace: Trace, backward: BackwardRecord, site: CallSite) -> int | None:

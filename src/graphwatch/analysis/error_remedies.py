@@ -2,7 +2,9 @@
 :class:`~graphwatch.model.causes.BackwardCause`), best first.
 
 - a loss that reaches parameters its optimizer does not own: ``.detach()`` of the tensor at that boundary
-  where *that* loss uses it (``detach-use``; two when each loss reaches the other's parameters);
+  where *that* loss uses it (``detach-use``; two when each loss reaches the other's parameters); where that
+  line is one both losses use (one expression both are made from), a detach there would cut both: each loss
+  gets its own copy of the expression (``own-copy``, when every cut is named there), else words only;
 - a loss made from an ``autograd.grad`` result: ``create_graph=True`` on that call (``create-graph``);
 - one tensor backwarded twice: the second backward removed (``remove-statement``);
 - a shared tensor made from nothing an optimizer trains (a fixed target): detached where it is made
@@ -76,9 +78,12 @@ class RemedyMaker:
 
     # ------------------------------------------------------------------ each kind
     def cuts(self) -> Remedy | None:
-        """``.detach()`` where each loss uses a tensor made from another optimizer's parameters."""
+        """``.detach()`` where each loss uses a tensor made from another optimizer's parameters; words only when
+        a cut is on a line both losses share (:meth:`_shared_cuts`)."""
         if not self.cause.cuts:
             return None
+        if self._shared_lines():
+            return self._shared_cuts()
         parts, whys, edits = [], [], []
         mechanical = True
         for cut in self.cause.cuts:
@@ -97,6 +102,40 @@ class RemedyMaker:
             return None
         head = "detach where each loss uses what it must not train: " if len(parts) > 1 else ""
         return Remedy(head + "; and ".join(parts), edits, "; ".join(whys), mechanical and bool(edits))
+
+    def _shared_lines(self) -> set[str]:
+        """The lines where a cut would go that both losses run through: the line that makes the tensor both
+        backwards reach, or a line where the cuts of both backwards go."""
+        used: dict[str, set[int]] = {}
+        for cut in self.cause.cuts:
+            if cut.used_at is not None:
+                used.setdefault(self.trace.where(cut.used_at), set()).add(cut.backward)
+        shared = self.trace.where(self.cause.shared_at) if self.cause.shared_at is not None else None
+        return {line for line, backwards in used.items() if line == shared or len(backwards) > 1}
+
+    def _shared_cuts(self) -> Remedy:
+        """A cut on a line both losses share would cut both (the second loss would have no graph left): each
+        loss needs its own copy of the expression, with what it must not train detached in it.  A patch
+        (``own-copy`` edits) only when every cut is named on the line that assigns the shared tensor; else
+        words, with the lines."""
+        lines = self._shared_lines()
+        shared = self.trace.site(self.cause.shared_at)
+        parts, edits = [], []
+        for cut in self.cause.cuts:
+            backward = self.trace.backwards[cut.backward]
+            what = f"`{cut.name}`" if cut.name else f"what {self.trace.where(cut.used_at)} makes from {cut.owner}'s parameters"
+            parts.append(f"in the loss of the backward at {self._where(backward)}, a copy with {what} detached")
+            site = self.trace.site(backward.site)
+            if cut.name and site is not None and shared is not None and self.trace.where(cut.used_at) == shared.where:
+                edits.append(Edit("own-copy", site.file, site.line, cut.name, until=shared.line))
+        named = f"`{self.cause.shared}`" if self.cause.shared else "the expression"
+        text = (f"give each loss its own expression: {named} at {', '.join(sorted(lines))} is used by the losses of "
+                f"both backwards ({self._where(self.freeing)} and {self._where(self.failing)}), so a `.detach()` "
+                f"there would cut both; write it out in each loss: {'; and '.join(parts)}")  # fmt: skip
+        mechanical = len(edits) == len(self.cause.cuts) == len({c.backward for c in self.cause.cuts})
+        why = "each loss reaches parameters the other's optimizer trains, through one expression both losses use" + (
+            "" if mechanical else ": graphwatch gives no patch for it")
+        return Remedy(text, edits if mechanical else [], why, mechanical)
 
     def _unnamed(self, cut: Cut) -> str:
         used = self.trace.site(cut.used_at)

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Iterable, Sequence
 
@@ -30,6 +31,44 @@ def assigned_name(source: str) -> str | None:
     """The first variable a line of source assigns to, if it is an assignment."""
     match = _TARGET.match(source)
     return match.group(1) if match else None
+
+
+def reads_name(source: str, name: str) -> bool:
+    """Whether a line of source reads the variable ``name`` (not only assigns it); False for a line that does
+    not parse alone.
+
+    >>> reads_name("all_losses.append(current_loss / 4)", "current_loss"), reads_name("current = 0", "current")
+    (True, False)
+    """
+    try:
+        tree = ast.parse(source.strip())
+    except SyntaxError:
+        return False
+    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in ast.walk(tree))
+
+
+def stored_part(source: str, within: str) -> str | None:
+    """The expression of the value a line stores (appends, or assigns) that sits at ``within`` of it: ``action``
+    for ``[1]`` of ``buffer.append((state, action, reward))``; None unless that value is a tuple or list written
+    out on the line.
+
+    >>> stored_part("buffer.append((state, action, reward))", "[1]"), stored_part("buffer.append(t)", "[1]")
+    ('action', None)
+    """
+    try:
+        statement = ast.parse(source.strip()).body[0]
+    except (SyntaxError, IndexError):
+        return None
+    value: ast.expr | None = getattr(statement, "value", None)
+    if isinstance(value, ast.Call) and len(value.args) == 1:  # ``buffer.append(...)``
+        value = value.args[0]
+    if not re.fullmatch(r"(\[\d+\])+", within):
+        return None
+    for index in map(int, re.findall(r"\d+", within)):
+        if not isinstance(value, (ast.Tuple, ast.List)) or index >= len(value.elts):
+            return None
+        value = value.elts[index]
+    return ast.unparse(value) if value is not None else None
 
 
 def backward_target(source: str) -> str | None:

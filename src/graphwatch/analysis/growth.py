@@ -5,6 +5,11 @@ keeps per step (live saved-tensor bytes, autograd nodes alive), with the
 fitted slope, the projection at ten times the steps, and the findings that
 explain it.
 
+Only the steps whose live counts were measured are fitted (:func:`live_counts_measured`): at the default
+level a step seen light walks no graph and counts no saved tensor, and its record repeats the last measured
+counts.  Fitting those repeats made a steadily growing run look like a staircase (r² about 0.4 to 0.65 over
+20 to 300 steps of ``total = total + loss``) and hid the growth that ``level="full"`` reports.
+
 Example::
 
     >>> from graphwatch.analysis.growth import fit_line
@@ -15,9 +20,13 @@ Example::
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
 from ..model import Finding, Remedy, Trace
 from ..model.columns import field_values
-from .evidence import human_bytes
+from .evidence import counted, human_bytes
 from .findings import make_finding, renderer
 from .leaks import final_retained
 from .untrained import untrained_parameters
@@ -28,6 +37,45 @@ MIN_RISE = 2.0  # the last value at least this many times the first (plus the mi
 MIN_BYTES = 16 * 1024
 MIN_NODES = 8
 EXPLAINS = ("graph-carried-across-steps", "retained-graph", "graph-kept-alive")
+
+Value = TypeVar("Value")
+
+
+def live_counts_measured(trace: Trace) -> Callable[[int], bool]:
+    """Whether the live counts of step ``index`` (saved bytes and nodes alive at its end) were measured: every
+    step's at ``level="full"`` and ``"precise"`` (and in a trace that names no level), none at ``"light"``, and at
+    the default level those of the steps seen in full detail (``trace.full_detail``).
+
+    >>> from graphwatch.model import DetailSpan
+    >>> measured = live_counts_measured(Trace(options={"level": "default"}, full_detail=[DetailSpan(0, 3, "first steps")]))
+    >>> [measured(i) for i in (0, 2, 3)]
+    [True, True, False]
+    """
+    level = trace.options.get("level")
+    if level == "light":
+        return lambda index: False
+    if level != "default":
+        return lambda index: True
+    spans = trace.full_detail  # (noted in the order of their steps)
+    firsts = [span.first for span in spans]
+
+    def measured(index: int) -> bool:
+        i = bisect_right(firsts, index) - 1
+        return i >= 0 and index < spans[i].end
+
+    return measured
+
+
+def measured_values(trace: Trace, values: Sequence[Value]) -> list[Value | None]:
+    """Each step's live count in ``values`` (one per step of ``trace``), None where it was not measured.
+
+    >>> from graphwatch.model import DetailSpan, StepRecord
+    >>> steps = [StepRecord(index=i, source="optimizer") for i in range(4)]
+    >>> measured_values(Trace(options={"level": "default"}, steps=steps, full_detail=[DetailSpan(1, 2, "sampled")]), [5, 6, 7, 8])
+    [None, 6, None, None]
+    """
+    measured = live_counts_measured(trace)
+    return [value if measured(index) else None for index, value in zip(field_values(trace.steps, "index"), values)]
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
@@ -43,26 +91,31 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     return slope, intercept, r2
 
 
-def growth(xs: list[float], ys: list[float], minimum: float) -> tuple[float, float, float] | None:
-    """(slope, value projected at 10x the steps, r²) when ``ys`` rises steadily, else None."""
+def growth(xs: list[float], ys: list[float], minimum: float, horizon: float) -> tuple[float, float, float] | None:
+    """(slope, value projected at step ``horizon``, r²) when ``ys`` rises steadily, else None."""
     if len(xs) < MIN_STEPS:
         return None
     slope, intercept, r2 = fit_line(xs, ys)
     if slope <= 0 or r2 < MIN_R2 or ys[-1] < MIN_RISE * ys[0] + minimum:
         return None
-    return slope, intercept + slope * 10 * (xs[-1] + 1), r2
+    return slope, intercept + slope * horizon, r2
 
 
 def memory_growth(trace: Trace, explained_by: list[Finding]) -> list[Finding]:
     """Live saved bytes or live nodes that rise steadily step after step (one finding for both)."""
     # read field by field: a long run's settled steps are columns, not records
-    rows = list(zip(*(field_values(trace.steps, name) for name in ("index", "live_activation_bytes", "live_nodes"))))
-    kept = [row for row, source in zip(rows, field_values(trace.steps, "source")) if source != "session-end"]
-    rows = kept or rows
+    names = ("index", "live_activation_bytes", "live_nodes", "source")
+    every = list(zip(*(field_values(trace.steps, name) for name in names)))
+    trained = [row for row in every if row[3] != "session-end"] or every
+    measured = live_counts_measured(trace)  # (a light step's record repeats the last measured counts)
+    rows = [row for row in trained if measured(row[0])]
+    if not rows:
+        return []
+    horizon = 10 * (trained[-1][0] + 1)  # ten times the run, its steps seen light too
     xs = [float(row[0]) for row in rows]
     saved = [float(row[1]) for row in rows]
     nodes = [float(row[2]) for row in rows]
-    by_bytes, by_nodes = growth(xs, saved, MIN_BYTES), growth(xs, nodes, MIN_NODES)
+    by_bytes, by_nodes = growth(xs, saved, MIN_BYTES, horizon), growth(xs, nodes, MIN_NODES, horizon)
     fit = by_bytes or by_nodes
     if fit is None:
         return []
@@ -71,7 +124,9 @@ def memory_growth(trace: Trace, explained_by: list[Finding]) -> list[Finding]:
         "key": "memory-growth",
         "sites": list(dict.fromkeys(site for f in causes for site in f.evidence.get("sites", [])[:1])),
         "steps": [rows[0][0], rows[-1][0]],
+        "horizon": horizon,
         "fitted_steps": len(rows),
+        "light_steps": len(trained) - len(rows),  # seen light: their live counts were not measured
         "unit": "bytes" if by_bytes else "nodes",
         "per_step_slope": fit[0],
         "projected": fit[1],
@@ -104,7 +159,7 @@ def _growth_advice(ev: dict) -> Remedy:
 @renderer("memory-growth")
 def _render_growth(ev: dict) -> str:
     first, last = ev["steps"]
-    horizon = 10 * (last + 1)
+    horizon = ev.get("horizon", 10 * (last + 1))  # (a trace of an older graphwatch has no horizon)
     parts = []
     if ev["bytes_per_step"] is not None:
         parts.append(
@@ -118,8 +173,12 @@ def _render_growth(ev: dict) -> str:
             f"{ev['nodes']:,}: about {ev['projected_nodes']:,.0f} by step {horizon}"
         )
     cause = f"; explained by {', '.join(ev['explained_by'])}" if ev["explained_by"] else ""
+    fitted, light = ev["fitted_steps"], ev.get("light_steps")  # (a trace of an older graphwatch has none)
+    steps = f"{fitted} steps {first}..{last}" if fitted == last - first + 1 else f"{fitted} steps of {first}..{last}"
+    if light:
+        steps += f" seen in full detail; {counted(light, 'step')} seen light, not measured"
     return (
-        f"{' and '.join(parts)} (a straight-line fit over the {ev['fitted_steps']} steps {first}..{last}, "
+        f"{' and '.join(parts)} (a straight-line fit over the {steps}, "
         f"r²={ev['r2']:.2f}; the projection is for a run ten times as long){cause}"
     )
 

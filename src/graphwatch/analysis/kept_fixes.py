@@ -3,8 +3,13 @@
 - an evaluation forward no backward ever used: run it under ``torch.no_grad()`` (``no-grad``; the whole
   loop when it only evaluates);
 - a holder that adds or appends a tensor (``total += loss``, ``losses.append(loss)``, ``total = total +
-  loss``): a number, ``.item()``, when the kept tensor has one element (``item``); a detached tensor,
-  ``.detach()``, when it has more (``detach-use``: ``.item()`` would raise);
+  loss``): a number, ``.item()``, when the kept tensor has one element and every later use of the holder takes
+  a number (``item``: ``+=``, ``print``, formatting, ``sum``, ``len``); a detached tensor, ``.detach()``, when
+  it has more elements (``.item()`` would raise), or when a later use needs a tensor (``torch.stack(
+  self.outputs)``, a tensor method) or cannot be told (``detach-use``);
+- a value a function of the same file returned (``output, loss = train(...)``, then ``current_loss +=
+  loss``): fixed at that function's ``return`` (:mod:`.codemods.returned`), a number when every caller's use
+  takes one, else a detached tensor when the function ran the backward through it;
 - a holder assigned a new value each step that no backward runs through (a moving average kept on an
   object, a module buffer updated outside ``no_grad``): the value detached where it is made (``detach-made``);
 - a module's parameters updated in place outside ``no_grad`` (an EMA teacher): the update under
@@ -12,22 +17,30 @@
 - else advice.
 
 The element count and whether a backward ran through the held value were recorded when the holder was
-found (:class:`~graphwatch.model.Holder`), never guessed from names.
+found (:class:`~graphwatch.model.Holder`), never guessed from names; how the holder is used later is read
+from the source of the file that ran (a file that cannot be read: a detached tensor, which works for any use).
 
 Example::
 
     >>> from graphwatch.model import CallSite, Holder, Trace
-    >>> site = CallSite("train.py", 12, "main", "total_loss += loss")
+    >>> site = CallSite("no_such_train.py", 12, "main", "total_loss += loss")
     >>> remedy = holder_remedy(site, "total_loss", [Holder("total_loss", 0, "train.py:9 in main", numel=1)])
     >>> remedy.text, remedy.edits[0].kind, remedy.patchable
-    ('keep a number, not the graph: `total_loss += loss.item()` at train.py:12', 'item', True)
+    ('keep a detached tensor, not the graph: `total_loss += loss.detach()` at no_such_train.py:12 (its later uses \
+could not be read: a number might break one)', 'detach-use', True)
 """
 
 from __future__ import annotations
 
+import linecache
+from typing import TYPE_CHECKING
+
 from ..model import CallSite, Edit, Holder, Remedy, Trace
 from ..model.columns import field_values
 from .evidence import site_chain
+
+if TYPE_CHECKING:
+    from .codemods.returned import Returned
 
 # .codemods (LibCST) is imported inside the functions that use it: not at `import graphwatch` (test_import_cost.py)
 
@@ -83,10 +96,14 @@ def holder_remedy(site: CallSite, spelled: str, holders: list[Holder]) -> Remedy
     or None when the line does neither."""
     from .codemods.expressions import edited_statement
     from .codemods.numbers import kept_expression
+    from .codemods.returned import returned_value
 
     kept = kept_expression(site.source)
     if kept is not None:
-        return _keep_value(site, kept, holders)
+        source = _file_source(site)
+        returned = returned_value(source, site.line) if source is not None else None
+        found = _returned_remedy(site, spelled, returned, holders) if returned is not None else None
+        return found or _keep_value(site, spelled, kept, holders, source)
     if holders[0].backwarded or "[" in holders[0].name:
         return None  # a backward ran through the very value: detaching it would change what trains
     edit = Edit("detach-made", site.file, site.line, spelled, value_type="Tensor")
@@ -101,27 +118,64 @@ def holder_remedy(site: CallSite, spelled: str, holders: list[Holder]) -> Remedy
     )
 
 
-def _keep_value(site: CallSite, kept: str, holders: list[Holder]) -> Remedy | None:
-    """``.item()`` for a tensor of one element, ``.detach()`` for one of more (``.item()`` would raise)."""
-    from .codemods.numbers import kept_statement
+def _file_source(site: CallSite) -> str | None:
+    """The source of the file ``site`` ran in, when its line is still the one that ran; else None."""
+    lines = linecache.getlines(site.file)
+    ran = lines[site.line - 1].strip() if 0 < site.line <= len(lines) else None
+    return "".join(lines) if ran is not None and ran == site.source.strip() else None
 
+
+def _one_element(holders: list[Holder]) -> bool | None:
+    """Whether the held tensors had one element each time (None: a count is unknown)."""
     counts = {h.numel for h in holders}
-    if None in counts:
+    return None if None in counts else counts == {1}
+
+
+def _keep_value(site: CallSite, spelled: str, kept: str, holders: list[Holder], source: str | None) -> Remedy | None:
+    """``.item()`` for a tensor of one element whose holder's later uses all take a number, else ``.detach()``
+    (``.item()`` would raise on more elements, or break a use that needs a tensor)."""
+    from .codemods.numbers import kept_statement, takes_numbers
+
+    one = _one_element(holders)
+    if one is None:
         return None
-    if counts == {1}:
+    if one and source is not None and takes_numbers(source, site.line):
         edited = kept_statement(site.source, "item")
-        why = f"`{kept}` held one element each time (a number keeps its value without the graph)"
+        why = f"`{kept}` held one element each time, and every later use of `{spelled}` takes a number"
         edit = Edit("item", site.file, site.line, kept)
         return Remedy(f"keep a number, not the graph: `{edited}` at {site.where}", [edit], why, True) if edited else None
-    most = max(c for c in counts if c is not None)
     edited = kept_statement(site.source, "detach")
     if edited is None:
         return None
-    why = f"`{kept}` held {most:,} elements: `.item()` takes a tensor of one, so a detached tensor is kept instead"
+    if not one:
+        most = max(h.numel or 0 for h in holders)
+        why = f"`{kept}` held {most:,} elements: `.item()` takes a tensor of one, so a detached tensor is kept instead"
+        reason = f"`.item()` would raise: it has {most:,} elements"
+    elif source is None:
+        why = reason = "its later uses could not be read: a number might break one"
+    else:
+        why = reason = f"a later use of `{spelled}` needs a tensor, or may: a number could break it"
     return Remedy(
-        f"keep a detached tensor, not the graph: `{edited}` at {site.where} (`.item()` would raise: it has {most:,} "
-        "elements)",
+        f"keep a detached tensor, not the graph: `{edited}` at {site.where} ({reason})",
         [Edit("detach-use", site.file, site.line, kept)],
         why,
         mechanical=True,
     )
+
+
+def _returned_remedy(site: CallSite, spelled: str, returned: Returned, holders: list[Holder]) -> Remedy | None:
+    """The fix at the ``return`` of the function whose value the holder on ``site`` keeps: a number when it
+    held one element and every caller's use takes one; else a detached tensor, when the function ran the
+    backward through it (no gradient can change then); else None."""
+    where, function = f"{site.file}:{returned.line}", f"`{returned.function}()`"
+    one = _one_element(holders)
+    fed = f"what {function} returns is kept by its caller: `{spelled}` at {site.where}"
+    if one and returned.numbers:
+        edit = Edit("item", site.file, returned.line, returned.value)
+        why = f"{fed}; it held one element each time, and every use of it by {function}'s callers takes a number"
+        return Remedy(f"return a number, not the graph: `{returned.as_item}` at {where} ({fed})", [edit], why, True)
+    if one is None or returned.detached is None or not returned.backwarded:
+        return None
+    edit = Edit("detach-use", site.file, returned.line, returned.detached)
+    why = f"{fed}; {function} ran the backward through `{returned.detached}` already, so no gradient changes"
+    return Remedy(f"return a detached tensor, not the graph: `{returned.as_detached}` at {where} ({fed})", [edit], why, True)

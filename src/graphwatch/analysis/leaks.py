@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from ..capture.source import assigned_names
 from ..model import BackwardRecord, CallSite, Edit, Finding, Holder, Remedy, StepRecord, StepSpans, Trace
 from ..model.columns import field_values
+from ..model.records import held_value
 from .evidence import (
     alive_graph_sites,
     backward_name,
@@ -28,9 +29,11 @@ from .evidence import (
     describe,
     describe_site,
     human_bytes,
+    reads_name,
     site_chain,
     spans_text,
     steps_text,
+    stored_part,
 )
 from .findings import make_finding, renderer, same_cause
 from .kept_fixes import GENERIC, evaluation_remedy, holder_remedy, parameters_remedy
@@ -172,7 +175,7 @@ def _kept_before(previous: StepRecord | None, key: tuple) -> list[int]:
 
 
 def _holder_key(holder: Holder) -> tuple:
-    return holder.name.split("[")[0], holder.site
+    return held_value(holder.name), holder.site
 
 
 def _backwarded_names(trace: Trace, step: StepRecord) -> set[str]:
@@ -297,9 +300,11 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
         "key": _finding_key(trace, holders[0]),
         "sites": list(dict.fromkeys(([site.where] if site else []) + fixed_at + graph)),
         "steps": [step.index],
-        "kept": moment | {"items": len(holders) if "[" in holders[0].name else None},
+        "kept": moment | {"items": len(holders) if holders[0].name != name else None},
         "holder": name,
         "holder_at": describe(site) if site else f"in {holders[0].scope}",
+        "holder_source": site.source if site else None,  # what the line that feeds it reads (see _same_holding)
+        "item_path": holders[-1].name if holders[-1].within else None,  # a tensor inside each item: ``buffer[8][1]``
         "graph_at": graph,
         "never_backwarded": never_backwarded,
         "evaluation_at": evaluation_at,
@@ -312,9 +317,25 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
     elif never_backwarded:
         remedies.append(evaluation_remedy(trace, evaluation[0]))
     spelled = _spelled(site, name) if site is not None and not backwarded and not evidence["parameters"] else None
+    if site is not None and evidence["item_path"]:  # the line stores more than the tensor: a tuple holding it
+        remedies.append(_part_remedy(site, holders[-1]))
+        spelled = None
     keep = holder_remedy(site, spelled, holders) if site is not None and spelled is not None else None
     remedies += [keep] if keep is not None else [] if remedies else [Remedy(GENERIC)]
+    edited = [f"{edit.file}:{edit.line}" for remedy in remedies for edit in remedy.edits]  # where its fix goes too
+    evidence["sites"] = list(dict.fromkeys(evidence["sites"][:1] + edited + evidence["sites"][1:]))
     return make_finding("graph-kept-alive", "warning", step.index, evidence, remedies)
+
+
+def _part_remedy(site: CallSite, holder: Holder) -> Remedy:
+    """Advice for a container whose items hold the tensor inside them (a replay buffer's ``(state, action,
+    reward)`` tuples, ``action`` still carrying the rollout's graph): store that part without its graph."""
+    part = stored_part(site.source, holder.within)
+    named = f"`{part}`" if part is not None else f"the part `{holder.within}` of each item"
+    return Remedy(
+        f"store {named} without its graph at {site.where} (`.detach()` it, or `.item()` for a number): "
+        f"`{holder.name}` still carries the graph of the step that made it"
+    )
 
 
 def _spelled(site: CallSite, name: str) -> str | None:
@@ -363,8 +384,11 @@ def _unnamed_kept(trace: Trace, step: StepRecord, explained: set[int], previous:
 def _same_holding(old: Finding, new: Finding) -> int:
     """A finding that could not name its holder and one that could are one cause when the same lines made the
     graphs they keep (or, both keeping graphs without saved tensors, the same steps' graphs): 2 when the new
-    one names it."""
+    one names it.  A holder fed from another one (``all_losses.append(current_loss / 4)`` after ``current_loss
+    += loss``) is that one's cause: fixing the line that feeds the first fixes both (1)."""
     a, b = old.evidence, new.evidence
+    if a.get("holder") is not None and b.get("holder") is not None:
+        return 1 if _feeds(a, b) else 0
     if (a.get("holder") is None) == (b.get("holder") is None):
         return 0
     shared = bool(set(a.get("graph_at") or []) & set(b.get("graph_at") or []))
@@ -372,6 +396,18 @@ def _same_holding(old: Finding, new: Finding) -> int:
         spans = b["kept"]["spans"]
         shared = any(first <= last_b and first_b <= last for first, last in a["kept"]["spans"] for first_b, last_b in spans)
     return (2 if a.get("holder") is None else 1) if shared else 0
+
+
+def _feeds(upstream: dict, downstream: dict) -> bool:
+    """Whether the line that feeds the holder of ``downstream`` reads the holder of ``upstream``, in the same file
+    (which then gets the name and line of ``downstream`` as its ``fed``, and its later moments)."""
+    up, down = upstream.get("sites") or [""], downstream.get("sites") or [""]
+    source = downstream.get("holder_source")
+    same_file = up[0].rpartition(":")[0] == down[0].rpartition(":")[0]
+    if not (source and same_file and reads_name(source, upstream["holder"])):
+        return False
+    downstream.setdefault("fed", {"holder": downstream["holder"], "at": down[0]})
+    return True
 
 
 @renderer("graph-kept-alive")
@@ -382,10 +418,13 @@ def _render_kept(ev: dict) -> str:
     if ev["holder"] is None:
         who = "something outside the training loop's frames (a list, an attribute, a global) keeps"
     else:
-        items = f"through {kept['items']} of its items" if kept.get("items") else ""
+        fed = ev.get("fed")  # (its items are the fed holder's then)
+        items = f"through {kept['items']} of its items" if kept.get("items") and not fed else ""
         where = "" if ev.get("parameters") else ev["holder_at"]
         detail = ", ".join(part for part in (where, items) if part)
-        who = f"`{ev['holder']}`" + (f" ({detail})" if detail else "") + " keeps"
+        path = f", e.g. `{ev['item_path']}`" if ev.get("item_path") and not fed else ""
+        through = f" and `{fed['holder']}`, fed from it at {fed['at']}," if fed else ""
+        who = f"`{ev['holder']}`" + (f" ({detail}{path})" if detail else "") + through + (" keep" if fed else " keeps")
     return (
         f"{who} the graphs of {spans_text(kept['spans'])} alive at the end of step {kept['step']}"
         + (f": {size}" if size else "")

@@ -5,8 +5,9 @@ patched run needs to show the finding again if the patch did not fix it;
 :func:`judge` makes the :class:`~graphwatch.model.PatchCheck`:
 
 - the finding is gone: no finding of the patched run is the same (its kind,
-  and a cited line that is one of the finding's once the patch's line shifts
-  are undone by a :class:`LineMap`), nor is the growth that followed from it;
+  its holder, and its own line, the first it cites, once the patch's line
+  shifts are undone by a :class:`LineMap`), and no growth is still explained
+  by it (a growth the original run's other findings explain is theirs);
 - no new error (the patched run ends where it was stopped, or at the script's
   end, or with the error the original ended with when that was not the
   finding's) and no new finding (each finding of the patched run is one the
@@ -152,23 +153,44 @@ def _problems(trace: Trace) -> list[Finding]:
 
 
 def _same(before: Finding, after: Finding, lines: LineMap) -> bool:
-    """Whether the patched run's finding ``after`` is the original run's ``before``: same kind, and a line in common."""
+    """Whether the patched run's finding ``after`` is the original run's ``before``, judged by its root cause:
+    the same kind, the same holder (when both name one), and the same own line (the first it cites, where its
+    fix goes), once the patch's line shifts are undone.  A line both merely pass through (a model's forward
+    that made the graph two holders keep) does not make them one finding.  A growth is a consequence: the same
+    as ``before`` when the findings that explain it are among those that explained ``before``."""
     if before.kind != after.kind:
         return False
-    cited, citing = set(before.evidence.get("sites") or []), lines.sites_before(after.evidence.get("sites") or [])
-    return bool(cited & citing) or not (cited or citing)
+    cited, citing = before.evidence.get("sites") or [], after.evidence.get("sites") or []
+    if not (cited and citing):
+        return not (cited or citing)
+    if before.kind == "memory-growth":
+        return lines.sites_before(citing) <= set(cited)
+    holders = before.evidence.get("holder"), after.evidence.get("holder")
+    if None not in holders and holders[0] != holders[1]:
+        return False
+    return cited[0] in lines.sites_before(citing[:1])
 
 
 def _findings(original: Trace, patched: Trace, targets: Sequence[Finding], lines: LineMap) -> tuple[list, list]:
-    """(the patched run's findings that are the targets, or the growth that followed from them; those the
-    original run did not have)."""
-    cited = {s for f in targets for s in f.evidence.get("sites") or []}
-    followers = [f for f in _problems(original)
-                 if f.kind == "memory-growth" and f not in targets and cited & set(f.evidence.get("sites") or [])]
-    gone = [*targets, *followers]
-    left = [f for f in _problems(patched) if any(_same(t, f, lines) for t in gone)]
-    others = [f for f in _problems(original) if f not in gone]
+    """(the patched run's findings that are the targets, or a growth still explained by a target's own line;
+    those the original run did not have)."""
+    own = {f.evidence["sites"][0] for f in targets if f.evidence.get("sites")}
+    left = [f for f in _problems(patched) if any(_same(t, f, lines) for t in targets)
+            or (f.kind == "memory-growth" and own & lines.sites_before(f.evidence.get("sites") or []))]  # fmt: skip
+    others = [f for f in _problems(original) if f not in targets]
     return left, [f for f in _problems(patched) if f not in left and not any(_same(o, f, lines) for o in others)]
+
+
+def together(alone: PatchCheck, joint: PatchCheck, others: int) -> None:
+    """Add to ``alone`` (a patch's own check, which held) the verdict of the check of all the run's patches
+    applied together, as ``--patch-out`` writes them (``others``: how many other patches it held): a patch
+    that breaks training with the others is not the fix to apply either."""
+    how = f"with the run's {others} other patch{'es' * (others != 1)} applied too, as --patch-out writes them"
+    if joint.checked:
+        alone.held.append(f"checked {how}")
+        return
+    alone.failed.append(f"{how}: " + "; ".join(joint.failed))
+    alone.checked = False
 
 
 def _named(finding: Finding) -> str:

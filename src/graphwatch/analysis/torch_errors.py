@@ -4,7 +4,10 @@
   inplace operation".  The finding names the line that changed the saved tensor (not only the one that saved
   it) and, where the out-of-place form keeps what the program computes, patches it there (``out-of-place``):
   ``x = x.relu()`` for ``x.relu_()``, ``inplace=False`` on the line that built a module with ``inplace=True``,
-  ``att = att.clone()`` before ``att[...] = 0``.
+  ``att = att.clone()`` before ``att[...] = 0`` (before the first of several such lines, all named).  A
+  recurrence written into one tensor (``h[:, t + 1] = f(h[:, t])``) gets words: the states in a list, stacked
+  (a ``.clone()`` before the loop does not help); an ``optimizer.step()`` that ran between the forward and a
+  backward needing its parameters gets words naming both lines, to reorder.
 - ``loss-without-graph``: "element 0 of tensors does not require grad and does not have a grad_fn".  The
   finding names the ``with torch.no_grad():`` block or ``@torch.no_grad()`` decorator the loss was made
   under, and, for a block, puts the statements from the loss's first line to the backward under
@@ -40,6 +43,7 @@ from ..model.causes import InplaceCause, NoGraphCause
 from ..model.error_causes import LeafInplaceCause, NonScalarCause, UnusedInputCause
 from .error_remedies import edited_line
 from .evidence import describe, step_name
+from .graph_cuts import cut_finding
 from .kept_fixes import training_lines
 
 INPLACE_KIND = "modified-in-place"
@@ -57,38 +61,79 @@ def inplace_finding(trace: Trace, cause: InplaceCause, step: int) -> Finding:
     saved, changed = trace.site(cause.saved_at), trace.site(cause.changed_at)
     lines = [f"graphwatch: the tensor was saved at {describe(saved)} ({step_name(cause.saved_step)})"]
     remedies: list[Remedy] = []
-    if changed is None:
+    also = [s for s in map(trace.site, cause.changed_also) if s is not None]
+    if cause.found_by == "optimizer":
+        fix = _optimizer_step(trace, cause, lines)
+        remedies.append(Remedy(fix, [], "which update comes first, and which gradients each optimizer step sees, "
+                               "need your judgement"))
+    elif changed is None:
         lines[0] += (". Something changed it in place after autograd saved it; use the out-of-place form "
                      "(e.g. x = x.add(1) instead of x.add_(1)) or .clone() it first (graphwatch could not tell "
                      "which line changed it).")
         fix = "use the out-of-place form where the tensor is changed after it is saved"
     else:
         found = {"node": "its node in the graph", "save": "a later save of the changed tensor",
-                 "source": "the one in-place statement between the lines that ran around it"}.get(cause.found_by, "")
-        lines[0] += f", then changed in place at {describe(changed)}" + (f" (found from {found})" if found else "")
-        lines[0] += "."
-        remedy = _out_of_place(trace, cause, changed.where)
+                 "source": "the in-place statements between the lines that ran around it"}.get(cause.found_by, "")
+        named = ", ".join(describe(s) for s in [changed, *also][:-1]) + " and " if also else ""
+        lines[0] += f", then changed in place at {named}{describe(also[-1] if also else changed)}"
+        lines[0] += (f" (found from {found})" if found else "") + "."
+        remedy = _recurrence(trace, cause) or _out_of_place(trace, cause, changed.where)
         if cause.module:
             built = trace.site(cause.built_at)
             lines.append(f"The change is made by `{cause.module}`, an nn.{cause.module_type} built with "
                          + (f"inplace=True at {describe(built)}." if built else f"inplace=True ({cause.note})."))
         if remedy is not None:
             remedies.append(remedy)
-            lines.append(f"Fix: {remedy.text}")
+            lines.append(("Fix (no patch: it needs your judgement): " if not remedy.edits else "Fix: ") + remedy.text)
         fix = remedy.text if remedy else f"make the in-place operation at {changed.where} out of place"
-    where = [s.where for s in (changed, saved, trace.site(cause.built_at)) if s is not None]
+    cited = (changed, *also, trace.site(cause.optimizer_at), trace.site(cause.backward_at) if cause.optimizer_at
+             else None, saved, trace.site(cause.built_at), trace.site(cause.loop_at))  # fmt: skip
+    where = [s.where for s in cited if s is not None]
     evidence = {
         "key": f"{where[0] if where else '?'} -> {saved.where if saved else '?'}",
         "sites": list(dict.fromkeys(where)),
         "steps": [step],
         "saved_at": saved.where if saved else None,
         "changed_at": changed.where if changed else None,
+        "changed_also": [s.where for s in also],
         "found_by": cause.found_by,
         "op": cause.op,
         "module": cause.module,
         "built_at": trace.where(cause.built_at) if cause.built_at is not None else None,
+        "optimizer_at": trace.where(cause.optimizer_at) if cause.optimizer_at is not None else None,
     }
     return Finding(INPLACE_KIND, "error", step, "\n".join(lines), fix, evidence, remedies=remedies)
+
+
+def _optimizer_step(trace: Trace, cause: InplaceCause, lines: list[str]) -> str:
+    """What ``lines`` say of an ``optimizer.step()`` that updated a parameter the running backward needs (saved by
+    this step's forward), and the fix: that backward before that step, or the forward recomputed after it."""
+    stepped, backward = trace.site(cause.optimizer_at), trace.site(cause.backward_at)
+    lines[0] += (f". optimizer.step() at {stepped.where if stepped else '<unknown line>'} updated this parameter in "
+                 f"place after the graph saved it, and the backward at {describe(backward)} ran after that step "
+                 "through the same graph.")
+    order = (f" (`{backward.source}` at {backward.where} above `{stepped.source}` at {stepped.where}, each "
+             "optimizer's `zero_grad()` placed so that its step sees only its own loss's gradients)"
+             if backward is not None and stepped is not None else "")  # fmt: skip
+    fix = (f"run this backward before that optimizer step{order}, or recompute the forward after the step (a GAN: "
+           "the generator's loss on a fresh D(fake) made after D's step)")
+    lines.append(f"Fix (no patch: the order of the updates needs your judgement): {fix}.")
+    return fix
+
+
+def _recurrence(trace: Trace, cause: InplaceCause) -> Remedy | None:
+    """For a tensor written one slice per step of a loop from its own earlier slices: the states kept in a list
+    and stacked (words: the stacking and what the loop reads need judgement); never a ``.clone()`` first."""
+    loop, changed = trace.site(cause.loop_at), trace.site(cause.changed_at)
+    if loop is None or changed is None:
+        return None
+    name = cause.target or "the tensor"
+    text = (f"`{name}` is written one slice per step of the loop at {describe(loop)}, each step from a slice an "
+            f"earlier step wrote and autograd saved; keep the states in a list instead (append what the assignment "
+            f"at {changed.where} computes, reading the last state from the list) and `torch.stack` them after the "
+            f"loop. A `.clone()` of `{name}` before the loop does not help: the clone is itself written in place "
+            "at every step.")
+    return Remedy(text, [], "the dimension to stack on and the slices the loop reads need your judgement")
 
 
 def _out_of_place(trace: Trace, cause: InplaceCause, changed_where: str) -> Remedy | None:
@@ -106,11 +151,15 @@ def _out_of_place(trace: Trace, cause: InplaceCause, changed_where: str) -> Reme
     why = (f"`{cause.module}` changes its input in place (its result is the same out of place)" if cause.module
            else f"the statement at {changed_where} changes `{cause.target}` in place after autograd saved it")
     text = f"`{line}` at {site.where}" + (f" (where `{cause.module}` is built)" if cause.module else "")
+    if cause.changed_also:
+        text += f" (the first line that changes `{cause.target}`: the later ones then change the new tensor)"
     return Remedy(text, [edit], why, True)
 
 
 def no_graph_finding(trace: Trace, cause: NoGraphCause, step: int) -> Finding:
     """The finding of a loss backwarded without a graph; its message follows torch's text."""
+    if cause.cut_at is not None or cause.kind in ("op", "frozen"):  # the cut had left the stack
+        return cut_finding(trace, cause, step, NO_GRAPH_KIND)
     backward, block = trace.site(cause.backward_at), trace.site(cause.block_at)
     remedies: list[Remedy] = []
     if block is None:

@@ -40,7 +40,8 @@ import torch
 
 from .frames import local_value, named_values, user_frames
 from .graph_walk import METADATA_KEY
-from .holders import _of_a_user_class, parameter_update_site
+from .held_values import _of_a_user_class
+from .holders import parameter_update_site
 from .source import assignments, function_node
 from .values import runtime_type, set_to_none
 

@@ -5,9 +5,10 @@ graph.  But the keepers users write are few and visible: a local such as
 ``total_loss`` (``total_loss += loss``), a list of losses, an attribute of a
 module (``self.cache = self.weight * 2``), a module-level global.  At a step
 end graphwatch looks at the user's frames on the stack, their locals and
-globals, one level into lists, tuples and dicts, and the tensors held by
-``nn.Module`` attributes; each tensor with a ``grad_fn`` is walked and kept as a
-:class:`~graphwatch.model.Holder` when it reaches nodes of earlier steps.
+globals (a module's at the module's line that adds to them), into lists, tuples, dicts, ``nn.Module``
+attributes and objects of the user's classes, and at the closures of the hooks registered on the modules
+there (:mod:`~graphwatch.capture.held_values` names each tensor by its path); each tensor with a ``grad_fn`` is
+walked and kept as a :class:`~graphwatch.model.Holder` when it reaches nodes of earlier steps.
 
 Example::
 
@@ -21,9 +22,6 @@ Example::
 from __future__ import annotations
 
 import functools
-import os
-import sys
-import types
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from types import CodeType, FrameType
@@ -32,107 +30,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..model import GLOBALS_SCOPE, Holder, NodeRecord, StepSpans
-from .callsite import display_path, is_user_file
+from ..model.records import held_value
+from .callsite import display_path
 from .frames import drop_locals_snapshot, resolve, user_frames
 from .graph_walk import Reach, reach
+from .held_values import _INERT as _INERT  # (re-exported: the names callers and tests import from here)
+from .held_values import _of_a_user_class as _of_a_user_class
+from .held_values import hook_closures, tensors_among, value_at
+from .held_values import tensors_in as _tensors_in  # noqa: F401 (re-exported, as the two above)
 from .no_grad import inplace_updates
 from .source import assigned_names, assignments, function_node, module_node
 
 if TYPE_CHECKING:
     from .recorder import Recorder
-
-_CONTAINER_LIMIT = 64  # items looked at per list/tuple/dict
-_OBJECT_LEVELS = 2  # objects of the user's classes looked into: a trainer's policy's attributes, not deeper
-
-
-# Exact types whose values hold no tensor and are never looked into: not a tensor, container or module, and
-# (static types, so no instance can have a ``__dict__``) never of a user class.  Skipped before anything else.
-_INERT = frozenset({
-    types.NoneType, bool, int, float, complex, str, bytes, bytearray, range, slice, set, frozenset, property,
-    types.EllipsisType, types.NotImplementedType, types.CodeType, types.BuiltinFunctionType, types.MethodWrapperType,
-    types.WrapperDescriptorType, types.MethodDescriptorType, types.ClassMethodDescriptorType,
-    types.GetSetDescriptorType, types.MemberDescriptorType,
-})
-
-
-def _tensors_in(name: str, value: Any, objects: int = _OBJECT_LEVELS) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for the tensors with a grad_fn ``value`` holds: itself, the items of a list or tuple (the
-    last 64) or dict (the first 64), the attributes of an ``nn.Module``'s submodules and of objects of the user's
-    classes (``objects`` levels of them).  A name is built only for a tensor found."""
-    if isinstance(value, torch.Tensor):
-        if value.grad_fn is not None:
-            yield name, value
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value[-_CONTAINER_LIMIT:]):
-            if isinstance(item, torch.Tensor) and item.grad_fn is not None:  # (no deeper than the items)
-                yield f"{name}[{i}]", item
-    elif isinstance(value, dict):
-        for i, (key, item) in enumerate(value.items()):
-            if i == _CONTAINER_LIMIT:
-                break
-            if isinstance(item, torch.Tensor) and item.grad_fn is not None:
-                yield f"{name}[{key!r}]", item
-    elif isinstance(value, torch.nn.Module):
-        for module_name, module in value.named_modules(prefix=name):
-            for attr, item in vars(module).items():  # a list kept on self too
-                if not attr.startswith("_") and type(item) not in _INERT and not isinstance(item, torch.nn.Module):
-                    yield from _tensors_in(f"{module_name}.{attr}", item, objects - 1)
-            for attr, buffer in module._buffers.items():  # a running statistic updated outside no_grad
-                if buffer is not None:
-                    yield from _tensors_in(f"{module_name}.{attr}", buffer)
-            for attr, param in module._parameters.items():  # a parameter updated in place outside no_grad
-                if param is not None and param.grad_fn is not None:
-                    yield f"{name}.parameters()[{f'{module_name}.{attr}'[len(name) + 1:]}]", param
-    elif objects > 0 and _of_a_user_class(value):  # a Trainer subclass keeping self.losses, its policy's baseline
-        for attr, item in list(vars(value).items())[:_CONTAINER_LIMIT]:
-            if not attr.startswith("_") and type(item) not in _INERT:
-                yield from _tensors_in(f"{name}.{attr}", item, objects - 1)
-
-
-def _tensors_among(names: Iterable[tuple[str, Any]]) -> list[tuple[str, torch.Tensor]]:
-    """:func:`_tensors_in` of each (name, value) whose name is not a dunder."""
-    return [
-        pair for name, value in names
-        if type(value) not in _INERT and not name.startswith("__") for pair in _tensors_in(name, value)
-    ]
-
-
-def _of_a_user_class(value: Any) -> bool:
-    """Whether ``value`` is an instance (with attributes) of a class the user's own code defines; a module,
-    class or function (whose type is a builtin) counts when its own module's file is the user's."""
-    kind = type(value)
-    if kind is types.ModuleType:
-        module = value
-    elif kind is type or kind is types.FunctionType:
-        module = sys.modules.get(getattr(value, "__module__", None) or "")
-    else:
-        module = sys.modules.get(kind.__module__)
-    name = getattr(module, "__name__", None)  # (sys.modules may hold any object)
-    if isinstance(name, str) and name in _BUILTIN_MODULES:  # sys, gc, time: no file, never the user's
-        return False
-    filename = getattr(module, "__file__", None) or ""  # none: __main__ in a notebook or with python -c
-    return _is_users_file(filename) and hasattr(value, "__dict__")
-
-
-def _is_users_file(filename: str) -> bool:
-    """Whether a module's ``filename`` is the user's: not torch's, graphwatch's, the standard library's or an
-    installed package's.  Kept per name, unless the answer depends on the working directory (a name that is
-    not its own absolute path: a relative one, or none)."""
-    known = _USERS_FILES.get(filename)
-    if known is not None:
-        return known
-    users = is_user_file(filename) and "-packages" not in filename
-    if filename.startswith("<") or os.path.abspath(filename) == filename:
-        if len(_USERS_FILES) >= _USERS_FILES_LIMIT:
-            _USERS_FILES.clear()
-        _USERS_FILES[filename] = users
-    return users
-
-
-_BUILTIN_MODULES = frozenset(sys.builtin_module_names)
-_USERS_FILES: dict[str, bool] = {}
-_USERS_FILES_LIMIT = 4096
-
 
 def tensors_in_frame(
     frame: FrameType, include_globals: bool = True, seen_globals: set[int] | None = None
@@ -141,21 +51,27 @@ def tensors_in_frame(
 
     ``seen_globals``: the ids of the globals of the frames looked at before in one look at the stack, whose
     tensors that look has named already: not looked at again (this frame's are added)."""
+    local_items, global_items = _frame_names(frame, include_globals, seen_globals)
+    return iter(tensors_among(local_items + global_items))
+
+
+def _frame_names(
+    frame: FrameType, include_globals: bool = True, seen_globals: set[int] | None = None
+) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    """(the frame's own names and values, those of its module's globals when they are not its own; see
+    :func:`tensors_in_frame` for ``seen_globals``)."""
     local_names = frame.f_locals
-    namespaces = [local_names]
-    if include_globals and frame.f_globals is not local_names:
-        namespaces.append(frame.f_globals)
-    if seen_globals is not None and namespaces[-1] is frame.f_globals:  # (a module's frame: its locals)
+    own = local_names is frame.f_globals  # a module's frame: its globals are its locals
+    global_items = list(frame.f_globals.items()) if include_globals and not own else []
+    local_items = list(local_names.items())
+    if seen_globals is not None and (own or include_globals):
         if id(frame.f_globals) in seen_globals:
-            namespaces.pop()
+            global_items = []
+            local_items = [] if own else local_items
         seen_globals.add(id(frame.f_globals))  # (alive while the frames looked at are: the id is not reused)
-    items = [item for names in namespaces for item in names.items()]
-    del namespaces
     drop_locals_snapshot(frame, local_names)
     del local_names
-    pairs = _tensors_among(items)
-    del items
-    return iter(pairs)
+    return local_items, global_items
 
 
 def tensors_in_user_frames(start: FrameType | None, limit: int = 8) -> Iterator[tuple[str, torch.Tensor]]:
@@ -220,13 +136,12 @@ def _assignment(code: CodeType, name: str) -> tuple[int, bool] | None:
 
 
 def _attribute_site(recorder: Recorder, frame: FrameType | None, name: str, names: dict | None = None) -> int | None:
-    """For ``obj.attr`` (``model.outputs``): the line of ``obj``'s class that assigns or adds to ``self.attr``
-    (``obj`` as ``frame`` names it, or else as ``names``, a finished script's globals, does)."""
-    head, _, rest = name.split("[")[0].partition(".")
-    if not rest:
+    """For ``obj.attr`` (``model.outputs``, ``meters['loss'].sum``): the line of ``obj``'s class that assigns or
+    adds to ``self.attr`` (``obj`` as ``frame`` names it, or else as ``names``, a finished script's globals, does)."""
+    owner_path, _, attr = held_value(name).rpartition(".")
+    if not owner_path or not attr.isidentifier():
         return None
-    *path, attr = rest.split(".")
-    owner = resolve(frame, ".".join([head, *path]), names)
+    owner = value_at(frame, owner_path, names)
     # a method that adds to it wins over one that assigns it, and one that assigns it each step over __init__
     best: tuple[tuple[bool, bool], int, CodeType] | None = None
     for cls in type(owner).__mro__:
@@ -308,25 +223,60 @@ def find_holders(
     known = reaches if reaches is not None else {}
     found_now: dict[int, Reach] = {}
     seen_globals: set[int] = set()
-    for frame in user_frames(start):
-        scope = f"{recorder.trace.where(recorder.sites.from_frame(frame))} in {frame.f_code.co_name}"
-        named = tensors_in_frame(frame, seen_globals=seen_globals)
-        found = _holders_among(recorder, named, seen, scope, known, found_now, step)
-        holders += [h if h.site is not None else replace(h, site=_making_site(recorder, frame, h.name)) for h in found]
-    if script is not None and isinstance(script.get("__file__"), str):
-        pairs = _tensors_among(list(script.items()))
-        scope = display_path(script["__file__"]) + GLOBALS_SCOPE
+    frames: list[tuple[FrameType | None, list[tuple[str, Any]], list[tuple[str, Any]]]] = [
+        (frame, *_frame_names(frame, seen_globals=seen_globals)) for frame in user_frames(start)
+    ]
+    if script is not None:
+        frames.append((None, [], list(script.items())))
+    modules = [v for _, local_items, global_items in frames for _, v in local_items + global_items]
+    for hook, pairs in hook_closures(modules):  # first: the list a hook appends to is named as the hook spells it
+        code = hook.__code__
+        scope = f"{display_path(code.co_filename)}:{code.co_firstlineno} in {hook.__name__}"
         for holder in _holders_among(recorder, pairs, seen, scope, known, found_now, step):
-            line = _script_line(script["__file__"], holder.name) if holder.site is None else None
-            site = recorder.sites.from_file(script["__file__"], line) if line is not None else holder.site
-            if site is None and _module_of(holder.name) is not None:
-                site = parameter_update_site(recorder, holder.name, None, script)
-            elif site is None:  # an object's attribute (``model.running``): the line of its class that assigns it
-                site = _attribute_site(recorder, None, holder.name, script)
-            holders.append(replace(holder, site=site))
+            line = assignment_line(code, holder.name) if holder.site is None else None
+            holders.append(holder if line is None else replace(holder, site=recorder.sites.from_code(code, line)))
+    del modules
+    for frame, local_items, global_items in frames:
+        if frame is not None:
+            scope = f"{recorder.trace.where(recorder.sites.from_frame(frame))} in {frame.f_code.co_name}"
+            found = _holders_among(recorder, tensors_among(local_items), seen, scope, known, found_now, step)
+            holders += [h if h.site is not None else replace(h, site=_making_site(recorder, frame, h.name)) for h in found]
+        names = dict(global_items)
+        if global_items and isinstance(names.get("__file__"), str):  # a module's globals, seen from a function of it
+            holders += _global_holders(recorder, frame, names, seen, (known, found_now), step)
     if reaches is not None:
         reaches.clear()
         reaches.update(found_now)
+    return holders
+
+
+def _global_holders(
+    recorder: Recorder,
+    frame: FrameType | None,
+    names: dict,
+    seen: set[int],
+    reaches: tuple[dict[int, Reach], dict[int, Reach]],
+    step: int,
+) -> list[Holder]:
+    """The holders among a module's globals ``names`` (a finished script's, or those of the module of the
+    function ``frame`` runs), at the line of that function that adds to or assigns them, else at the module's
+    (``current_loss += loss`` below the call of the ``train()`` that returned ``loss``).  ``reaches``: what an
+    earlier search and this one found below the tensors looked at (see :func:`find_holders`)."""
+    file = names["__file__"]
+    holders = []
+    scope = display_path(file) + GLOBALS_SCOPE
+    for holder in _holders_among(recorder, tensors_among(list(names.items())), seen, scope, *reaches, step):
+        in_function = assignment_line(frame.f_code, holder.name) if frame is not None and holder.site is None else None
+        if holder.site is None and "[" in held_value(holder.name):  # an object kept in a container
+            holder = replace(holder, site=_attribute_site(recorder, frame, holder.name, names))
+        line = _script_line(file, holder.name) if holder.site is None and in_function is None else None
+        site = recorder.sites.from_file(file, line) if line is not None else holder.site
+        site = recorder.sites.from_frame(frame, in_function) if frame is not None and in_function is not None else site
+        if site is None and _module_of(holder.name) is not None:
+            site = parameter_update_site(recorder, holder.name, None, names)
+        elif site is None:  # an object's attribute (``model.running``): the line of its class that assigns it
+            site = _attribute_site(recorder, None, holder.name, names)
+        holders.append(replace(holder, site=site))
     return holders
 
 
@@ -370,15 +320,15 @@ def _running_site(recorder: Recorder, record: NodeRecord | None, name: str) -> i
     """The line that ran and made the held tensor, as seen when its node was made, for a holder reached through
     an object: a parameter updated in place (the node's own line), an attribute (the line of the node's call
     chain that assigns it: ``self.baseline = ...`` for ``policy.baseline``, however the frame spells the
-    object).  None for a name (its line is read from its frame's function) or an item of a container (the
-    line that adds to it)."""
+    object; ``meters['loss'].sum``, an attribute of an object kept in a dict).  None for a name (its line is read
+    from its frame's function) or an item of a container (the line that adds to it)."""
     if record is None or record.site is None or (record.site_inferred and not recorder.precise):
         return None  # (a line read off the last op that saved a tensor: not this node's own, but at the precise level)
     if _module_of(name) is not None:
         return record.site
-    if "[" in name or "." not in name:
+    attr = name.rpartition(".")[2]
+    if "." not in name or not attr.isidentifier():  # a variable, or an item of a container
         return None
-    attr = name.rsplit(".", 1)[-1]
     site_id: int | None = record.site
     while site_id is not None:
         site = recorder.trace.sites[site_id]
@@ -423,6 +373,8 @@ def _script_line(filename: str, name: str) -> int | None:
 def _making_site(recorder: Recorder, frame: FrameType, name: str) -> int | None:
     if _module_of(name) is not None:
         return parameter_update_site(recorder, name, frame)
+    if "[" in held_value(name):  # an object kept in a container (``meters['loss'].sum``): its class's line
+        return _attribute_site(recorder, frame, name)
     line = assignment_line(frame.f_code, name)
     if line is not None:
         return recorder.sites.from_frame(frame, line)

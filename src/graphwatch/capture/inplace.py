@@ -8,8 +8,14 @@ Sources, best first:
   newest (every use after the change goes through it).  Its line is the one its own saved tensors were
   packed at (exact when the op saves any), read from the step clock by its sequence number;
 - a later save of the same storage at a newer version (``relu_`` saves its result): the line of that pack;
-- for an op that saves nothing (``att[:, :, 0, :] = 0`` makes a ``CopySlices``), the one in-place statement
-  of the function between the last line that ran before the op and the line that used its result.
+- for an op that saves nothing (``att[:, :, 0, :] = 0`` makes a ``CopySlices``, ``out += residual`` an
+  ``AddBackward0``), the in-place statements of the function between the last line that ran before the op and
+  the line that used its result (else the function's end: its caller used it), all of them when several change
+  the name the saving line spells (an attention map's border zeroed by four assignments).
+
+An ``optimizer.step()`` of this step that updated a saved parameter is the cause itself (no line of the user's
+changed it); ``t[..., i + 1] = f(t[..., i])`` in a ``for`` loop over ``i`` is a recurrence written into one
+tensor, whose loop is named (its fix is a list of states, stacked: never a ``.clone()`` before the loop).
 
 A module built with ``inplace=True`` (``nn.Dropout(p, inplace=True)``, ``nn.ReLU(inplace=True)`` in a
 ``Sequential``) is found from the module objects the frames reach, through the class whose method ran the
@@ -36,6 +42,7 @@ from ..model.causes import InplaceCause
 from .causes import _VIEWS
 from .frames import named_values, resolve, user_frames
 from .graph_walk import node_record
+from .inplace_hints import optimizer_update
 from .node_types import node_type, saved_data
 from .source import dotted_name, inplace_statement, module_node
 
@@ -84,17 +91,26 @@ class InplaceFinder:
 
     def cause(self, handle: SavedHandle, tensor: torch.Tensor) -> InplaceCause:
         cause = InplaceCause(handle.site, handle.step)
+        backward = self.recorder.backward
+        cause.backward_at = backward.site if backward is not None else None
+        update = optimizer_update(self.recorder, handle)
+        if update is not None:  # an optimizer step of this step updated the parameter: no line of the user's did
+            cause.optimizer_at, cause.found_by = update[1], "optimizer"
+            return cause
         saving = next((n for n in self.nodes if any(d is handle for d in saved_data(n, node_type(n)))), None)
         changer = self._changing_node(handle, tensor, saving)
+        lines: list[int] = []
         if changer is not None:
             cause.op = changer.name()
             line = self._node_line(changer)
             if self._changes_here(line):  # the op saved a tensor there, and the line changes one in place
-                cause.changed_at, cause.found_by = line, "node"
+                lines, cause.found_by = [line] if line is not None else [], "node"
             else:  # the clock's line is the last op before it that saved: look between that and what used it
-                cause.changed_at = self._statement_between(line, self._users_lines(changer))
+                lines = self._statements_between(line, self._users_lines(changer), handle.site)
         elif handle.site is not None:  # (a leaf changed under no_grad: no node; after the line that saved it)
-            cause.changed_at = self._statement_between(handle.site, [])
+            lines = self._statements_between(handle.site, [], handle.site)
+        if lines:
+            cause.changed_at, cause.changed_also = lines[0], lines[1:]
         cause.found_by = cause.found_by or ("source" if cause.changed_at is not None else "")
         if cause.changed_at is None:
             later = self.recorder.later_saves_of(handle)
@@ -103,6 +119,7 @@ class InplaceFinder:
         site = self.trace.site(cause.changed_at)
         if site is not None:
             self._what_changed(cause, site, tensor, handle)
+            cause.loop_at = self._recurrence(site)
         return cause
 
     # ------------------------------------------------------------------ the node
@@ -157,23 +174,50 @@ class InplaceFinder:
                 queue.extend(p for p, _ in self.parents.get(user, []))
         return lines
 
-    def _statement_between(self, before: int | None, users: list[int]) -> int | None:
-        """The one in-place statement of the function that ran ``before`` (a line that ran before the change),
-        after that line and up to the first of ``users`` (lines that ran after it) in that function, else up
-        to the running backward's line there."""
+    def _statements_between(self, before: int | None, users: list[int], saved_at: int | None) -> list[int]:
+        """The in-place statements of the function that ran ``before`` (a line that ran before the change), in
+        source order: after that line and up to the first of ``users`` (lines that ran after it) in that
+        function, else up to the running backward's line there, else to the function's end (what it returned
+        was used by a caller).  Of those, the ones changing a name the saving line (``saved_at``) spells; else
+        all of them if they change one name; else none (graphwatch cannot tell)."""
         first = self.trace.site(before)
+        tree = module_node(_filename(first)) if first is not None else None
+        if first is None or tree is None:
+            return []
         backward = self.recorder.backward
         after = [self.trace.site(s) for s in users] + [self.trace.site(backward.site) if backward else None]
-        last = next((s for s in after if s is not None and first is not None and s.file == first.file
+        last = next((s.line for s in after if s is not None and s.file == first.file
                      and s.function == first.function and s.line >= first.line), None)  # fmt: skip
-        if first is None or last is None:
+        function = _function_at(tree, first) if last is None else None
+        last = function.end_lineno if function is not None else last
+        if last is None:
+            return []
+        found = [(s.lineno, name) for s in ast.walk(tree) if isinstance(s, ast.stmt) and not hasattr(s, "body")
+                 and first.line < s.lineno <= last and (name := inplace_statement(s))]  # fmt: skip
+        saving = self.trace.site(saved_at)
+        statement = _statement(saving) if saving is not None else None
+        spelled = {dotted_name(n) for n in ast.walk(statement) if isinstance(n, (ast.Name, ast.Attribute))} \
+            if statement is not None else set()  # fmt: skip
+        named = [f for f in found if f[1] in spelled] or found
+        if len({name for _, name in named}) != 1:
+            return []
+        return [self.recorder.sites.from_file(_filename(first), line) for line, _ in sorted(named)]
+
+    def _recurrence(self, site: CallSite) -> int | None:
+        """The ``for`` loop around ``t[..., i + 1] = f(t[..., i])`` at ``site`` (its variable indexes the slice
+        written): each of its steps writes the tensor from its own earlier slices, which the step before
+        saved.  The line of the ``for``; else None."""
+        statement = _statement(site)
+        if not isinstance(statement, ast.Assign) or not isinstance(target := statement.targets[0], ast.Subscript):
             return None
-        tree = module_node(_filename(first))
-        found = [s for s in ast.walk(tree) if isinstance(s, ast.stmt) and not hasattr(s, "body")
-                 and first.line < s.lineno <= last.line and inplace_statement(s)] if tree else []  # fmt: skip
-        if len(found) != 1:
-            return None
-        return self.recorder.sites.from_file(_filename(first), found[0].lineno)
+        name = inplace_statement(statement)
+        reads = {dotted_name(n) for n in ast.walk(statement.value) if isinstance(n, (ast.Name, ast.Attribute))}
+        indexes = {n.id for n in ast.walk(target.slice) if isinstance(n, ast.Name)}
+        tree = module_node(_filename(site)) if name in reads else None
+        loops = [n for n in ast.walk(tree) if isinstance(n, ast.For) and n.lineno < site.line <= (n.end_lineno or 0)
+                 and {v.id for v in ast.walk(n.target) if isinstance(v, ast.Name)} & indexes] if tree else []  # fmt: skip
+        innermost = max(loops, key=lambda n: n.lineno, default=None)
+        return self.recorder.sites.from_file(_filename(site), innermost.lineno) if innermost is not None else None
 
     # ------------------------------------------------------------------ the statement
     def _what_changed(self, cause: InplaceCause, site: CallSite, tensor: torch.Tensor, handle: SavedHandle) -> None:
@@ -290,7 +334,7 @@ def _class_of(site: CallSite) -> str | None:
     return None
 
 
-def _function_at(tree: ast.AST, site: CallSite) -> ast.AST | None:
+def _function_at(tree: ast.AST, site: CallSite) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
     for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         if function.name == site.function and function.lineno <= site.line <= (function.end_lineno or function.lineno):
             return function

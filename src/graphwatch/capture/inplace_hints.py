@@ -4,9 +4,11 @@ One paragraph, the same whether the pack hook saw the tensor saved (a step seen 
 :func:`~graphwatch.capture.saved.inplace_message`) or it is read from the graph still alive when the error is
 raised (a step seen light: :mod:`graphwatch.capture.light_errors`):
 
-- an ``optimizer.step()`` that updated the saved parameter after its graph saved it, named with its line
+- the session's finding (:mod:`graphwatch.capture.inplace` finds the cause): the line(s) that changed the
+  tensor, or an ``optimizer.step()`` of this step that updated the saved parameter
   (:class:`~graphwatch.capture.optimizer.OptimizerSteps` notes every step the session saw);
-- otherwise the line that changed the tensor, where the session finds it (:mod:`graphwatch.capture.inplace`);
+- an optimizer step of a later step than the graph's (a graph carried across steps, whose own finding the
+  session records), or any optimizer step without a session, named with its line;
 - otherwise the line that saved it, and the out-of-place form to use.
 
 Example::
@@ -42,13 +44,16 @@ _INPLACE_HINT = (
 
 def inplace_addition(recorder: Recorder, handle: Any, tensor: torch.Tensor) -> str:
     """graphwatch's paragraph after torch's message about ``handle``'s saved tensor (``tensor``, as it is now),
-    changed in place: an optimizer step that did it, the line that did it, or the line that saved it."""
-    hint = _optimizer_hint(recorder, handle)
-    explained = _explained(recorder, handle, tensor) if hint is None else None
+    changed in place: the session's (an optimizer step of this step, or the line that changed it), else an
+    optimizer step that did it, else the line that saved it."""
+    update = optimizer_update(recorder, handle)
+    reused = update is not None and handle.step < recorder.step  # a graph carried across steps: its own finding
+    explained = _explained(recorder, handle, tensor) if not reused else None
     if explained:
         return f"\n\n{explained}"
+    hint = _optimizer_hint(recorder, handle, update[1]) if update is not None else _INPLACE_HINT
     where = recorder.trace.where(handle.site)
-    return _GRAPHWATCH_INPLACE.format(where=where, step=handle.step, hint=hint or _INPLACE_HINT)
+    return _GRAPHWATCH_INPLACE.format(where=where, step=handle.step, hint=hint)
 
 
 def _explained(recorder: Recorder, handle: Any, tensor: torch.Tensor) -> str | None:
@@ -61,14 +66,17 @@ def _explained(recorder: Recorder, handle: Any, tensor: torch.Tensor) -> str | N
         return None
 
 
-def _optimizer_hint(recorder: Recorder, handle: Any) -> str | None:
-    """Why a saved parameter's version moved, when an ``optimizer.step()`` did it; else None."""
+def optimizer_update(recorder: Recorder, handle: Any) -> tuple[torch.optim.Optimizer, int | None] | None:
+    """(the optimizer, the site of its ``step()``) that updated ``handle``'s saved parameter in place after
+    its graph saved it; None when no optimizer step did."""
     if handle.storage is None or handle.kind != "parameter":
         return None
-    found = recorder.optimizer_steps.updating(handle.storage[0], since=handle.step)
-    if found is None:
-        return None
-    where = recorder.trace.where(found[1])
+    return recorder.optimizer_steps.updating(handle.storage[0], since=handle.step)
+
+
+def _optimizer_hint(recorder: Recorder, handle: Any, site: int | None) -> str:
+    """Why a saved parameter's version moved: the ``optimizer.step()`` at ``site`` updated it."""
+    where = recorder.trace.where(site)
     if handle.step < recorder.step:
         return (
             f"optimizer.step() at {where} updated this parameter in place after step {handle.step}'s "

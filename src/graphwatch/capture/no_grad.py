@@ -103,9 +103,13 @@ def statements_to_enable(body: list[ast.stmt], line: int) -> tuple[int, int] | N
 
 
 def find_no_grad(recorder: Recorder, start: FrameType | None, backward_site: int | None) -> NoGraphCause:
-    """The no-grad block or decorator around the failing backward (innermost user frame first)."""
+    """The no-grad block or decorator around the failing backward (innermost user frame first); with grad mode
+    on, where the graph was cut before the backward (:func:`~graphwatch.capture.graph_cuts.find_cut`)."""
     cause = NoGraphCause(backward_site, grad_enabled_outside=torch.is_grad_enabled())
     if torch.is_grad_enabled():
+        from .graph_cuts import find_cut  # (here: graph_cuts reads this module's is_no_grad, through holders too)
+
+        find_cut(recorder, list(user_frames(start)), cause)
         return cause
     frames = list(user_frames(start))[:8]
     for depth, frame in enumerate(frames):

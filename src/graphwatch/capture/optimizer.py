@@ -9,7 +9,8 @@ moved by no more than the backwards that accumulated into it was never
 zeroed (``zero_grad()`` either replaces it with None or bumps its version).
 
 :class:`OptimizerSteps` notes each optimizer's last step (weakly), what names an ``optimizer.step()`` as the
-cause of a "modified by an inplace operation" error.
+cause of a "modified by an inplace operation" error.  A wrapper (accelerate's ``AcceleratedOptimizer``,
+Lightning's ``LightningOptimizer``) is the optimizer it wraps (:func:`unwrapped`): only that one steps.
 
 Example::
 
@@ -38,6 +39,50 @@ from torch.optim.optimizer import (
 )
 
 Hook = Callable[[torch.optim.Optimizer, tuple, dict], None]
+
+
+# The attributes that hold the optimizer a wrapper steps: accelerate's AcceleratedOptimizer (``optimizer``),
+# Lightning's LightningOptimizer (``_optimizer``).  A wrapper is an Optimizer (a subclass, or a class made to
+# pass for one) that never runs Optimizer's own step: only the optimizer it wraps steps.
+_WRAPPED_AT = ("optimizer", "_optimizer")
+_MAX_WRAPS = 4  # wrappers followed down, at most
+
+
+def unwrapped(optimizer: object) -> object:
+    """The optimizer that ``optimizer`` wraps, through every wrapper (itself when it wraps none): what steps,
+    and what graphwatch's hooks see.
+
+    >>> sgd = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+    >>> class Wrapper(torch.optim.Optimizer):  # as accelerate's AcceleratedOptimizer keeps it
+    ...     def __init__(self, optimizer): self.optimizer = optimizer
+    >>> unwrapped(Wrapper(Wrapper(sgd))) is sgd, unwrapped(sgd) is sgd, unwrapped("opt")
+    (True, True, 'opt')
+    """
+    for _ in range(_MAX_WRAPS):
+        inner = _wrapped(optimizer)
+        if inner is None:
+            break
+        optimizer = inner
+    return optimizer
+
+
+def is_wrapper(optimizer: object) -> bool:
+    """Whether ``optimizer`` wraps another optimizer (:func:`unwrapped`): the same optimizer, not one more."""
+    return _wrapped(optimizer) is not None
+
+
+def _wrapped(value: object) -> object | None:
+    # (type(), and the instance's own __dict__: a lazy proxy's __class__ or __getattr__ can warn or raise)
+    if not issubclass(type(value), torch.optim.Optimizer):
+        return None
+    attributes = getattr(value, "__dict__", None)
+    if not isinstance(attributes, dict):
+        return None
+    for name in _WRAPPED_AT:
+        inner = attributes.get(name)
+        if inner is not value and issubclass(type(inner), torch.optim.Optimizer):
+            return inner
+    return None
 
 
 def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

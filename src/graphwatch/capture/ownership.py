@@ -22,12 +22,13 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterable, Iterator
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from .frames import local_value, named_values, resolve, user_frames
 from .holders import _of_a_user_class
+from .optimizer import unwrapped
 from .source import dotted_name, function_node
 
 _LIMIT = 64  # items looked at per container
@@ -41,7 +42,7 @@ def parameter_ids(optimizer: Optimizer) -> set[int]:
 
 def _optimizers_in(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, Optimizer]]:
     if isinstance(value, Optimizer):
-        yield name, value
+        yield name, cast(Optimizer, unwrapped(value))  # (a wrapper is the optimizer it wraps: that one steps)
     elif depth >= 2 or isinstance(value, (str, bytes, torch.Tensor, torch.nn.Module)):
         return
     elif isinstance(value, (list, tuple)):

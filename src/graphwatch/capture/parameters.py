@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import os
 import sys
 import weakref
 from collections.abc import Callable
@@ -42,6 +43,9 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from ..model.training import OptimizerRecord, ParameterRecord
 from .frames import local_value, user_frames
 from .holders import parameter_names
+from .optimizer import is_wrapper, unwrapped
+
+_NAMING_FRAMES = 8  # the innermost user frames whose variables name an optimizer or a parameter
 
 
 class _Seen:
@@ -96,8 +100,9 @@ class ParameterLedger:
         while stopped is not None:
             frame, stopped = stopped.tb_frame, stopped.tb_next
         known = {id(s.ref()) for s in self._seen.values()}
-        # (type(), not isinstance: a lazy proxy's __class__ can warn or raise)
-        found = [o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer) and id(o) not in known]
+        # (type(), not isinstance: a lazy proxy's __class__ can warn or raise; a wrapper is the optimizer it wraps)
+        found = [o for o in gc.get_objects()
+                 if issubclass(type(o), torch.optim.Optimizer) and id(o) not in known and not is_wrapper(o)]  # fmt: skip
         index = len(self._seen)
         for optimizer in found:
             record = OptimizerRecord(index=index, kind=type(optimizer).__name__, name=_variable_name(frame, optimizer))
@@ -180,19 +185,33 @@ def _tensor_names(frame: FrameType | None) -> dict[str, torch.Tensor]:
 
 
 def _variable_name(frame: FrameType | None, obj: object) -> str:
-    """The name the user's frames give ``obj`` (``optimizerD``, ``self.opt``), or ""."""
-    return next((name for name, value in _frame_variables(frame) if value is obj), "")
+    """The name the user's frames give ``obj`` (``optimizerD``, ``self.opt``), or a wrapper of it (Lightning's
+    ``opt = self.optimizers()``), or "": the script's own frames first, then an installed package's
+    (accelerate's ``self.optimizer``, the wrapper's name for what the script calls ``opt``); in a frame, the
+    optimizer's own name before a wrapper's."""
+    frames = list(user_frames(frame))[:_NAMING_FRAMES]
+    frames.sort(key=lambda f: "-packages" + os.sep in f.f_code.co_filename)  # (stable: innermost first in each)
+    for user_frame in frames:
+        named = _variables_of(user_frame)
+        found = next((name for name, value in named if value is obj), None) or next(
+            (name for name, value in named if is_wrapper(value) and unwrapped(value) is obj), None
+        )
+        if found:
+            return found
+    return ""
 
 
-def _frame_variables(frame: FrameType | None, limit: int = 8) -> list[tuple[str, Any]]:
-    """(name, value) of the innermost ``limit`` user frames: locals, attributes of ``self``, then globals."""
-    found: list[tuple[str, Any]] = []
-    for user_frame in list(user_frames(frame))[:limit]:
-        code = user_frame.f_code
-        names = (*code.co_varnames, *code.co_cellvars) if code.co_flags & inspect.CO_OPTIMIZED else ()  # a function
-        found += [(name, local_value(user_frame, name)) for name in names]
-        owner = local_value(user_frame, "self") if "self" in names else None
-        if owner is not None and hasattr(owner, "__dict__"):
-            found += [(f"self.{attr}", value) for attr, value in list(vars(owner).items()) if not attr.startswith("_")]
-        found += [(name, value) for name, value in list(user_frame.f_globals.items()) if not name.startswith("_")]
+def _frame_variables(frame: FrameType | None) -> list[tuple[str, Any]]:
+    """(name, value) of the innermost user frames: locals, attributes of ``self``, then globals."""
+    return [pair for user_frame in list(user_frames(frame))[:_NAMING_FRAMES] for pair in _variables_of(user_frame)]
+
+
+def _variables_of(user_frame: FrameType) -> list[tuple[str, Any]]:
+    code = user_frame.f_code
+    names = (*code.co_varnames, *code.co_cellvars) if code.co_flags & inspect.CO_OPTIMIZED else ()  # a function
+    found = [(name, local_value(user_frame, name)) for name in names]
+    owner = local_value(user_frame, "self") if "self" in names else None
+    if owner is not None and hasattr(owner, "__dict__"):
+        found += [(f"self.{attr}", value) for attr, value in list(vars(owner).items()) if not attr.startswith("_")]
+    found += [(name, value) for name, value in list(user_frame.f_globals.items()) if not name.startswith("_")]
     return found

@@ -66,7 +66,8 @@ class InplaceCause:
     saved_step: int
     changed_at: int | None = None  # the line that ran the in-place operation
     found_by: str = ""  # "node": the in-place op's node; "save": a later save of the changed tensor;
-    # "source": the one in-place statement between the lines that ran before and after it
+    # "source": the in-place statements between the lines that ran before and after it; "optimizer": an
+    # optimizer.step() of this step (``optimizer_at``)
     op: str | None = None  # the in-place op's node (``CopySlices``, ``ReluBackward0``)
     target: str | None = None  # the tensor's name on that line, for the edit (empty for ``inplace=True``)
     module: str | None = None  # the module that did it, as its owner names it (``self.drop``)
@@ -74,17 +75,30 @@ class InplaceCause:
     built_at: int | None = None  # the line that built that module with ``inplace=True``
     note: str | None = None  # why the module's line is not named
     safe: bool = False  # the out-of-place form keeps what the program computes (not a view's base to change)
+    changed_also: list[int] = field(default_factory=list)  # the later lines that changed it too (same name)
+    loop_at: int | None = None  # the loop whose steps write the tensor from its own earlier slices (a recurrence)
+    optimizer_at: int | None = None  # the optimizer.step() of this step that updated the saved parameter
+    backward_at: int | None = None  # the backward that needed the saved tensor
 
 
 @dataclass(slots=True)
 class NoGraphCause:
     """A loss backwarded without a graph ("element 0 of tensors does not require grad"): the ``no_grad``
-    block or decorator it was made under, from the frames of the failing backward."""
+    block or decorator it was made under, from the frames of the failing backward; else, where the graph was cut
+    on the loss's way when that has left the stack (``capture/graph_cuts.py``)."""
 
     backward_at: int | None  # the failing backward's line
     block_at: int | None = None  # the ``with torch.no_grad():`` line, or the ``@torch.no_grad()`` decorator's
-    kind: str = ""  # "with", "decorator" or "" (not found)
+    kind: str = ""  # "with", "decorator", "op", "frozen" or "" (not found)
     function: str | None = None  # the function the block or decorator belongs to
     first: int | None = None  # for ``enable-grad``: the first and last line of the statements to wrap
     last: int | None = None
     grad_enabled_outside: bool = True
+    cut_at: int | None = None  # off the stack: the line that made the loss's input without a graph (the op's,
+    # the one run in the block), the decorated function's ``def``, or the ``requires_grad_(False)`` call
+    op: str | None = None  # the ops of that line that make no graph: "`.argmax()`", "`>`", "`.detach()`"
+    call_at: int | None = None  # the call that ran the decorated function (or the frozen module)
+    loop_at: int | None = None  # the loop that set ``requires_grad = False`` parameter by parameter
+    optimizer: str | None = None  # the optimizer that owns the parameters that require no grad
+    frozen: list[str] = field(default_factory=list)  # those parameters, as the frames name them
+    owned: int = 0  # how many parameters that optimizer owns

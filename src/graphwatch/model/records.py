@@ -272,6 +272,17 @@ class StepSpans(Sequence[int]):
 GLOBALS_SCOPE = " (its globals)"  # a Holder's scope when a finished script's globals hold it: "train.py (its globals)"
 
 
+def held_value(name: str) -> str:
+    """The value a holder's name names, less the items of a container it ends in.
+
+    >>> held_value("buffer[3][1]"), held_value("meters['loss'].sum"), held_value("self.outputs[7]")
+    ('buffer', "meters['loss'].sum", 'self.outputs')
+    """
+    while name.endswith("]") and "[" in name:
+        name = name[: name.rindex("[")]
+    return name
+
+
 @dataclass(slots=True)
 class Holder:
     """A live Python value that keeps a graph of earlier steps alive (found at a step end)."""
@@ -296,6 +307,17 @@ class Holder:
             return f"{self.scope[: -len(GLOBALS_SCOPE)]} in <module>"
         where, _, function = self.scope.rpartition(" in ")
         return f"{where.rpartition(':')[0] or where} in {function}" if where else self.scope
+
+    @property
+    def within(self) -> str:
+        """The path from the item a container holds down to the tensor: ``[1]`` for ``buffer[3][1]`` (the
+        action of a tuple appended to a replay buffer), ``""`` when the item is the tensor or there is no item.
+
+        >>> Holder("buffer[3][1]", None, "").within, Holder("losses[3]", None, "").within
+        ('[1]', '')
+        """
+        items = self.name[len(held_value(self.name)) :]
+        return items[items.index("]") + 1 :] if items else ""
 
 
 @dataclass(slots=True)

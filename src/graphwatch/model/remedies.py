@@ -33,6 +33,8 @@ EDIT_KINDS: dict[str, str] = {
     "detach-use": "`target` -> `target.detach()` where the expression on `line` uses it (the loss that must not "
     "reach what made it)",
     "detach-made": "the value `line` assigns to `target` is detached where it is made",
+    "own-copy": "the loss the backward on `line` backwards gets its own copy of the expression the line `until` "
+    "assigns (two losses shared it), with `target` detached in that copy",
     "item": "`target` -> `target.item()` on `line` (only for a tensor of one element)",
     "no-grad": "the statement on `line` (or the evaluation loop holding it) runs under `with torch.no_grad():`",
     "enable-grad": "the statements from `line` to `until` run under `with torch.enable_grad():` (a loss computed "
@@ -64,7 +66,7 @@ class Edit:
     line: int  # the line that ran: the one the edit changes, or the one it is placed against
     target: str = ""  # the expression it applies to, as the user's code spells it: "fake", "hidden", "self.target"
     # "detach-state": the backward's line (the detach goes first in the loop holding both); "enable-grad": the
-    # last line of the block
+    # last line of the block; "own-copy": the line that assigns the shared expression
     until: int | None = None
     value_type: str = ""  # "detach-state", "detach-made": the value's type as it ran (see VALUE_TYPES)
     # "no-grad": the lines of the file where a backward or an optimizer step ran, or a call leading to one:

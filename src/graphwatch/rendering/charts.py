@@ -18,12 +18,13 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from .visible import html_attr
 
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
 SPARK_ASCII = "_.-=+*#@"  # the same ramp for consoles that cannot show unicode
+SPARK_GAP = " "  # steps whose value was not measured (seen light at the default level): never drawn as 0
 
 SAVED_COLOR = "#e8890c"  # orange: saved tensors
 NODES_COLOR = "#7a7a7a"  # grey: backward nodes
@@ -47,26 +48,59 @@ def bucket_max(values: Sequence[float], n: int) -> list[float]:
     return [max(values[int(i * size) : max(int((i + 1) * size), int(i * size) + 1)]) for i in range(n)]
 
 
-def sparkline(values: Sequence[float], width: int = 48) -> str:
-    """One character per value (bucketed to ``width``), from lowest to highest block.
+def _bucket_measured(values: Sequence[float | None], n: int) -> list[float | None]:
+    """Like :func:`bucket_max`, None standing for a value not measured: a bucket's largest measured value, None
+    when none of its values was measured."""
+    if len(values) <= n:
+        return list(values)
+    size = len(values) / n
+    buckets = (values[int(i * size) : max(int((i + 1) * size), int(i * size) + 1)] for i in range(n))
+    return [max((v for v in bucket if v is not None), default=None) for bucket in buckets]
+
+
+def sparkline(values: Sequence[float | None], width: int = 48) -> str:
+    """One character per value (bucketed to ``width``), from lowest to highest block; a value not measured
+    (None) is a gap, :data:`SPARK_GAP`, never the lowest block.
 
     The scale starts at zero when every value is positive, so a flat series
     of equal values shows as a flat mid-height line rather than as noise.
 
     >>> sparkline([3, 3, 3])
     '███'
+    >>> sparkline([1, None, None, 4])
+    '▃  █'
     >>> sparkline([], width=10)
     ''
     """
-    points = bucket_max(values, width)
-    if not points:
-        return ""
-    low, high = min(min(points), 0), max(points)
+    points = _bucket_measured(values, width)
+    measured = [v for v in points if v is not None]
+    if not measured:
+        return SPARK_GAP * len(points)
+    low, high = min(min(measured), 0), max(measured)
     span = high - low
-    if span <= 0:
-        return SPARK_BLOCKS[0] * len(points)
     top = len(SPARK_BLOCKS) - 1
-    return "".join(SPARK_BLOCKS[min(top, int((v - low) / span * top + 0.5))] for v in points)
+    return "".join(
+        SPARK_GAP if v is None else SPARK_BLOCKS[min(top, int((v - low) / span * top + 0.5)) if span > 0 else 0]
+        for v in points
+    )
+
+
+def range_text(values: Sequence[float | None], trained: Sequence[int], fmt: Callable[[float], str]) -> str:
+    """A sparkline's range: its first and last measured values among the steps ``trained`` (the last one's step
+    named when a later step was not measured), and the largest measured value with its step.
+
+    >>> range_text([7, 15, None, None], [0, 1, 2, 3], str)
+    '7 → 15 at step 1 (max 15, step 1)'
+    >>> range_text([None, None], [0, 1], str)
+    'not measured'
+    """
+    known = {i: v for i, v in enumerate(values) if v is not None}
+    if not known:
+        return "not measured"
+    ends = [i for i in known if trained[0] <= i <= trained[-1]] or list(known)
+    top = max(known, key=known.__getitem__)
+    at = f" at step {ends[-1]}" if ends[-1] != trained[-1] else ""
+    return f"{fmt(known[ends[0]])} → {fmt(known[ends[-1]])}{at} (max {fmt(known[top])}, step {top})"
 
 
 def byte_unit(largest: float) -> tuple[float, str]:

@@ -107,8 +107,10 @@ def _overlay(graph: GraphBuilder, trace: Trace | None, current_step: int | None,
 def _carrier_where(trace: Trace, carrier: NodeRecord) -> str:
     """The line a carried edge is labelled with: the one the finding cites for its earlier node (the loop's
     line that assigns the carried value, ``h = model(x, h)``, rather than the line inside the model that made
-    the node), else the node's own line; on one line."""
+    the node), else the node's own line where it was recorded (not inferred), else its step; on one line."""
     site, _ = carrier_line(trace, carrier)
+    if site is None and carrier.site_inferred:  # a line read off an op before it: maybe another line's
+        return _step_text(carrier.step)
     return one_line(site.where if site is not None else trace.where(carrier.site))
 
 
@@ -174,7 +176,8 @@ def _collapsed(items: list[Item], part: list[int]) -> Item:
 
 
 def _tooltip(item: Item, label: str, trace: Trace | None) -> dict[str, str]:
-    """What hovering a session snapshot's node shows: the op (or tensor), its line and its step."""
+    """What hovering a session snapshot's node shows: the op (or tensor), its line (where it was recorded, not
+    inferred) and its step."""
     if trace is None:
         return {}
     if item.tooltip:
@@ -182,8 +185,9 @@ def _tooltip(item: Item, label: str, trace: Trace | None) -> dict[str, str]:
     record = item.record
     if record is None:
         return {"tooltip": " ".join(label.split())}
-    where = trace.where(record.site)
-    return {"tooltip": f"{record.op} at {where}, step {record.step}" + (" (freed)" if item.freed else "")}
+    # a line read off an op before it (this one saved no tensor) may be another line's: not shown as its line
+    at = "" if record.site_inferred else f" at {trace.where(record.site)}"
+    return {"tooltip": f"{record.op}{at}, step {record.step}" + (" (freed)" if item.freed else "")}
 
 
 def _emit(graph: GraphBuilder, rep: list[int], carried: dict[int, dict], overlaid: bool,

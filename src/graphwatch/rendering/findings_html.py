@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ..model import Finding, SourceLines
+from ..model import Finding, PatchCheck, SourceLines
 from .gallery import code_spans
 from .patch_checks import check_html
 from .patch_file import not_for_copying
@@ -36,18 +36,19 @@ def _diff_class(line: str) -> str:
     return {"+": "add", "-": "del"}.get(line[:1], "")
 
 
-def _patch_html(patch: str, cwd: str | None) -> str:
+def _patch_html(patch: str, cwd: str | None, check: PatchCheck | None = None) -> str:
     """The finding's patch as a diff with a copy button (the page's one script copies the text).
 
     A patch holding characters that hide or reorder what it shows (bidirectional controls, ESC, ...), or one
-    that writes outside the run's folder ``cwd`` (:func:`~graphwatch.rendering.patch_file.not_for_copying`),
+    that writes outside the run's folder ``cwd``, or whose ``check`` failed
+    (:func:`~graphwatch.rendering.patch_file.not_for_copying`),
     is shown as text (hidden characters made visible) under a warning, and has no copy button.
 
     >>> 'class="copy"' in _patch_html("+x = 1 #\u202e", None), 'class="copy"' in _patch_html("--- /etc/passwd", None)
     (False, False)
     """
     lines = "".join(f'<span class="{_diff_class(line)}">{html_text(line)}</span>\n' for line in patch.splitlines())
-    warning = not_for_copying(patch, cwd)
+    warning = not_for_copying(patch, cwd, check)
     if warning is not None:
         head = f'<p class="patch-warning">{html_attr(warning[0].upper() + warning[1:])}; it is shown as text, any ' \
             "hidden character marked, and it is not offered for copying.</p>"
@@ -103,8 +104,8 @@ def finding_article(
         f'<p class="message">{code_spans(finding.message)}</p>'
         + (f'<p class="fix"><strong>Fix:</strong> {code_spans(finding.fix)}</p>' if finding.fix not in finding.message else "")
         + (_same_patch_html(patch_above) if finding.patch and patch_above else "")
-        + (_patch_html(finding.patch, cwd) if finding.patch and not patch_above else "")
-        + (check_html(finding.check) if finding.patch and finding.check is not None and not patch_above else "")
+        + (_patch_html(finding.patch, cwd, finding.check) if finding.patch and not patch_above else "")
+        + (check_html(finding.check) if finding.patch and not patch_above else "")
         + "".join(map(_excerpt_html, excerpts))
         + missing
         + "</article>"

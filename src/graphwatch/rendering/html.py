@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..analysis.evidence import counted, human_bytes
+from ..analysis.growth import live_counts_measured
 from ..errors import UsageError
 from ..model import StepRecord, Trace, save_trace, write_atomically
 from .charts import NODES_COLOR, bar_chart, byte_unit, line_chart
@@ -52,6 +53,7 @@ from .wording import (
     detail_text,
     ending_text,
     marked_steps,
+    nothing_watched_text,
     sample_steps,
     seconds_text,
     step_values,
@@ -179,11 +181,14 @@ def _charts_html(trace: Trace) -> str:
     saved = step_values(steps, "live_saved_bytes")
     divisor, unit = byte_unit(max(saved))
     nodes, backward = step_values(steps, "live_nodes"), step_values(steps, "backward_seconds")
+    is_measured = live_counts_measured(trace)
+    measured = [i for i, x in enumerate(xs) if is_measured(x)]  # (steps seen light measured no live count: not drawn)
+    live_xs, live_saved, live_nodes = ([values[i] for i in measured] for values in (xs, saved, nodes))
     charts = [
-        line_chart(xs, [v / divisor for v in saved], title="live saved tensors", y_label=unit, marks=marks),
-        line_chart(xs, nodes, title="autograd nodes alive", y_label="nodes", color=NODES_COLOR, marks=marks),
-        bar_chart(xs, [s * 1e3 for s in backward], title="backward time (wall clock)", y_label="ms", marks=marks),
-    ]
+        line_chart(live_xs, [v / divisor for v in live_saved], title="live saved tensors", y_label=unit, marks=marks),
+        line_chart(live_xs, live_nodes, title="autograd nodes alive", y_label="nodes", color=NODES_COLOR, marks=marks),
+    ] if measured else []  # fmt: skip
+    charts.append(bar_chart(xs, [s * 1e3 for s in backward], title="backward time (wall clock)", y_label="ms", marks=marks))
     return '<div class="charts">' + "".join(charts) + "</div>"
 
 
@@ -199,6 +204,7 @@ _COLUMNS: tuple[_Column, ...] = (
     ("nodes alive", lambda s: f"{s.live_nodes:,}"),
     ("RSS", lambda s: human_bytes(s.rss_bytes) if s.rss_bytes else "–"),
 )
+_LIVE_COLUMNS = ("live saved", "nodes alive")  # measured on the steps seen in full detail only
 _CUDA_COLUMN: _Column = (
     "CUDA allocated", lambda s: "–" if s.cuda_allocated is None else human_bytes(s.cuda_allocated)
 )
@@ -208,13 +214,15 @@ def _table_html(trace: Trace) -> str:
     marks = marked_steps(trace)
     columns = tuple(c for c in _COLUMNS if trace.seconds or c[0] != "backward CPU")  # (older traces: no CPU times)
     columns += (_CUDA_COLUMN,) if any(v is not None for v in step_values(trace.steps, "cuda_allocated")) else ()
+    measured = live_counts_measured(trace)  # (a step seen light measured no live count: "–", never 0)
     body = []
     for row in sample_steps(trace.steps, marks, head=10, tail=10, most=60):
         if isinstance(row, int):
             omitted = f"⋯ {row:,} step{'' if row == 1 else 's'} omitted"
             body.append(f'<tr class="gap"><td colspan="{len(columns) + 1}">{omitted}</td></tr>')
             continue
-        cells = [value(row) for _, value in columns] + [marks.get(row.index, "")]
+        cells = [value(row) if measured(row.index) or name not in _LIVE_COLUMNS else "–" for name, value in columns]
+        cells.append(marks.get(row.index, ""))
         body.append(
             ('<tr class="marked">' if row.index in marks else "<tr>")
             + "".join(f"<td>{html_attr(str(c))}</td>" for c in cells)
@@ -257,7 +265,7 @@ def _meta_html(trace: Trace, trace_file: str) -> str:
             f'<p class="notice">{counted(trace.untracked_saved, "saved tensor")} went through saved-tensor hooks '
             "entered inside the session, which graphwatch cannot see; they are not counted.</p>"
         )
-    for notice in (detail_text(trace), averaged_text(trace), counted_only_text(trace)):
+    for notice in (nothing_watched_text(trace), detail_text(trace), averaged_text(trace), counted_only_text(trace)):
         if notice:
             notes.append(f'<p class="notice">{html_attr(notice)}</p>')
     times = f'<p class="meta">{html_attr(time_text(trace))}</p>' if time_text(trace) else ""  # (below the facts: small)

@@ -12,6 +12,10 @@ Example::
     True
     >>> str(check_text(PatchCheck(checked=True, steps=3, held=["the finding is gone"], from_trace=True)))
     'check: checked, according to the trace, in 3 steps: the finding is gone'
+    >>> str(check_text(None))
+    'check: unchecked: `graphwatch run --check-fixes` re-runs it'
+
+A patch whose check failed is never offered as the fix to apply (:func:`failed_warning`).
 """
 
 from __future__ import annotations
@@ -36,15 +40,35 @@ def _details(check: PatchCheck) -> tuple[str, str]:
     return f"FAILED{claimed}", f": {said}"
 
 
-def check_text(check: PatchCheck) -> Text:
+UNCHECKED = "unchecked: `graphwatch run --check-fixes` re-runs it"  # a patch no check ran for
+
+
+def failed_warning(check: PatchCheck | None) -> str | None:
+    """Why a patch must not be offered as the fix to apply because of its check (it failed: the check's own
+    line says what failed), or None.
+
+    >>> failed_warning(PatchCheck(checked=False, failed=["x"])), failed_warning(None)
+    ('its check failed (the check below says why): it is not the fix to apply', None)
+    """
+    if check is None or check.checked:
+        return None
+    return "its check failed (the check below says why): it is not the fix to apply"
+
+
+def check_text(check: PatchCheck | None) -> Text:
     """The check as one line of the terminal summary: ``check: checked ...`` in green, ``check: FAILED ...`` in red
-    (what it quotes from the run, a name or an error, with no control character left: :func:`visible`)."""
+    (what it quotes from the run, a name or an error, with no control character left: :func:`visible`),
+    ``check: unchecked ...`` when no check ran (None)."""
+    if check is None:
+        return Text.assemble(("check: ", "bold"), (UNCHECKED, "yellow"))
     word, said = _details(check)
     return Text.assemble(("check: ", "bold"), (word, "bold green" if check.checked else "bold red"), visible(said))
 
 
-def check_html(check: PatchCheck) -> str:
-    """The check as a paragraph of the HTML report."""
+def check_html(check: PatchCheck | None) -> str:
+    """The check as a paragraph of the HTML report (None: no check ran)."""
+    if check is None:
+        return f'<p class="check unchecked"><strong>Check:</strong> {html_text(UNCHECKED)}</p>'
     word, said = _details(check)
     verdict = "checked" if check.checked else "failed"
     return f'<p class="check {verdict}{" claimed" * check.from_trace}"><strong>Check:</strong> {word}{html_text(said)}</p>'

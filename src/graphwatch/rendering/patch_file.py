@@ -9,7 +9,8 @@ file as it is on disk), the changes of all patches are made together, and one
 diff per file is written from the file to the result.  A patch whose lines are
 not in the file (edited since the run), or that changes lines an earlier patch
 changes, is left out whole, and a comment line at the top says so (``patch``
-skips text before a diff).
+skips text before a diff).  So is a patch whose check failed (``graphwatch run --check-fixes``), never
+offered as the fix to apply; patches no check ran for are said to be unchecked.
 
 Example::
 
@@ -23,6 +24,7 @@ Example::
     >>> findings = [Finding("k", "warning", 0, "m", "f", patch=p) for p in (first, second)]
     >>> print(combined_patch(findings, folder), end="")
     # graphwatch: 2 patches of 1 file; apply from the run's folder with: patch -p0 < THIS_FILE
+    # unchecked: `graphwatch run --check-fixes` re-runs it
     --- train.py
     +++ train.py
     @@ -1,3 +1,3 @@
@@ -43,8 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..analysis.evidence import counted
-from ..model import Finding
-from .visible import patch_warning
+from ..model import Finding, PatchCheck
+from .patch_checks import UNCHECKED, failed_warning
+from .visible import one_line, patch_warning
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
 _FOLDER = re.compile(r"^# in (?P<folder>.+): patch -p0$")
@@ -126,10 +129,11 @@ def outside_warning(patch: str, cwd: str | None) -> str | None:
     return f"this patch changes files outside the folder the run ran in ({named}); read it before applying it by hand"
 
 
-def not_for_copying(patch: str, cwd: str | None) -> str | None:
+def not_for_copying(patch: str, cwd: str | None, check: PatchCheck | None = None) -> str | None:
     """Why ``patch`` must not be offered for copying (:func:`~graphwatch.rendering.visible.patch_warning`:
-    characters that hide what it does; :func:`outside_warning`: where it writes), or None when it may be."""
-    return patch_warning(patch) or outside_warning(patch, cwd)
+    characters that hide what it does; :func:`outside_warning`: where it writes;
+    :func:`~graphwatch.rendering.patch_checks.failed_warning`: its ``check`` failed), or None when it may be."""
+    return patch_warning(patch) or outside_warning(patch, cwd) or failed_warning(check)
 
 
 Change = tuple[int, int, list[str]]  # lines [start, end) of the original file, and the lines that replace them
@@ -208,6 +212,21 @@ def _parts_by_file(patches: Sequence[str]) -> dict[tuple[str | None, str], list[
     return by_file
 
 
+def _first_per_patch(findings: Sequence[Finding]) -> list[Finding]:
+    """The first finding of each distinct patch (findings that share one are checked once)."""
+    first: dict[str, Finding] = {}
+    for finding in findings:
+        if finding.patch:
+            first.setdefault(finding.patch, finding)
+    return list(first.values())
+
+
+def _named(finding: Finding) -> str:
+    """A finding as a comment line names it: its kind and the line it cites first."""
+    sites = finding.evidence.get("sites") or []
+    return f"{finding.kind}{f' at {sites[0]}' if sites else ''}"
+
+
 def patched_files(findings: Sequence[Finding], cwd: str | Path) -> list[Path]:
     """The files the patches of ``findings`` change, found from ``cwd`` (the run's folder) as
     :func:`combined_patch` reads them.
@@ -230,8 +249,11 @@ def combined_patch(findings: Sequence[Finding], cwd: str | Path) -> str:
     """
     if not findings:
         return "# graphwatch: nothing to patch: the run had no finding\n"
-    patches = list(dict.fromkeys(f.patch for f in findings if f.patch))
-    notes: list[str] = []
+    notes = [f"# left out: the patch of {one_line(_named(f))}, whose check failed: {one_line('; '.join(f.check.failed))}"
+             for f in _first_per_patch(findings) if f.check is not None and not f.check.checked]
+    patches = list(dict.fromkeys(f.patch for f in findings if f.patch and failed_warning(f.check) is None))
+    if any(f.check is None for f in findings if f.patch in patches):
+        notes.append(f"# {UNCHECKED}")
     diffs: list[str] = []
     for (folder, path), parts in _parts_by_file(patches).items():
         file = Path(folder or cwd) / path
@@ -261,6 +283,7 @@ def combined_patch(findings: Sequence[Finding], cwd: str | Path) -> str:
     head = (
         f"# graphwatch: {len(patches)} patch{'es' * (len(patches) != 1)} of {files}; apply from the run's folder with: "
         f"patch -p0 < THIS_FILE{elsewhere}\n"
-        if diffs else "# graphwatch: no patches (no finding's fix is one edit graphwatch can make safely)\n"
+        if diffs else "# graphwatch: no patches to apply\n" if notes
+        else "# graphwatch: no patches (no finding's fix is one edit graphwatch can make safely)\n"
     )
     return head + "".join(f"{note}\n" for note in notes) + "".join(diffs)

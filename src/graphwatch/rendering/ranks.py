@@ -42,7 +42,17 @@ from ..model import Finding, StepRecord, Trace
 from .charts import sparkline
 from .terminal import ascii_safe, finding_lines, numbered_patches, patch_blocks
 from .visible import html_attr
-from .wording import cited_sites, marked_steps, problems, sample_steps, seconds_text, step_values, verdict
+from .wording import (
+    NOTHING_WATCHED,
+    cited_sites,
+    marked_steps,
+    nothing_watched,
+    problems,
+    sample_steps,
+    seconds_text,
+    step_values,
+    verdict,
+)
 
 RANK_FOLDER = "rank{}"
 
@@ -124,6 +134,8 @@ def rank_verdict(traces: Sequence[Trace]) -> tuple[str, bool]:
     if not found:
         if not counts[-1]:
             return f"graphwatch: no steps recorded on {len(traces)} ranks", True
+        if all(nothing_watched(t) for t in traces):
+            return f"graphwatch: {NOTHING_WATCHED} on {len(traces)} ranks", False
         return f"graphwatch: no graph leaks in {where}", True
     notes = {s.note for s in found}
     only = f" ({notes.pop()})" if len(notes) == 1 and "" not in notes else ""

@@ -38,8 +38,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..analysis.evidence import counted, human_bytes
+from ..analysis.growth import live_counts_measured, measured_values
 from ..model import Finding, Trace
-from .charts import SPARK_ASCII, SPARK_BLOCKS, sparkline
+from .charts import SPARK_ASCII, SPARK_BLOCKS, range_text, sparkline
 from .patch_checks import check_text
 from .patch_file import not_for_copying
 from .visible import visible
@@ -52,6 +53,7 @@ from .wording import (
     explained_in_error,
     finding_steps,
     marked_steps,
+    nothing_watched_text,
     sample_steps,
     seconds_text,
     step_values,
@@ -99,7 +101,7 @@ def finding_lines(
         yield Padding(Text(printable(finding.message)), (0, 0, 0, 2), expand=False)
     if not in_error and finding.fix not in finding.message:  # an explanation lists its fixes: not again
         yield Padding(Text.assemble(("fix: ", "bold green"), printable(finding.fix)), (0, 0, 0, 2), expand=False)
-    warning = not_for_copying(finding.patch, cwd) if finding.patch else None
+    warning = not_for_copying(finding.patch, cwd, finding.check) if finding.patch else None
     if finding.patch and warning is not None:  # never offered for copying: shown marked, in the box
         head = f"patch, not for copying: {warning}; it is shown as text, any hidden character marked:"
         yield Padding(Text(head, style="bold red"), (0, 0, 0, 2), expand=False)
@@ -112,7 +114,7 @@ def finding_lines(
     elif finding.patch:
         yield Padding(Text("patch (patch -p0):", style="bold green"), (0, 0, 0, 2), expand=False)
         yield Verbatim(finding.patch)
-    if finding.patch and finding.check is not None and not patch_above:  # graphwatch run --check-fixes
+    if finding.patch and not patch_above:  # checked by graphwatch run --check-fixes, or unchecked
         yield Padding(check_text(finding.check), (0, 0, 0, 2), expand=False)
     sites = cited_sites(finding)
     if sites:
@@ -130,7 +132,7 @@ def findings_lines(
 
     >>> f = Finding("retained-graph", "warning", 3, "m", "f", patch="--- a.py\\n+++ a.py\\n")
     >>> [type(part).__name__ for part in findings_lines([f, f])].count("Padding")
-    6
+    7
     """
     printed: dict[str, str] = {}  # patch -> the kind of the finding it was printed under
     for i, finding in enumerate(findings):
@@ -156,7 +158,7 @@ def numbered_patches(findings: Sequence[Finding], cwd: str | None = None) -> dic
     """
     numbers: dict[str, int] = {}
     for finding in findings:
-        if finding.patch and finding.patch not in numbers and not_for_copying(finding.patch, cwd) is None:
+        if finding.patch and finding.patch not in numbers and not_for_copying(finding.patch, cwd, finding.check) is None:
             numbers[finding.patch] = len(numbers) + 1
     return numbers
 
@@ -316,7 +318,7 @@ class Summary:
                 "(saved_tensors_hooks entered inside the session); they are not counted",
                 style="dim",
             )
-        for notice in (detail_text(trace), averaged_text(trace), counted_only_text(trace)):
+        for notice in (nothing_watched_text(trace), detail_text(trace), averaged_text(trace), counted_only_text(trace)):
             if notice:
                 yield Text(notice, style="dim")
         patches = numbered_patches(trace.findings, self._cwd)
@@ -368,6 +370,7 @@ class Summary:
         for name in names:
             table.add_column(name, justify="right", no_wrap=True)
         table.add_column("first seen", style="red", overflow="fold")
+        measured = live_counts_measured(self.trace)  # (a step seen light measured no live count: "–", never 0)
         for row in rows:
             if isinstance(row, int):
                 table.add_row("⋯", *[""] * (len(names) - 1), f"{counted(row, 'step')} omitted", style="dim")
@@ -379,8 +382,8 @@ class Summary:
                 f"{row.nodes_created:,}",
                 backward,
                 *((backward_cpu,) * cpu),
-                human_bytes(row.live_saved_bytes),
-                f"{row.live_nodes:,}",
+                human_bytes(row.live_saved_bytes) if measured(row.index) else "–",
+                f"{row.live_nodes:,}" if measured(row.index) else "–",
                 printable(marks.get(row.index, "")),
             )
         return table
@@ -392,12 +395,10 @@ class Summary:
         trained = [i for i, source in enumerate(sources) if source != "session-end"] or [len(steps) - 1]
         rows = []
         for label, values, fmt in (
-            ("live saved tensors", step_values(steps, "live_saved_bytes"), human_bytes),
-            ("nodes alive", step_values(steps, "live_nodes"), lambda n: f"{n:,}"),
-        ):
-            top = max(range(len(values)), key=values.__getitem__)
-            span = f"{fmt(values[trained[0]])} → {fmt(values[trained[-1]])} (max {fmt(values[top])}, step {top})"
-            rows.append((label, values, span))
+            ("live saved tensors", measured_values(self.trace, step_values(steps, "live_saved_bytes")), human_bytes),
+            ("nodes alive", measured_values(self.trace, step_values(steps, "live_nodes")), lambda n: f"{n:,}"),
+        ):  # (a step seen light measured neither: a gap, never 0)
+            rows.append((label, values, range_text(values, trained, fmt)))
         # the widest label and range text, two gaps of two columns: the sparkline gets the rest
         width = max(8, min(60, max_width - 18 - max(len(r[2]) for r in rows) - 4))  # (60 when unwrapped)
         grid = Table.grid(padding=(0, 2))

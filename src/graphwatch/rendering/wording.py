@@ -44,7 +44,38 @@ def verdict(traces: Sequence[Trace]) -> tuple[str, bool]:
         return f"graphwatch: {counted(found, 'problem')} in {where}", False
     if not steps:
         return "graphwatch: no steps recorded", True
+    if all(nothing_watched(t) for t in traces):
+        return f"graphwatch: {NOTHING_WATCHED} in this process", False
     return f"graphwatch: no graph leaks in {where}", True
+
+
+NOTHING_WATCHED = "nothing watched: no backward ran"  # (a verdict, then where)
+
+
+def nothing_watched(trace: Trace) -> bool:
+    """Whether the run trained nothing graphwatch could watch: no backward ran, and no step ended but the one
+    the session's end closes (a script that failed before its loop, training only in child processes).
+
+    >>> nothing_watched(Trace(steps=[StepRecord(index=0, source="session-end")]))
+    True
+    >>> verdict([Trace(steps=[StepRecord(index=0, source="session-end")])])
+    ('graphwatch: nothing watched: no backward ran in this process', False)
+    """
+    return not trace.backwards and all(step.source == "session-end" for step in trace.steps)
+
+
+def nothing_watched_text(trace: Trace) -> str | None:
+    """What to do when :func:`nothing_watched` (None otherwise): nothing was checked, which is no clean bill."""
+    if not trace.steps or not nothing_watched(trace):
+        return None
+    if trace.ended_early:
+        return "no backward ran before the run ended, so nothing was checked: fix the error and run it again"
+    return (
+        "no backward ran in this process, so nothing was checked. Training in processes it starts "
+        "(torch.multiprocessing, mp.spawn) is not watched from here: wrap each worker's loop in "
+        "`with graphwatch.watch(out=...)` (one folder per worker), or launch the workers with torchrun "
+        "(`torchrun --nproc-per-node N -m graphwatch run train.py`)"
+    )
 
 
 def finding_steps(finding: Finding) -> list[int]:
@@ -285,7 +316,7 @@ def session_line(trace: Trace, state: str) -> str:
     found = problems(trace)
     notes = len(trace.findings) - len(found)
     said = f"{counted(len(found), 'problem')}: " + ", ".join(f"{f.kind} at step {f.step}" for f in found) if found else (
-        "no graph leaks"
+        "nothing watched" if trace.steps and nothing_watched(trace) else "no graph leaks"
     )
     said += f" ({counted(notes, 'note')})" if notes else ""
     return f"<graphwatch.Session {state}: {counted(len(trace.steps), 'step')}, {said}>"

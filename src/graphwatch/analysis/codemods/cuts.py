@@ -1,5 +1,6 @@
 """Codemods for the fixes of a backward through a freed graph and of a loss made without a graph: a tensor
-detached where one loss uses it, ``create_graph=True`` on an ``autograd.grad``, ``retain_graph=True`` on the
+detached where one loss uses it, each loss's own copy of an expression two losses shared (with what that loss
+must not train detached in it), ``create_graph=True`` on an ``autograd.grad``, ``retain_graph=True`` on the
 earlier of two backwards one optimizer needs, a second backward removed,
 statements put under ``torch.enable_grad()``.
 
@@ -23,7 +24,7 @@ from typing import cast
 import libcst as cst
 
 from ...model import Edit
-from . import SourceTree, codemod
+from . import NodeT, SourceTree, codemod
 from .expressions import binds_torch
 from .expressions import dotted as _dotted
 
@@ -80,6 +81,111 @@ def detach_use(tree: SourceTree, edit: Edit) -> str | None:
     if len(uses.found) != 1:
         return None
     return tree.replaced(uses.found[0], _detached(uses.found[0]))
+
+
+# Calls a statement between the shared expression and the loss may make: a backward, a zero_grad, a step
+_TRAINING_CALLS = frozenset({"backward", "zero_grad", "step"})
+# Tensor methods whose result is a new tensor (never a view of their input, which an optimizer step could change)
+_NEW_TENSOR = frozenset({"exp", "log", "mean", "sum", "pow", "sigmoid", "tanh", "abs", "sqrt", "logsumexp", "softplus"})
+
+
+@codemod("own-copy")
+def own_copy(tree: SourceTree, edit: Edit) -> str | None:
+    """The loss that the backward on ``edit.line`` backwards gets its own copy of the expression that the
+    statement on ``edit.until`` assigns to a name both losses use, with ``edit.target`` detached in the copy:
+    ``critic_loss = td_loss + min_q_loss`` -> ``critic_loss = td_loss + (alpha.detach() * (gap - 1.0))``.
+
+    Only where the copy computes what the name held: the expression calls nothing (a call could draw random
+    numbers or change state), the loss is assigned by one statement of the same block between the two lines
+    and uses the name once, and the statements in between assign nothing the expression reads and call only
+    backwards, ``zero_grad`` and steps; across a step, each name the expression reads must hold a tensor
+    made in the block (``alpha = log_alpha.exp()``), not a parameter the step changes."""
+    shared, backward = tree.statement_at(edit.until or 0), tree.statement_at(edit.line)
+    assigned, loss = _assignment(shared), _backwarded_name(backward)
+    if shared is None or backward is None or assigned is None or loss is None or not edit.target:
+        return None
+    name, expression = assigned
+    block = next((b for b in tree.nodes(cst.IndentedBlock) if shared in b.body and backward in b.body), None)
+    body: list[cst.BaseStatement] = list(block.body) if block is not None else list(tree.module.body)
+    read = {n.value for n in _under(tree, cst.Name, expression)}
+    if shared not in body or backward not in body or name in read or _under(tree, cst.Call, expression):
+        return None
+    between = body[body.index(shared) + 1 : body.index(backward)]
+    assignments = [i for i, s in enumerate(between) if (a := _assignment(s)) is not None and a[0] == loss]
+    if not assignments or not _keeps(tree, between[: assignments[-1]], body[: body.index(shared)], read, name):
+        return None
+    uses, copied = _Uses(name), _Uses(edit.target)
+    between[assignments[-1]].visit(uses)
+    expression.visit(copied)
+    if len(uses.found) != 1 or len(copied.found) != 1:
+        return None
+    own = cast(cst.BaseExpression, expression.deep_replace(copied.found[0], _detached(copied.found[0])))
+    if not isinstance(own, cst.Name | cst.Attribute | cst.Call | cst.Subscript):
+        own = own.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return tree.replaced(uses.found[0], own)
+
+
+def _assignment(statement: cst.CSTNode | None) -> tuple[str, cst.BaseExpression] | None:
+    """(the name, the value) of a statement line that is one ``name = value``."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    if not isinstance(small, cst.Assign) or len(small.targets) != 1 or not isinstance(small.targets[0].target, cst.Name):
+        return None
+    return small.targets[0].target.value, small.value
+
+
+def _backwarded_name(statement: cst.CSTNode | None) -> str | None:
+    """``loss`` of a statement line that is one ``loss.backward(...)``."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    call = small.value if isinstance(small, cst.Expr) else None
+    if not (isinstance(call, cst.Call) and _is_backward_call(call) and isinstance(call.func, cst.Attribute)):
+        return None
+    return call.func.value.value if isinstance(call.func.value, cst.Name) else None
+
+
+def _under(tree: SourceTree, kind: type[NodeT], outer: cst.CSTNode) -> list[NodeT]:
+    """The nodes of ``kind`` inside ``outer`` (a node of ``tree``)."""
+    return [node for node in tree.nodes(kind) if _inside(tree, node, outer)]
+
+
+def _keeps(
+    tree: SourceTree, between: list[cst.BaseStatement], before: list[cst.BaseStatement], names: set[str], shared: str
+) -> bool:  # fmt: skip
+    """Whether the statements ``between`` leave what ``names`` and ``shared`` hold as it was: simple statements
+    that assign none of them and call only backwards, ``zero_grad`` and steps; across a step, each of
+    ``names`` holds a tensor a statement ``before`` made (an operator, or a method in :data:`_NEW_TENSOR`)."""
+    stepped = False
+    for statement in between:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            return False
+        stored = [t for small in statement.body for t in _stored(small)]
+        if any(n.value in names | {shared} for t in stored for n in _under(tree, cst.Name, t)):
+            return False
+        called = [c.func.attr.value if isinstance(c.func, cst.Attribute) else "" for c in _under(tree, cst.Call, statement)]
+        if any(c not in _TRAINING_CALLS for c in called):
+            return False
+        stepped = stepped or "step" in called
+    made = {a[0]: a[1] for s in before if (a := _assignment(s)) is not None}  # (the last assignment of each)
+    return not stepped or all(n in made and _new_tensor(made[n]) for n in names)
+
+
+def _stored(small: cst.BaseSmallStatement) -> list[cst.BaseExpression]:
+    """What a small statement assigns or deletes."""
+    if isinstance(small, cst.Assign):
+        return [t.target for t in small.targets]
+    if isinstance(small, cst.AugAssign | cst.AnnAssign | cst.Del):
+        return [small.target]
+    return []
+
+
+def _new_tensor(value: cst.BaseExpression) -> bool:
+    """Whether ``value`` makes a new tensor: an operator, or a call of a method in :data:`_NEW_TENSOR`."""
+    if isinstance(value, cst.BinaryOperation | cst.UnaryOperation):
+        return True
+    return isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in _NEW_TENSOR
 
 
 def _is_autograd_grad(call: cst.Call) -> bool:

@@ -3,7 +3,10 @@ or a value where it is made (``detach-made``).
 
 A value is detached by its type when it ran (:data:`~graphwatch.model.VALUE_TYPES`): a tensor with
 ``.detach()``, a tuple or list element by element (nested ones too), a state the code also sets to None only
-when it is not None.  A type graphwatch cannot detach right gets no edit.
+when it is not None.  A type graphwatch cannot detach right gets no edit.  A state the script can make a
+tensor or a tuple (an ``init_hidden()`` that returns ``(h, c)`` for an LSTM and ``h`` otherwise) is detached by
+a helper that handles both (:func:`state_statement`): the script's own ``repackage_hidden``-like one when it
+has it, else :data:`HELPER`, added above the function that keeps the state.
 
 Example::
 
@@ -19,18 +22,30 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import TypeVar
 
 import libcst as cst
 from libcst.metadata import ExpressionContext, ExpressionContextProvider
 
 from ...model import Edit
-from . import SourceTree, codemod
-from .expressions import called, dotted
+from . import SourceTree, codemod, file_tree
+from .expressions import binds_torch, called, dotted
 
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_NodeT = TypeVar("_NodeT", bound=cst.CSTNode)
 _LOOPS = (cst.For, cst.While)
 _CONTAINERS = (("tuple[", "tuple({item} for {var} in {value})"), ("list[", "[{item} for {var} in {value}]"))
 _ELEMENT_NAMES = {"Tensor": ("h", "t", "tensor"), "": ("layer", "part", "group")}
+_HELPER_NAME = re.compile(r"repackage|detach", re.IGNORECASE)
+HELPER_NAME = "repackage_hidden"
+HELPER = f'''def {HELPER_NAME}(state):
+    """`state` with its graph cut: a tensor detached, a tuple or list of tensors (nested too) item by item."""
+    if isinstance(state, torch.Tensor):
+        return state.detach()
+    if isinstance(state, list):
+        return [{HELPER_NAME}(item) for item in state]
+    return tuple({HELPER_NAME}(item) for item in state)
+'''
 
 
 def detached(value: str, value_type: str, taken: frozenset[str] = frozenset()) -> str | None:
@@ -47,9 +62,14 @@ def detached(value: str, value_type: str, taken: frozenset[str] = frozenset()) -
     return None
 
 
-def detach_statement(target: str, value_type: str) -> str | None:
+def detach_statement(target: str, value_type: str, helper: str | None = None) -> str | None:
     """The statement that keeps ``target``'s value and cuts its graph (see the module's examples); ``target``
-    is a name, a dotted name, or names a line assigns together (``"h, c"``, each of type ``value_type``)."""
+    is a name, a dotted name, or names a line assigns together (``"h, c"``, each of type ``value_type``);
+    ``helper``: a function of the script that detaches a tensor or a tuple, used for one name.
+
+    >>> detach_statement("hidden", "Tensor", helper="repackage_hidden")
+    'hidden = repackage_hidden(hidden)'
+    """
     names = [name.strip() for name in target.split(",")]
     if not all(_DOTTED.match(name) for name in names):
         return None
@@ -57,10 +77,112 @@ def detach_statement(target: str, value_type: str) -> str | None:
     kind = value_type[len("Optional[") : -1] if optional else value_type
     taken = frozenset(part for name in names for part in name.split("."))
     values = [detached(name, kind, taken) for name in names]
+    if helper is not None and len(names) == 1 and values[0] is not None:
+        values = [f"{helper}({names[0]})"]
     if any(v is None for v in values) or (optional and len(names) > 1):
         return None
     statement = f"{', '.join(names)} = {', '.join(v for v in values if v)}"
     return f"if {target} is not None: {statement}" if optional else statement
+
+
+def state_statement(module: cst.Module | None, target: str, value_type: str) -> tuple[str | None, bool]:
+    """The statement that detaches the state ``target`` in the file ``module`` (None: not read), and whether
+    :data:`HELPER` must be added for it.  A helper detaches a state the script can make more than one type
+    (:func:`several_types`): the script's own (:func:`own_helper`), else :data:`HELPER_NAME`, added (no statement
+    when that name is taken or the file does not bind ``torch``).  The script's own helper also detaches a
+    tuple or list, and a tensor the script detaches with it elsewhere (``hidden = repackage_hidden(hidden)``
+    in its evaluation loop)."""
+    if module is None or "," in target:
+        return detach_statement(target, value_type), False
+    helper, several = own_helper(module), several_types(module, target)
+    container = value_type not in ("Tensor", "Optional[Tensor]")
+    if helper is not None and (several or container or f"{helper}({target})" in module.code):
+        return detach_statement(target, value_type, helper), False
+    if not several:
+        return detach_statement(target, value_type), False
+    if not binds_torch(module) or HELPER_NAME in _functions(module):
+        return None, False
+    return detach_statement(target, value_type, HELPER_NAME), True
+
+
+def own_helper(module: cst.Module) -> str | None:
+    """The name of the script's own function that detaches a tensor or a tuple of them (upstream's
+    ``repackage_hidden``): one of the file's top level, named so, taking one argument, that checks the type
+    with ``isinstance`` and calls ``.detach()``."""
+    for statement in module.body:
+        if isinstance(statement, cst.FunctionDef) and _HELPER_NAME.search(statement.name.value):
+            code = module.code_for_node(statement)
+            if len(statement.params.params) == 1 and "isinstance(" in code and ".detach()" in code:
+                return statement.name.value
+    return None
+
+
+def several_types(module: cst.Module, target: str) -> bool:
+    """Whether the file makes ``target`` (a name or dotted name) a tuple or list in one place and some other
+    value in another: read off what each ``target = ...`` assigns, through the ``return``s of a function of
+    the file it calls (``hidden = model.init_hidden(bsz)``, returning ``(h, c)`` for an LSTM, ``h`` else)."""
+    functions = _functions(module)
+    found: set[str] = set()
+    for node in _nodes(module, cst.Assign):
+        if len(node.targets) == 1 and dotted(node.targets[0].target) == target:
+            found |= _shapes(node.value, functions, 0)
+    return found == {"container", "value"}
+
+
+def _functions(module: cst.Module) -> dict[str, list[cst.FunctionDef]]:
+    """The file's functions and methods by name."""
+    functions: dict[str, list[cst.FunctionDef]] = {}
+    for node in _nodes(module, cst.FunctionDef):
+        functions.setdefault(node.name.value, []).append(node)
+    return functions
+
+
+def _nodes(root: cst.CSTNode, kind: type[_NodeT]) -> list[_NodeT]:
+    """Every node of ``kind`` under ``root``."""
+    found: list[_NodeT] = []
+
+    class Collect(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, kind):
+                found.append(node)
+            return True
+
+    root.visit(Collect())
+    return found
+
+
+def _shapes(value: cst.BaseExpression, functions: dict[str, list[cst.FunctionDef]], depth: int) -> set[str]:
+    """The shapes of ``value``: "container" (a tuple or list), "value" (what a call returns), both (a
+    conditional, a function of the file returning either) or none known (a name, None, an unpacked call)."""
+    if isinstance(value, (cst.Tuple, cst.List, cst.ListComp)):
+        return {"container"}
+    if isinstance(value, cst.IfExp):
+        return _shapes(value.body, functions, depth) | _shapes(value.orelse, functions, depth)
+    if not isinstance(value, cst.Call):
+        return set()
+    callee = value.func.attr.value if isinstance(value.func, cst.Attribute) else dotted(value.func)
+    defined = functions.get(callee or "", [])
+    if not defined:
+        return {"value"}
+    if depth >= 2:
+        return set()
+    returned = [r.value for f in defined for r in _nodes(f, cst.Return) if r.value is not None]
+    return set().union(*(_shapes(v, functions, depth + 1) for v in returned))
+
+
+def attribute_assignment(module: cst.Module, line: int, attr: str) -> tuple[int, str] | None:
+    """The first line of the function holding ``line`` that assigns an attribute ``attr`` of an attribute of
+    ``self`` (``self.attn.cache_k = ...``), and that target as it is spelled; None when none does."""
+    tree = file_tree(module.code)
+    functions = tree.holding(line, cst.FunctionDef)
+    if not functions:
+        return None
+    for node in _nodes(functions[-1], cst.Assign):
+        for target in node.targets:
+            spelled = dotted(target.target)
+            if spelled is not None and spelled.startswith("self.") and spelled.endswith(f".{attr}"):
+                return tree.span(node).start.line, spelled
+    return None
 
 
 def _statement_node(text: str) -> cst.BaseStatement:
@@ -140,7 +262,7 @@ def detach_state(tree: SourceTree, edit: Edit) -> str | None:
     function holding the state's line (a ``training_step`` that runs once per step); above any inner loop
     (over time steps: the whole sequence still backpropagates) and above any earlier statement of the step
     that reads the state."""
-    text = detach_statement(edit.target, edit.value_type)
+    text, added = state_statement(tree.module, edit.target, edit.value_type)
     if text is None:
         return None
     names = {name.strip() for name in edit.target.split(",")}
@@ -162,7 +284,21 @@ def detach_state(tree: SourceTree, edit: Edit) -> str | None:
         readers = [s for s in _earlier(chain[level - 1], chain[level]) if _reads(tree, s, names)]  # type: ignore[arg-type]
         if readers:
             before = readers[0]
-    return tree.replaced(before, cst.FlattenSentinel([_statement_node(text), before]))  # type: ignore[arg-type]
+    edited = tree.replaced(before, cst.FlattenSentinel([_statement_node(text), before]))  # type: ignore[arg-type]
+    return _with_helper(edited, chain[1], tree.module) if added else edited
+
+
+def _with_helper(source: str, top: cst.CSTNode, module: cst.Module) -> str:
+    """``source`` (``module`` edited below the top-level statement ``top``) with :data:`HELPER` added just
+    above ``top``, set apart by two blank lines."""
+    edited = cst.parse_module(source)
+    index = list(module.body).index(top)  # type: ignore[arg-type]
+    body = list(edited.body)
+    blank = [cst.EmptyLine(), cst.EmptyLine()]
+    helper = cst.parse_statement(HELPER).with_changes(leading_lines=body[index].leading_lines or blank)
+    body[index:index] = [helper]
+    body[index + 1] = body[index + 1].with_changes(leading_lines=blank)
+    return edited.with_changes(body=body).code
 
 
 @codemod("detach-made")

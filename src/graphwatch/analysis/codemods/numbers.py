@@ -1,10 +1,13 @@
 """The ``item`` codemod: a holder keeps a number instead of a one-element tensor and its graph.
 
 ``total += loss`` becomes ``total += loss.item()`` (likewise ``losses.append(loss)`` and ``total = total +
-loss``).  The holder then holds numbers, so its other uses in the same scope must work with numbers:
-``total.item()`` becomes ``total``, ``losses[-1].item()`` becomes ``losses[-1]``; counting, summing,
-arithmetic, formatting and printing work as they are.  Any other use (``torch.stack(losses)``, a tensor
-method, iterating over the items) leaves no patch.
+loss``).  The holder then holds numbers, so its other uses in the same scope (for ``self.x``, the class's
+other methods) must work with numbers: ``total.item()`` becomes ``total``, ``losses[-1].item()`` becomes
+``losses[-1]``; counting, summing, arithmetic, formatting (f-strings, ``%``, ``str.format``), printing,
+``torch.tensor(losses)`` and a loop using each item so work as they are, and so does keeping it in another
+holder whose uses do (``all_losses.append(current_loss / 4)``).  Any other use (``torch.stack(losses)``, a
+tensor method, an item's ``.item()`` in a loop, handing it to a function) leaves no patch:
+:func:`takes_numbers` says so beforehand, and the fix keeps a detached tensor instead.
 
 Example::
 
@@ -26,11 +29,14 @@ import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
 from ...model import Edit
-from . import SourceTree, codemod
+from . import SourceTree, codemod, file_tree
 from .expressions import called, dotted, replaced_all, statement_starting
 
 _FILLS = ("append", "extend", "clear")  # methods of a list of numbers used as they are
-_NUMBER_CALLS = ("len", "sum", "min", "max", "print", "float", "int", "round", "str", "abs", "repr")
+# functions that take numbers as they take one-element tensors (a list of numbers for the dotted ones)
+_NUMBER_CALLS = ("len", "sum", "min", "max", "print", "float", "int", "round", "str", "abs", "repr", "format",
+                 "torch.tensor", "np.array", "np.mean", "numpy.array", "numpy.mean", "statistics.mean")  # fmt: skip
+HOLDER_LEVELS = 2  # holders looked through: ``loss`` kept in ``current_loss``, kept in ``all_losses``
 
 
 def kept_value(statement: cst.BaseSmallStatement) -> tuple[str, cst.BaseExpression] | None:
@@ -54,7 +60,7 @@ def kept_value(statement: cst.BaseSmallStatement) -> tuple[str, cst.BaseExpressi
     return None
 
 
-def _keeping(line: cst.SimpleStatementLine) -> tuple[cst.BaseSmallStatement, str, cst.BaseExpression] | None:
+def keeping(line: cst.SimpleStatementLine) -> tuple[cst.BaseSmallStatement, str, cst.BaseExpression] | None:
     """(the statement, its holder, the expression it keeps) of the one statement of a line that keeps a value
     (``g_loss.backward(); losses.append(g_loss)``: the second), or None (none, or more than one)."""
     found = [(small, *kept) for small in line.body if (kept := kept_value(small)) is not None]
@@ -67,7 +73,7 @@ def _kept_on_line(source: str) -> tuple[cst.BaseSmallStatement, cst.BaseExpressi
         body = cst.parse_module(source.strip() + "\n").body
     except cst.ParserSyntaxError:
         return None
-    found = _keeping(body[0]) if len(body) == 1 and isinstance(body[0], cst.SimpleStatementLine) else None
+    found = keeping(body[0]) if len(body) == 1 and isinstance(body[0], cst.SimpleStatementLine) else None
     return None if found is None else (found[0], found[2])
 
 
@@ -97,13 +103,61 @@ def kept_statement(source: str, method: str) -> str | None:
 
 @codemod("item")
 def item(tree: SourceTree, edit: Edit) -> str | None:
-    """``edit.target`` -> ``edit.target.item()`` where the statement on ``edit.line`` keeps it in a holder,
-    and the holder's ``.item()`` calls in its scope taken out (see the module's doc)."""
+    """``edit.target`` -> ``edit.target.item()`` where the statement on ``edit.line`` keeps it in a holder (or
+    returns it to callers that keep it: :mod:`.returned`), and the ``.item()`` calls of what holds it taken out
+    (see the module's doc)."""
     statement = statement_starting(tree, edit.line, alone=False)
-    found = _keeping(statement) if statement is not None else None
-    if statement is None or found is None or tree.code(found[2]).strip() != edit.target:
+    if statement is None:
+        return None
+    if isinstance(statement.body[0], cst.Return):
+        from .returned import returned_numbers
+
+        return returned_numbers(tree, statement, edit.target)
+    found = keeping(statement)
+    if found is None or tree.code(found[2]).strip() != edit.target:
         return None
     _, holder, value = found
+    numbers = number_rewrites(tree, statement, holder)
+    if numbers is None:
+        return None
+    numbers[value] = called(value, "item")
+    return replaced_all(tree.module, numbers)
+
+
+def takes_numbers(source: str, line: int) -> bool:
+    """Whether every use of the holder the statement on ``line`` of the file ``source`` keeps a value in works
+    the same when it holds numbers (see :func:`number_rewrites`); False when it needs tensors, when that cannot
+    be told, or when the line keeps nothing.
+
+    >>> source = "hist = []\\nfor x in data:\\n    hist.append(f(x))\\nprint(torch.stack(hist).mean())\\n"
+    >>> takes_numbers(source, 3), takes_numbers(source.replace("torch.stack(hist).mean()", "sum(hist)"), 3)
+    (False, True)
+    """
+    kept = keeping_at(source, line)
+    return kept is not None and number_rewrites(kept[0], kept[1], kept[2][1]) is not None
+
+
+def keeping_at(
+    source: str, line: int
+) -> tuple[SourceTree, cst.SimpleStatementLine, tuple[cst.BaseSmallStatement, str, cst.BaseExpression]] | None:
+    """(the file's tree, the statement starting on ``line``, what :func:`keeping` says of it) when that statement
+    keeps a value; None when the file does not parse or the line keeps nothing."""
+    try:
+        tree = file_tree(source)
+    except cst.ParserSyntaxError:
+        return None
+    statement = statement_starting(tree, line, alone=False)
+    found = keeping(statement) if statement is not None else None
+    return None if statement is None or found is None else (tree, statement, found)
+
+
+def number_rewrites(
+    tree: SourceTree, statement: cst.CSTNode, holder: str, depth: int = HOLDER_LEVELS
+) -> dict[cst.CSTNode, cst.CSTNode] | None:
+    """What changes when ``holder`` (stored by ``statement``) holds numbers instead of tensors: each of its
+    ``.item()`` calls (``holder.item()``, ``holder[i].item()``) -> the number itself; None when one of its other
+    uses needs a tensor or cannot be told.  A use that keeps it in another holder (``all_losses.append(
+    current_loss)``) takes numbers when that holder's uses do (``depth`` holders down)."""
     scope = _scope(tree, statement, holder)
     parents = tree.wrapper.resolve(ParentNodeProvider)
     numbers: dict[cst.CSTNode, cst.CSTNode] = {}
@@ -113,10 +167,26 @@ def item(tree: SourceTree, edit: Edit) -> str | None:
         call = _item_call(use, parents)
         if call is not None:
             numbers[call[0]] = call[1]
-        elif not _number_use(use, parents):
+            continue
+        if _stored(use, parents):
+            continue
+        kept = _kept_into(use, parents)
+        if kept is None and (_number_use(use, parents) or _numbers_iterated(use, parents)):
+            continue
+        further = number_rewrites(tree, kept[0], kept[1], depth - 1) if kept is not None and depth > 0 else None
+        if further is None:
             return None
-    numbers[value] = called(value, "item")
-    return replaced_all(tree.module, numbers)
+        numbers.update(further)
+    return numbers
+
+
+def _kept_into(use: cst.CSTNode, parents: Mapping[cst.CSTNode, cst.CSTNode]) -> tuple[cst.CSTNode, str] | None:
+    """(the statement line, the holder) when ``use`` is the value a statement keeps in another holder."""
+    line: cst.CSTNode | None = use
+    while line is not None and not isinstance(line, cst.SimpleStatementLine):
+        line = parents.get(line)
+    found = keeping(line) if isinstance(line, cst.SimpleStatementLine) else None
+    return (line, found[1]) if line is not None and found is not None and _inside(use, found[2], parents) else None
 
 
 def _scope(tree: SourceTree, statement: cst.CSTNode, holder: str) -> cst.CSTNode:
@@ -127,9 +197,30 @@ def _scope(tree: SourceTree, statement: cst.CSTNode, holder: str) -> cst.CSTNode
     around = tree.holding(line, kind)
     if not around:
         return tree.module
-    if kind is cst.FunctionDef and not any(dotted(t) == holder for t in _assigned(around[-1])):
+    if isinstance(around[-1], cst.FunctionDef) and not local_to(around[-1], holder):
         return tree.module  # a global (or a name of an enclosing function) the function fills
     return around[-1]
+
+
+def local_to(function: cst.FunctionDef, name: str) -> bool:
+    """Whether ``function`` assigns a ``name`` of its own (not declared ``global`` or ``nonlocal`` there)."""
+    declarations = nodes(function, (cst.Global, cst.Nonlocal))
+    declared = {alias.name.value for node in declarations for alias in node.names}  # type: ignore[attr-defined]
+    return name not in declared and any(dotted(t) == name for t in _assigned(function))
+
+
+def nodes(root: cst.CSTNode, kinds: tuple[type[cst.CSTNode], ...]) -> list[cst.CSTNode]:
+    """Every node of ``kinds`` under ``root``."""
+    found: list[cst.CSTNode] = []
+
+    class Nodes(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, kinds):
+                found.append(node)
+            return True
+
+    root.visit(Nodes())
+    return found
 
 
 def _assigned(function: cst.CSTNode) -> list[cst.CSTNode]:
@@ -137,6 +228,9 @@ def _assigned(function: cst.CSTNode) -> list[cst.CSTNode]:
 
     class Targets(cst.CSTVisitor):
         def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            targets.extend(_flat(node.target))
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
             targets.append(node.target)
 
         def visit_AugAssign(self, node: cst.AugAssign) -> None:
@@ -146,11 +240,22 @@ def _assigned(function: cst.CSTNode) -> list[cst.CSTNode]:
     return targets
 
 
+def _flat(target: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The names a target assigns: ``output`` and ``loss`` of ``output, loss``."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [name for element in target.elements for name in _flat(element.value)]
+    return [target]
+
+
 def _uses(scope: cst.CSTNode, holder: str) -> list[cst.CSTNode]:
-    """Every Name or Attribute in ``scope`` spelled ``holder`` (an attribute's own name is not a use)."""
+    """Every Name or Attribute in ``scope`` spelled ``holder`` (an attribute's own name is not a use), but
+    those of a function inside ``scope`` that assigns a name ``holder`` of its own."""
     found: list[cst.CSTNode] = []
 
     class Uses(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is scope or "." in holder or not local_to(node, holder)
+
         def visit_Name(self, node: cst.Name) -> None:
             if node.value == holder:
                 found.append(node)
@@ -188,12 +293,33 @@ def _item_call(use: cst.CSTNode, parents: Mapping[cst.CSTNode, cst.CSTNode]) -> 
     return None
 
 
+def _stored(use: cst.CSTNode, parents: Mapping[cst.CSTNode, cst.CSTNode]) -> bool:
+    """Whether ``use`` is (one name of) what an assignment or a ``for`` assigns: ``output, loss = ...``."""
+    node, parent = use, parents.get(use)
+    while isinstance(parent, (cst.Element, cst.Tuple, cst.List)):
+        node, parent = parent, parents.get(parent)
+    return isinstance(parent, (cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor)) and getattr(
+        parent, "target", None
+    ) is node
+
+
+def _numbers_iterated(use: cst.CSTNode, parents: Mapping[cst.CSTNode, cst.CSTNode]) -> bool:
+    """Whether ``use`` is what a ``for`` (or a comprehension) iterates over, each item named and used only as a
+    number there (``f"{v:.4f}" for v in losses``; an item's ``.item()`` is a tensor's use)."""
+    loop = parents.get(use)
+    if not isinstance(loop, (cst.For, cst.CompFor)) or loop.iter is not use or not isinstance(loop.target, cst.Name):
+        return False
+    body = parents.get(loop) if isinstance(loop, cst.CompFor) else loop.body
+    if body is None:
+        return False
+    items = [u for u in _uses(body, loop.target.value) if u is not loop.target]
+    return all(_stored(u, parents) or _number_use(u, parents) for u in items)
+
+
 def _number_use(use: cst.CSTNode, parents: Mapping[cst.CSTNode, cst.CSTNode]) -> bool:
-    """Whether this use works the same when the holder holds numbers: assigning it, filling it, counting,
-    summing, printing, formatting it, arithmetic on it or on one of its items."""
+    """Whether this use works the same when the holder holds numbers: filling it, counting, summing, printing,
+    formatting it (also with ``%`` and ``str.format``), arithmetic on it or on one of its items."""
     parent = parents.get(use)
-    if isinstance(parent, (cst.AssignTarget, cst.AugAssign)) and getattr(parent, "target", None) is use:
-        return True
     if isinstance(parent, cst.Attribute) and parent.value is use and parent.attr.value in _FILLS:
         return isinstance(parents.get(parent), cst.Call)
     node = use
@@ -202,7 +328,15 @@ def _number_use(use: cst.CSTNode, parents: Mapping[cst.CSTNode, cst.CSTNode]) ->
     if isinstance(parent, (cst.BinaryOperation, cst.UnaryOperation, cst.Comparison, cst.ComparisonTarget,
                            cst.FormattedStringExpression, cst.AugAssign)):  # fmt: skip
         return True
+    values = parents.get(parent) if isinstance(parent, cst.Element) else None
+    if isinstance(values, cst.Tuple):  # "%d %.4f" % (i, loss)
+        formatting = parents.get(values)
+        return isinstance(formatting, cst.BinaryOperation) and isinstance(formatting.operator, cst.Modulo)
     if isinstance(parent, cst.Arg) and parent.value is node:
         call = parents.get(parent)
-        return isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in _NUMBER_CALLS
+        if not isinstance(call, cst.Call):
+            return False
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value == "format":  # "{:.4f}".format(loss)
+            return isinstance(call.func.value, (cst.SimpleString, cst.ConcatenatedString))
+        return dotted(call.func) in _NUMBER_CALLS
     return False
