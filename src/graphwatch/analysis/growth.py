@@ -5,10 +5,8 @@ keeps per step (live saved-tensor bytes, autograd nodes alive), with the
 fitted slope, the projection at ten times the steps, and the findings that
 explain it.
 
-Only the steps whose live counts were measured are fitted (:func:`live_counts_measured`): at the default
-level a step seen light walks no graph and counts no saved tensor, and its record repeats the last measured
-counts.  Fitting those repeats made a steadily growing run look like a staircase (r² about 0.4 to 0.65 over
-20 to 300 steps of ``total = total + loss``) and hid the growth that ``level="full"`` reports.
+At the default level a step seen light walks no graph and counts no saved tensor: its record repeats the last
+measured counts (shown as "–", :func:`live_counts_measured`), and the fit runs over every step's record.
 
 Example::
 
@@ -107,10 +105,7 @@ def memory_growth(trace: Trace, explained_by: list[Finding]) -> list[Finding]:
     names = ("index", "live_activation_bytes", "live_nodes", "source")
     every = list(zip(*(field_values(trace.steps, name) for name in names)))
     trained = [row for row in every if row[3] != "session-end"] or every
-    measured = live_counts_measured(trace)  # (a light step's record repeats the last measured counts)
-    rows = [row for row in trained if measured(row[0])]
-    if not rows:
-        return []
+    rows = trained  # (fitting only the steps seen in full detail gave a false alarm and lost a growth: issue 39)
     horizon = 10 * (trained[-1][0] + 1)  # ten times the run, its steps seen light too
     xs = [float(row[0]) for row in rows]
     saved = [float(row[1]) for row in rows]
