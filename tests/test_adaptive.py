@@ -232,11 +232,7 @@ def test_a_validation_pass_every_500_steps_without_no_grad_is_found_at_its_line(
     finding = only(gw.findings, "graph-kept-alive")
     assert finding.evidence["holder"] == "val_losses" and at("validation") in finding.evidence["sites"]
     assert 500 < finding.step < 510 and finding.evidence["kept"]["bytes"] > 0  # the saved tensors, read from the graph
-    # the same diagnosis as at the full level; the growth of the kept losses (0, 7, 14 nodes at steps 0, 500,
-    # 1000), fitted at the steps seen in full detail, may be reported too, as that kept-alive finding's consequence
-    growth = [f for f in gw.findings if f.kind == "memory-growth"]
-    assert all(g.evidence["explained_by"] == [f"graph-kept-alive at {finding.evidence['sites'][0]}"] for g in growth)
-    assert {f.kind for f in gw.findings} - {"memory-growth"} <= {kind for kind, _ in findings_at("full", periodic_validation)}
+    assert {f.kind for f in gw.findings} <= {kind for kind, _ in findings_at("full", periodic_validation)}
 
 
 def late_kept_validation(steps: int = 600, start: int = 300) -> None:
