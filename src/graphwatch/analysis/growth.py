@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from ..model import Finding, Remedy, Trace
 from ..model.columns import field_values
-from .evidence import counted, human_bytes
+from .evidence import human_bytes
 from .findings import make_finding, renderer
 from .leaks import final_retained
 from .untrained import untrained_parameters
@@ -35,6 +35,7 @@ MIN_RISE = 2.0  # the last value at least this many times the first (plus the mi
 MIN_BYTES = 16 * 1024
 MIN_NODES = 8
 EXPLAINS = ("graph-carried-across-steps", "retained-graph", "graph-kept-alive")
+
 
 Value = TypeVar("Value")
 
@@ -89,28 +90,26 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     return slope, intercept, r2
 
 
-def growth(xs: list[float], ys: list[float], minimum: float, horizon: float) -> tuple[float, float, float] | None:
-    """(slope, value projected at step ``horizon``, r²) when ``ys`` rises steadily, else None."""
+def growth(xs: list[float], ys: list[float], minimum: float) -> tuple[float, float, float] | None:
+    """(slope, value projected at 10x the steps, r²) when ``ys`` rises steadily, else None."""
     if len(xs) < MIN_STEPS:
         return None
     slope, intercept, r2 = fit_line(xs, ys)
     if slope <= 0 or r2 < MIN_R2 or ys[-1] < MIN_RISE * ys[0] + minimum:
         return None
-    return slope, intercept + slope * horizon, r2
+    return slope, intercept + slope * 10 * (xs[-1] + 1), r2
 
 
 def memory_growth(trace: Trace, explained_by: list[Finding]) -> list[Finding]:
     """Live saved bytes or live nodes that rise steadily step after step (one finding for both)."""
     # read field by field: a long run's settled steps are columns, not records
-    names = ("index", "live_activation_bytes", "live_nodes", "source")
-    every = list(zip(*(field_values(trace.steps, name) for name in names)))
-    trained = [row for row in every if row[3] != "session-end"] or every
-    rows = trained  # (fitting only the steps seen in full detail gave a false alarm and lost a growth: issue 39)
-    horizon = 10 * (trained[-1][0] + 1)  # ten times the run, its steps seen light too
+    rows = list(zip(*(field_values(trace.steps, name) for name in ("index", "live_activation_bytes", "live_nodes"))))
+    kept = [row for row, source in zip(rows, field_values(trace.steps, "source")) if source != "session-end"]
+    rows = kept or rows
     xs = [float(row[0]) for row in rows]
     saved = [float(row[1]) for row in rows]
     nodes = [float(row[2]) for row in rows]
-    by_bytes, by_nodes = growth(xs, saved, MIN_BYTES, horizon), growth(xs, nodes, MIN_NODES, horizon)
+    by_bytes, by_nodes = growth(xs, saved, MIN_BYTES), growth(xs, nodes, MIN_NODES)
     fit = by_bytes or by_nodes
     if fit is None:
         return []
@@ -119,9 +118,7 @@ def memory_growth(trace: Trace, explained_by: list[Finding]) -> list[Finding]:
         "key": "memory-growth",
         "sites": list(dict.fromkeys(site for f in causes for site in f.evidence.get("sites", [])[:1])),
         "steps": [rows[0][0], rows[-1][0]],
-        "horizon": horizon,
         "fitted_steps": len(rows),
-        "light_steps": len(trained) - len(rows),  # seen light: their live counts were not measured
         "unit": "bytes" if by_bytes else "nodes",
         "per_step_slope": fit[0],
         "projected": fit[1],
@@ -154,7 +151,7 @@ def _growth_advice(ev: dict) -> Remedy:
 @renderer("memory-growth")
 def _render_growth(ev: dict) -> str:
     first, last = ev["steps"]
-    horizon = ev.get("horizon", 10 * (last + 1))  # (a trace of an older graphwatch has no horizon)
+    horizon = 10 * (last + 1)
     parts = []
     if ev["bytes_per_step"] is not None:
         parts.append(
@@ -168,12 +165,8 @@ def _render_growth(ev: dict) -> str:
             f"{ev['nodes']:,}: about {ev['projected_nodes']:,.0f} by step {horizon}"
         )
     cause = f"; explained by {', '.join(ev['explained_by'])}" if ev["explained_by"] else ""
-    fitted, light = ev["fitted_steps"], ev.get("light_steps")  # (a trace of an older graphwatch has none)
-    steps = f"{fitted} steps {first}..{last}" if fitted == last - first + 1 else f"{fitted} steps of {first}..{last}"
-    if light:
-        steps += f" seen in full detail; {counted(light, 'step')} seen light, not measured"
     return (
-        f"{' and '.join(parts)} (a straight-line fit over the {steps}, "
+        f"{' and '.join(parts)} (a straight-line fit over the {ev['fitted_steps']} steps {first}..{last}, "
         f"r²={ev['r2']:.2f}; the projection is for a run ten times as long){cause}"
     )
 

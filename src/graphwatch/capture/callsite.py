@@ -51,7 +51,16 @@ def _is_user_path(filename: str) -> bool:
     path = os.path.abspath(filename)
     if path.startswith(_INTERNAL_PREFIXES):
         return False
-    return not path.startswith(_STDLIB_DIR) or "-packages" + os.sep in path
+    return not path.startswith(_STDLIB_DIR) or in_installed_package(path)
+
+
+def in_installed_package(filename: str) -> bool:
+    """Whether ``filename`` lies in an installed package (a ``site-packages`` or ``dist-packages`` folder).
+
+    >>> in_installed_package("/venv/lib/python3.11/site-packages/accelerate/optimizer.py"), in_installed_package("train.py")
+    (True, False)
+    """
+    return "-packages" + os.sep in filename
 
 
 def display_path(filename: str) -> str:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import gc
 import inspect
-import os
 import sys
 import weakref
 from collections.abc import Callable
@@ -41,6 +40,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ..model.training import OptimizerRecord, ParameterRecord
+from .callsite import in_installed_package
 from .frames import local_value, user_frames
 from .holders import parameter_names
 from .optimizer import is_wrapper, unwrapped
@@ -190,11 +190,11 @@ def _variable_name(frame: FrameType | None, obj: object) -> str:
     (accelerate's ``self.optimizer``, the wrapper's name for what the script calls ``opt``); in a frame, the
     optimizer's own name before a wrapper's."""
     frames = list(user_frames(frame))[:_NAMING_FRAMES]
-    frames.sort(key=lambda f: "-packages" + os.sep in f.f_code.co_filename)  # (stable: innermost first in each)
+    frames.sort(key=lambda f: in_installed_package(f.f_code.co_filename))  # (stable: innermost first in each)
     for user_frame in frames:
         named = _variables_of(user_frame)
         found = next((name for name, value in named if value is obj), None) or next(
-            (name for name, value in named if is_wrapper(value) and unwrapped(value) is obj), None
+            (name for name, value in named if unwrapped(value) is obj), None  # (a wrapper of it)
         )
         if found:
             return found
