@@ -399,13 +399,13 @@ def test_a_holder_of_light_steps_graphs_knows_whether_a_backward_ran_through_it(
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-                if step >= 70:
+                if step in (70, 79):  # (two steps apart: kept graphs that grew step after step would be seen in full)
                     kept.append(scaled)  # a part of the loss: a backward ran through it
                     total = total + loss.detach() * model(torch.randn(1, 8)).sum()  # no backward runs through it
-        assert level == "full" or not {70, 79} & set(full_steps(gw))  # kept[0] and kept[9] made on light steps
+        assert level == "full" or not {70, 79} & set(full_steps(gw))  # kept[0] and kept[1] made on light steps
         seen.append(sorted((h.name, h.numel, h.backwarded) for h in gw.trace.steps[-1].holders))
     assert seen[0] == seen[1]
-    assert [h for h in seen[0] if h[0] != "loss"] == [*((f"kept[{i}]", 4, True) for i in range(10)), ("total", 1, False)]
+    assert [h for h in seen[0] if h[0] != "loss"] == [("kept[0]", 4, True), ("kept[1]", 4, True), ("total", 1, False)]
 
 
 # ------------------------------------------------------------------ transparency across switches

@@ -1,5 +1,6 @@
 """Memory growth at the default level (issue 39, point 2): whatever ``level="full"`` finds, the default level finds,
-``memory-growth`` too, on real training loops that keep every step's graph; and what a step seen light did not
+``memory-growth`` too, on real training loops that keep every step's graph (while the graphs kept grow, every step is
+seen in full detail; a bounded keep goes back to light steps); and what a step seen light did not
 measure (its live saved bytes, its nodes alive) is shown as not measured, "–" in the per-step tables and a gap in
 the sparklines, never as 0."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import io
 import re
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -133,41 +135,60 @@ def kinds(trace: Trace) -> set[str]:
     return {finding.kind for finding in trace.findings}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 39, open: the default level still loses growth that level='full' finds; "
-                   "fitting only the steps seen in full detail found these but gave a false alarm "
-                   "(test_diagnoses' validation under no_grad) and lost a long run's growth (test_packed)")
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_the_default_level_finds_what_the_full_level_finds_memory_growth_too(name: str) -> None:
     default, full = watched(PROGRAMS[name], "default"), watched(PROGRAMS[name], "full")
     assert "memory-growth" in kinds(full)
     assert kinds(default) == kinds(full)
-    assert any(not live_counts_measured(default)(step.index) for step in default.steps)  # (steps were seen light)
+    growth = {trace.options["level"]: next(f for f in trace.findings if f.kind == "memory-growth") for trace in (default, full)}
+    assert growth["default"].evidence == growth["full"].evidence  # the same steps fitted, the same figures
+    # seen in full detail because the graphs kept grew, not because every step is
+    assert any(span.reason.startswith("more graphs of earlier steps alive") for span in default.full_detail)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 39, open: the default level still loses growth that level='full' finds; "
-                   "fitting only the steps seen in full detail found these but gave a false alarm "
-                   "(test_diagnoses' validation under no_grad) and lost a long run's growth (test_packed)")
 @pytest.mark.parametrize("steps", [20, 80])
 def test_a_running_total_grows_at_the_default_level_on_short_and_longer_runs(steps: int) -> None:
     trace = watched(lambda: running_total(steps), "default")
     growth = next(f for f in trace.findings if f.kind == "memory-growth")
     assert growth.evidence["explained_by"] and growth.evidence["explained_by"][0].startswith("graph-kept-alive")
-    # the projection is for ten times the run, not ten times the last step seen in full detail
-    assert growth.evidence["horizon"] == 10 * steps and f"by step {10 * steps}" in growth.message
-    assert "seen light, not measured" in growth.message
+    # every step's live counts were measured: from the first steps on, the kept graphs grew at each step's end
+    assert growth.evidence["fitted_steps"] == steps and all(live_counts_measured(trace)(i) for i in range(steps))
+    assert f"by step {10 * steps}" in growth.message  # the projection is for ten times the run
 
 
-@pytest.mark.xfail(strict=True, reason="issue 39, open: the default level still loses growth that level='full' finds; "
-                   "fitting only the steps seen in full detail found these but gave a false alarm "
-                   "(test_diagnoses' validation under no_grad) and lost a long run's growth (test_packed)")
-def test_the_growth_fit_uses_only_the_steps_whose_live_counts_were_measured() -> None:
-    trace = watched(running_total, "default")
-    measured = live_counts_measured(trace)
-    ev = next(f for f in trace.findings if f.kind == "memory-growth").evidence
-    full = [step for step in trace.steps if measured(step.index) and step.source != "session-end"]
-    assert ev["fitted_steps"] == len(full) < STEPS
-    assert ev["light_steps"] == STEPS - len(full)
-    assert ev["nodes"] == full[-1].live_nodes and ev["steps"][1] == full[-1].index
+def late_leak(clean: int = 30, leaking: int = 40) -> None:
+    """A clean loop that starts `total = total + loss` after ``clean`` steps (a branch taken late)."""
+    state = {"total": torch.zeros(()), "step": 0}
+
+    def keep(out: torch.Tensor, loss: torch.Tensor) -> None:
+        state["step"] += 1
+        if state["step"] > clean:
+            state["total"] = state["total"] + loss
+
+    train(keep, clean + leaking)
+
+
+def bounded_window() -> None:
+    """The last five losses kept (a bounded window): the kept graphs stop growing."""
+    window: deque[torch.Tensor] = deque(maxlen=5)
+    train(lambda out, loss: window.append(loss), 60)
+
+
+def test_a_leak_that_starts_after_steps_seen_light_is_seen_in_full_detail_from_then_on() -> None:
+    default, full = watched(late_leak, "default"), watched(late_leak, "full")
+    assert kinds(default) == kinds(full) == {"graph-kept-alive", "memory-growth"}
+    measured = live_counts_measured(default)
+    assert not any(measured(i) for i in range(3, 30))  # the clean steps: light
+    assert all(measured(i) for i in range(32, 70))  # from the leak's second step on: every step measured
+    growth = {t.options["level"]: next(f for f in t.findings if f.kind == "memory-growth").evidence for t in (default, full)}
+    assert growth["default"]["nodes"] == growth["full"]["nodes"]
+
+
+def test_a_bounded_window_of_kept_graphs_goes_back_to_light_steps_once_it_stops_growing() -> None:
+    default, full = watched(bounded_window, "default"), watched(bounded_window, "full")
+    assert kinds(default) == kinds(full) and "memory-growth" not in kinds(default)
+    measured = live_counts_measured(default)
+    assert not any(measured(i) for i in range(20, 60))  # the window is full by step 5: light again after the hold
 
 
 def render(trace: Trace) -> str:
@@ -176,8 +197,15 @@ def render(trace: Trace) -> str:
     return console.file.getvalue()
 
 
+def keeps_the_first_steps(kept: int = 6) -> None:
+    """The losses of the first ``kept`` steps kept in a list (nodes alive rise, then stay: later steps are seen
+    light)."""
+    losses: list[torch.Tensor] = []
+    train(lambda out, loss: losses.append(loss) if len(losses) < kept else None)
+
+
 def test_steps_seen_light_show_not_measured_in_the_table_and_a_gap_in_the_sparklines() -> None:
-    trace = watched(running_total, "default")
+    trace = watched(keeps_the_first_steps, "default")
     measured = live_counts_measured(trace)
     light = [step.index for step in trace.steps if not measured(step.index)]
     assert light, "no step was seen light"
@@ -191,7 +219,9 @@ def test_steps_seen_light_show_not_measured_in_the_table_and_a_gap_in_the_sparkl
     nodes_line = next(line.rstrip() for line in out.splitlines() if line.startswith("nodes alive"))
     last_measured = max(i for i in range(len(trace.steps)) if measured(i) and trace.steps[i].source != "session-end")
     first, last = trace.steps[0].live_nodes, trace.steps[last_measured].live_nodes
-    ends = f"{first:,} → {last:,} at step {last_measured} (max {last:,}, step {last_measured})"
+    top = max(range(last_measured + 1), key=lambda i: trace.steps[i].live_nodes)  # (the first step at the max)
+    assert top < last_measured and trace.steps[top].live_nodes == last  # (the list stopped growing: light after)
+    ends = f"{first:,} → {last:,} at step {last_measured} (max {last:,}, step {top})"
     assert nodes_line.endswith(ends)
     columns = nodes_line[len("nodes alive") : -len(ends)]  # padding, one column a step (41 < the width), padding
     drawn = columns.strip(" ")
@@ -209,7 +239,7 @@ def test_a_full_level_run_measures_every_step_and_shows_no_gap() -> None:
 
 
 def test_the_html_table_shows_not_measured_for_steps_seen_light(tmp_path: Path) -> None:
-    trace = watched(running_total, "default")
+    trace = watched(keeps_the_first_steps, "default")
     table = write_report(trace, tmp_path).read_text().split('<table class="steps">', 1)[1].split("</table>", 1)[0]
     head = re.findall(r"<th>(.*?)</th>", table)
     rows = {int(cells[0]): cells for cells in (re.findall(r"<td>(.*?)</td>", row) for row in table.split("<tr")) if cells}

@@ -126,9 +126,10 @@ class StepEnds:
 
     def _full_step_signals(self, record: StepRecord, new: list[Finding]) -> None:
         """What a step seen in full detail shows that asks for the next steps to be seen so too: a new finding,
-        more graphs of earlier steps alive than at the last full
-        step's end (while no leak is reported), a graph carried in from a step seen light (while no carried
-        graph is reported)."""
+        more graphs of earlier steps alive than at the last full step's end (also once a leak is reported: while
+        the kept graphs grow, every step is seen in full detail, so that its live counts are measured and
+        ``memory-growth`` is found as ``level="full"`` finds it; a bounded keep stops asking), a graph carried in
+        from a step seen light (while no carried graph is reported)."""
         trace, plan, index = self._recorder.trace, self._plan, record.index
         backwards = [trace.backwards[i] for i in record.backwards]
         alive = {
@@ -138,7 +139,7 @@ class StepEnds:
         reason = None
         if new:
             reason = f"{new[0].kind} found in step {index}"
-        elif len(alive) > len(self._alive_before) and not any(f.kind in LEAK_KINDS for f in trace.findings):
+        elif len(alive) > len(self._alive_before):
             reason = f"more graphs of earlier steps alive at the end of step {index}"
         elif any(not plan.is_full(s) for bw in backwards for s in bw.earlier_steps if s >= 0) and not any(
             f.kind == "graph-carried-across-steps" for f in trace.findings

@@ -12,8 +12,10 @@ holder search, the step detectors) only
   that looks new or wrong (a ``retain_graph`` or ``create_graph`` backward, a
   backward of an earlier step's graph, a backward or ``optimizer.step()`` line
   not seen before, a step that made more or fewer nodes than any before it,
-  resident memory grown, a finding, graphs of earlier steps alive, a graph
-  carried in from a step seen light, ``model.eval()`` at a line not seen
+  resident memory grown, a finding, more graphs of earlier steps alive than at
+  the last full step's end (so a loop that keeps every step's graph is seen in
+  full detail for as long as its kept graphs grow, and its growth is measured),
+  a graph carried in from a step seen light, ``model.eval()`` at a line not seen
   before);
 
 and every other step at the light level's cost: the backward calls, the

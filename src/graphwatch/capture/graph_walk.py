@@ -379,7 +379,10 @@ def reach(recorder: Recorder, root: Any, known: dict[int, Reach]) -> tuple[int |
     stack: list[tuple[Any, int | None]] = [(root, None)]
     while stack:
         node, ran = stack.pop()
-        tag = None if node_type(node).is_accumulate_grad else _first_visit(recorder, node, mark, ran)
+        if node_type(node).is_accumulate_grad:
+            continue
+        untagged = node.metadata.get(METADATA_KEY) is None
+        tag = _first_visit(recorder, node, mark, ran)
         if tag is None:
             continue
         record = tag.record
@@ -398,11 +401,30 @@ def reach(recorder: Recorder, root: Any, known: dict[int, Reach]) -> tuple[int |
                 result.backwarded_in_step += 1
         if record.freed_by is None and not tag.freed:
             stack.extend((child, record.backward) for child, _ in node.next_functions if child is not None)
+        elif untagged:  # a freed graph of a step seen light: its nodes are alive all the same
+            _count_untagged_below(recorder, node)
     if root_record is None:  # the root is an AccumulateGrad: a parameter holds no graph
         return None, result
     result.spans = _merge_spans(result.spans, [(s, s + 1) for s in steps])
     result.backward = root_record.backward
     return root_record.id, result
+
+
+def _count_untagged_below(recorder: Recorder, node: Any) -> None:
+    """Tag the untagged nodes below ``node`` (whose saved tensors a backward freed, first met now: a graph of a
+    step seen light, which no walk tagged), each under the step that made it, so that the live tables count them
+    as ``level="full"`` counts the nodes it tagged as they were made; nothing is recorded, and no walk result
+    changes (:func:`reach` does not descend below freed nodes)."""
+    stack = [child for child, _ in node.next_functions if child is not None]
+    step_of = recorder.clock.step_of
+    while stack:
+        node = stack.pop()
+        metadata = node.metadata
+        if METADATA_KEY in metadata or node_type(node).is_accumulate_grad:
+            continue
+        seq = node._sequence_nr()
+        _new_tag(recorder, metadata, step_of(seq), seq)
+        stack.extend(child for child, _ in node.next_functions if child is not None)
 
 
 def root_records(recorder: Recorder, roots: Iterable[Any]) -> list[int]:
