@@ -20,7 +20,8 @@ import warm_python
 from rich.console import Console
 
 import graphwatch
-from graphwatch.cli import RUN_VALUE_OPTIONS, build_parser, main, split_script_args, trace_labels
+from graphwatch.cli import main, trace_labels
+from graphwatch.command_line import RUN_VALUE_OPTIONS, build_parser, split_script_args
 from graphwatch.demo import find_examples, run_demo
 from graphwatch.runner import check_out_dir, check_script, exit_code_of, run_script
 
