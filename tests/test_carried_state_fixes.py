@@ -108,6 +108,7 @@ def test_a_state_the_script_makes_a_tensor_or_a_tuple_gets_a_helper_that_detache
     carried = finding_of(run_with(tmp_path, "train.py", "--model", "GRU"), "graph-carried-across-steps")
     assert carried.fix.startswith("`hidden = repackage_hidden(hidden)` at the start of each step")
     assert "a tuple in one place and a tensor in another" in (carried.remedies[0].why or "")
+    assert carried.evidence["detach"] == "hidden = repackage_hidden(hidden)"  # the finding's words say its fix
     patch = carried.patch or ""
     assert "+def repackage_hidden(state):\n" in patch and "+        hidden = repackage_hidden(hidden)\n" in patch
     apply_patch(tmp_path, patch)
@@ -171,6 +172,7 @@ def test_a_cache_kept_on_a_submodule_is_detached_by_the_path_the_outer_forward_n
     )
     assert not any("inside the step that uses it" in r.text for r in carried.remedies)
     assert all("`self.cache_k`" not in r.text for r in carried.remedies)
+    assert carried.evidence["detach"] == "self.attn.cache_k = self.attn.cache_k.detach()"  # as the fix spells it
     assert "+        self.attn.cache_k = self.attn.cache_k.detach()\n         self.attn.cache_k = torch.cat(" in (
         carried.patch or ""
     )

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import warm_python
 from test_check_fixes import KEPT_LOGITS, folder_digest, write
 
 import graphwatch
@@ -134,8 +135,8 @@ def test_check_fixes_refuses_to_start_from_a_home_folder_or_the_root_and_says_wh
     home = tmp_path / "home"
     script = write(home / "project", "train.py", "open('ran.txt', 'w').write('ran')\n")
     cwd = home if start == "home" else Path("/")
-    done = subprocess.run(graphwatch_command("--check-fixes", "--out", str(tmp_path / "report"), str(script)), cwd=cwd,
-                          env=environment(tmp_path, HOME=str(home)), capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = warm_python.run(graphwatch_command("--check-fixes", "--out", str(tmp_path / "report"), str(script)), cwd=cwd,
+                           env=environment(tmp_path, HOME=str(home)), capture_output=True, text=True, timeout=120)  # fmt: skip
     what = f"{home} is a home folder" if start == "home" else "/ is a system folder"
     assert done.returncode == 2
     assert f"--check-fixes: --check-fixes copies the folder you run from, and {what}" in done.stderr
@@ -172,9 +173,9 @@ def test_an_argument_or_variable_naming_a_path_outside_the_folder_stops_the_chec
     folder = tmp_path / "project"
     write(folder, "train.py", "open('ran.txt', 'w').write('ran')\n")
     env = environment(tmp_path, **{k: v.format(**fill) for k, v in variables.items()})
-    done = subprocess.run(graphwatch_command("--check-fixes", "--out", str(tmp_path / "report"), "train.py",
-                                             *(a.format(**fill) for a in arguments)),
-                          cwd=folder, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = warm_python.run(graphwatch_command("--check-fixes", "--out", str(tmp_path / "report"), "train.py",
+                                              *(a.format(**fill) for a in arguments)),
+                           cwd=folder, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2
     assert f"graphwatch: error: --check-fixes: {named.format(**fill)} names a path outside the folder the check copies " \
         f"({folder}), where the patched run could write; run from a folder that holds it, or allow it with " \
@@ -188,10 +189,10 @@ def test_an_allowed_path_lets_the_check_run_and_write_there(tmp_path: Path) -> N
     log = write(outside, "log.txt", "")
     folder = tmp_path / "project"
     write(folder, "train.py", "import os\nopen(os.environ['RUN_LOG'], 'a').write('ran\\n')\n" + KEPT_LOGITS)
-    done = subprocess.run(graphwatch_command("--check-fixes", "--check-allow-path", str(outside), "--out",
-                                             str(tmp_path / "report"), "train.py"),
-                          cwd=folder, env=environment(tmp_path, RUN_LOG=str(log)), capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = warm_python.run(graphwatch_command("--check-fixes", "--check-allow-path", str(outside), "--out",
+                                              str(tmp_path / "report"), "train.py"),
+                           cwd=folder, env=environment(tmp_path, RUN_LOG=str(log)), capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "check: checked" in done.stderr
     assert log.read_text() == "ran\nran\n"  # the run and the patched run, as allowed
@@ -205,8 +206,8 @@ def test_the_patched_run_gets_no_secret_and_the_user_hears_what_was_left_out(tmp
     for name in (".env", "id_rsa", "server.key"):
         write(folder, name, "secret\n")
     before = folder_digest(folder)
-    done = subprocess.run(graphwatch_command("--check-fixes", "--out", str(tmp_path / "report"), "train.py"),
-                          cwd=folder, env=environment(tmp_path), capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = warm_python.run(graphwatch_command("--check-fixes", "--out", str(tmp_path / "report"), "train.py"),
+                           cwd=folder, env=environment(tmp_path), capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "check: checked in " in done.stderr
     assert "(not copied: .env (holds secrets by convention), id_rsa (holds secrets by convention), server.key (holds " \
@@ -221,9 +222,9 @@ def test_a_patched_run_that_hangs_is_killed_at_its_timeout_with_every_process_it
     folder = tmp_path / "project"
     write(folder, "train.py", HANGS_IN_THE_COPY)
     report = tmp_path / "report"
-    done = subprocess.run(graphwatch_command("--check-fixes", "--out", str(report), "train.py", marker), cwd=folder,
-                          env=environment(tmp_path, GRAPHWATCH_CHECK_TIMEOUT="3"), capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = warm_python.run(graphwatch_command("--check-fixes", "--out", str(report), "train.py", marker), cwd=folder,
+                           env=environment(tmp_path, GRAPHWATCH_CHECK_TIMEOUT="3"), capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "check: FAILED: the patched run wrote no trace: it did not end within 3 s" in done.stderr
     assert processes_with(f"sleep {marker}") == []  # the background sleep went with the patched run

@@ -15,6 +15,7 @@ process with ``RANK``/``WORLD_SIZE`` set as torchrun sets them, which costs no l
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -32,13 +33,17 @@ from rich.console import Console
 
 import graphwatch
 from graphwatch import runner
+from graphwatch.analysis.growth import live_counts_measured
 from graphwatch.cli import main
 from graphwatch.model import Finding, StepRecord, Trace, save_trace
+from graphwatch.rendering.charts import SPARK_BLOCKS
 from graphwatch.rendering.ranks import (
+    RankRow,
     RankSummary,
     is_rank_set,
     rank_folder,
     rank_verdict,
+    ranks_html,
     shared_findings,
     wait_for_ranks,
 )
@@ -328,6 +333,40 @@ def test_a_problem_on_every_rank_is_counted_once_and_not_marked() -> None:
     console.print(RankSummary(traces[:2]))
     text = console.file.getvalue()
     assert "no trace of rank 2 (of 3)" in text and re.search(r"retained-graph\s+only on rank 1", text)
+
+
+def _healthy_rank(rank: int, level: str) -> Trace:
+    """A real healthy loop of 40 steps watched at ``level``, its trace marked as rank ``rank`` of 2."""
+    torch.manual_seed(rank)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with graphwatch.watch(level=level, summary=False, snapshots="off") as gw:
+        for _ in range(40):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+    return dataclasses.replace(gw.trace, rank=rank, world_size=2)
+
+
+def test_the_rank_summary_shows_live_counts_of_steps_seen_light_as_not_measured(tmp_path: Path) -> None:
+    """At the default level a step seen light measured no live saved bytes or nodes alive: the rank table, its
+    sparkline and the report's per-step, per-rank table show "–" and a gap there, never a 0 or a value."""
+    default, light = _healthy_rank(0, "default"), _healthy_rank(1, "light")
+    measured = live_counts_measured(default)
+    light_steps = [s.index for s in default.steps if not measured(s.index)]
+    assert light_steps and any(measured(s.index) for s in default.steps)
+    rows = {row.rank: row for row in map(RankRow.of, (default, light))}
+    assert rows[0].peak_nodes is not None and rows[1].peak_nodes is None and rows[1].peak_saved is None
+    assert rows[0].cells()[3:5] != ["–", "–"] and rows[1].cells()[3:5] == ["–", "–"]
+    console = Console(file=io.StringIO(), width=120)  # (a sparkline 40 wide: a character per step)
+    console.print(RankSummary([default, light]))
+    lines = {line.split()[0]: line for line in console.file.getvalue().splitlines() if re.match(r"\s+[01]\s", line)}
+    drawn = [sum(char in SPARK_BLOCKS for char in lines[rank]) for rank in ("0", "1")]
+    assert drawn == [len(default.steps) - len(light_steps), 0]  # a gap (SPARK_GAP) for each step seen light
+    html = ranks_html([default, light], ["rank0", "rank1"])
+    step = light_steps[-1]
+    row = re.search(rf"<tr><td>{step}</td>(.*?)</tr>", html)
+    assert row is not None and re.findall(r"<td>(.*?)</td>", row[1]) == ["–", "–", "–", "–", ""]
 
 
 def test_rank_sets_and_rank_folders(tmp_path: Path) -> None:

@@ -13,10 +13,12 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+import warm_python
 
 import graphwatch
 
@@ -37,9 +39,11 @@ def _script(folder: Path, text: str, name: str = "train.py") -> Path:
     return path
 
 
-def _run(args: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True,
-                          timeout=TIMEOUT, **kwargs)
+def _run(args: list[str], cwd: Path, *, cold: bool = False, **kwargs) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in ``cwd``, forked off a warm interpreter (tests/warm_python.py), or ``cold``: started afresh,
+    for what a fork would inherit from the server (stack limits, thread stacks, signal handling)."""
+    run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run if cold else warm_python.run
+    return run([sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT, **kwargs)
 
 
 def _watched(script: Path, out: Path | str, *extra: str, **kwargs) -> subprocess.CompletedProcess[str]:
@@ -71,7 +75,7 @@ DEEP_CHAIN = f"""\
 
 @pytest.mark.parametrize("how", ["bare", "watched"])
 def test_deep_graph_freed_in_a_worker_thread_does_not_crash(tmp_path, how):
-    done = _run([str(_script(tmp_path, DEEP_CHAIN)), how, "thread"], tmp_path)
+    done = _run([str(_script(tmp_path, DEEP_CHAIN)), how, "thread"], tmp_path, cold=True)
     assert (done.returncode, done.stdout) == (0, "done\n"), done.stderr[-2000:]
 
 
@@ -83,7 +87,7 @@ def _hard_stack_limit() -> None:
 
 @pytest.mark.parametrize("how", ["bare", "watched"])
 def test_deep_graph_freed_under_a_hard_8_mib_stack_limit_does_not_crash(tmp_path, how):
-    done = _run([str(_script(tmp_path, DEEP_CHAIN)), how, "main"], tmp_path, preexec_fn=_hard_stack_limit)
+    done = _run([str(_script(tmp_path, DEEP_CHAIN)), how, "main"], tmp_path, cold=True, preexec_fn=_hard_stack_limit)
     assert (done.returncode, done.stdout) == (0, "done\n"), done.stderr[-2000:]
 
 
@@ -109,7 +113,7 @@ STATE = """\
 
 
 def test_stack_limit_and_the_users_sigint_handler_are_as_they_would_be_without_graphwatch(tmp_path):
-    done = _run([str(_script(tmp_path, STATE))], tmp_path)
+    done = _run([str(_script(tmp_path, STATE))], tmp_path, cold=True)
     assert (done.returncode, done.stdout) == (0, "True True True\n"), done.stderr[-2000:]
 
 
@@ -220,7 +224,7 @@ CTRL_C_IN_REPORT = """\
 
 
 def test_one_ctrl_c_while_the_report_is_written_keeps_the_report(tmp_path):
-    done = _watched(_script(tmp_path, CTRL_C_IN_REPORT), "out")
+    done = _watched(_script(tmp_path, CTRL_C_IN_REPORT), "out", cold=True)
     assert done.returncode == 130, done.stderr
     assert len(graphwatch.load(tmp_path / "out" / "trace.json").steps) == 3
     assert (tmp_path / "out" / "index.html").is_file()

@@ -316,3 +316,124 @@ def test_in_place_writes_that_touch_nothing_saved_stay_silent(tmp_path: Path, so
     run, trace = graphwatch_run(tmp_path, "ok.py")
     assert run.returncode == 0, run.stderr
     assert trace.findings == [] and isinstance(trace, graphwatch.Trace)
+
+
+HELPER = """\
+import torch
+from torch import nn
+
+
+def normalize_(t):
+    t.sub_(t.mean(dim=1, keepdim=True))  # at: write
+    return t
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.exp(self.fc(x))  # at: saved
+
+
+torch.manual_seed(0)
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(2):
+    h = model(torch.randn(4, 8))
+    normalize_(h)  # at: call
+    loss = h.pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+OPS = """\
+def scale_(t, by):
+    view = t.t()
+    view.mul_(by)  # at: write
+"""
+
+HELPER_IN_ANOTHER_MODULE = """\
+import torch
+from torch import nn
+
+import ops
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = torch.sigmoid(self.fc(x))  # at: saved
+        ops.scale_(h, 0.5)  # at: call
+        return h
+
+
+torch.manual_seed(0)
+model = Net()
+""" + LOOP
+
+# a writing op that saves its result (``exp_``) in a helper called twice: the second call changes what the first saved
+HELPER_TWICE = HELPER.replace("t.sub_(t.mean(dim=1, keepdim=True))", "t.exp_()").replace(
+    "torch.exp(self.fc(x))", "torch.sigmoid(self.fc(x))").replace(
+    "    normalize_(h)  # at: call\n", "    normalize_(h)  # at: first\n    normalize_(h)  # at: call\n")
+
+VIEW_WRITE = """\
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = torch.exp(self.fc(x))  # at: saved
+        ht = h.t()
+        z = self.fc(x)
+        z.mul_(2)
+        ht.mul_(0.5)  # at: write
+        return h + z
+
+
+torch.manual_seed(0)
+model = Net()
+""" + LOOP
+
+
+def test_a_helper_function_writing_the_saved_tensor_is_named_with_the_call_that_ran_it(tmp_path: Path) -> None:
+    run, finding = inplace_run(tmp_path, HELPER)
+    assert changed_lines(finding) == where(HELPER, "write")
+    assert Path(finding.evidence["called_at"]).name == where(HELPER, "call")[0]
+    assert f"in the function called at {where(HELPER, 'call')[0]} (`normalize_(h)" in run.stderr
+    assert "`.clone()` the tensor and assign the clone to the caller's name before the call" in finding.fix
+    assert finding.patch is None  # `t = t.sub(...)` in the helper would leave the caller's `h` unchanged
+
+
+def test_a_helper_of_another_module_called_by_the_forward_writing_through_a_view_is_named(tmp_path: Path) -> None:
+    (tmp_path / "ops.py").write_text(OPS)
+    _, finding = inplace_run(tmp_path, HELPER_IN_ANOTHER_MODULE)
+    assert changed_lines(finding) == [f"ops.py:{line(OPS, 'write')}"]
+    assert Path(finding.evidence["called_at"]).name == where(HELPER_IN_ANOTHER_MODULE, "call")[0]
+    assert finding.patch is None
+
+
+def test_a_writing_op_that_saves_its_result_in_a_helper_called_twice_is_named_once(tmp_path: Path) -> None:
+    _, finding = inplace_run(tmp_path, HELPER_TWICE)
+    write, first, second = where(HELPER_TWICE, "write", "first", "call")
+    assert changed_lines(finding) == [write] and finding.evidence["changed_also"] == []
+    assert f"saved at {write} (`t.exp_()  # at: write`), in the function called at {first}" in finding.message
+    assert f"in the function called at {second} (`normalize_(h)  # at: call`)" in finding.message
+    assert finding.message.count(f"changed in place at {write}") == 1 and finding.patch is None
+
+
+def test_a_write_through_a_view_of_the_saved_tensor_is_named_among_other_in_place_writes(tmp_path: Path) -> None:
+    _, finding = inplace_run(tmp_path, VIEW_WRITE)
+    assert changed_lines(finding) == where(VIEW_WRITE, "write")
+    # `ht = ht.mul(0.5)` would leave `h`, read afterwards, unchanged: words, no patch
+    assert finding.patch is None and "changed a view whose base may need the change" in finding.fix

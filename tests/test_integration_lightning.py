@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,10 +30,11 @@ def data(batches: int = 5) -> DataLoader:
     return DataLoader(TensorDataset(torch.randn(batches * 4, 6), torch.randn(batches * 4, 1)), batch_size=4)
 
 
-def line_of(cls: type, text: str) -> str:
-    lines, first = inspect.getsourcelines(cls)
+def line_of(code: type | Callable[..., object], text: str) -> str:
+    """``file:line`` of the line of ``code`` (a class or a function) that holds ``text``."""
+    lines, first = inspect.getsourcelines(code)
     number = next(first + i for i, line in enumerate(lines) if text in line)
-    return f"{os.path.relpath(inspect.getsourcefile(cls) or '')}:{number}"
+    return f"{os.path.relpath(inspect.getsourcefile(code) or '')}:{number}"
 
 
 class Recurrent(pl.LightningModule):
@@ -81,6 +83,27 @@ class KeepsOutputs(pl.LightningModule):
         loss = nn.functional.mse_loss(self.net(batch[0]), batch[1])
         self.outputs.append(loss if self.keep_graph else loss.detach())  # the kept losses
         return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class ManualRecurrent(pl.LightningModule):
+    """Manual optimization that carries its hidden state from batch to batch without detaching it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.cell, self.head = nn.RNNCell(6, 8), nn.Linear(8, 1)
+        self.hidden = torch.zeros(4, 8)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        opt = self.optimizers()
+        self.hidden = self.cell(batch[0], self.hidden)  # the carried state
+        loss = nn.functional.mse_loss(self.head(self.hidden), batch[1])
+        opt.zero_grad()
+        self.manual_backward(loss)  # the backward
+        opt.step()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -136,14 +159,35 @@ def test_a_hidden_state_kept_on_the_module_without_detach_is_named_with_its_line
     with pytest.raises(RuntimeError, match="backward through the graph a second time") as raised:
         fit(Recurrent(detach=False), tmp_path, callback)
     assert "carried into step 1 by `self.hidden`" in str(raised.value)
-    # Lightning's own backward line is named from its package folder on, as its tracebacks' readers know it
-    assert "the backward at lightning/pytorch/" in str(raised.value) and "-packages" not in str(raised.value)
+    # Lightning's loop calls the backward: it is named by the user's line that runs that loop, not Lightning's
+    assert f"the backward at {line_of(fit, 'trainer.fit(module, data())')} " in str(raised.value)
+    assert "lightning/" not in str(raised.value) and "-packages" not in str(raised.value)
     assert callback.session is not None and not callback.session.active
     carried = next(f for f in callback.session.findings if f.kind == "graph-carried-across-steps")
     assert carried.evidence["carrier"] == "self.hidden"
     assert line_of(Recurrent, "# the carried state") in carried.evidence["sites"]
     assert carried.fix.startswith("`self.hidden = self.hidden.detach()` at the start of each step")
     assert (tmp_path / "report" / "index.html").is_file()
+
+
+@pytest.mark.parametrize("module", [lambda: Recurrent(detach=False), ManualRecurrent], ids=["automatic", "manual"])
+def test_findings_cite_the_users_lines_never_lightnings(module: Callable[[], pl.LightningModule], tmp_path: Path) -> None:
+    """The backward runs inside Lightning's loop (``loss.backward`` in its package): every line a finding
+    cites, in its sites, message, fix and patch, is the user's; with manual optimization, the
+    ``self.manual_backward(loss)`` line of ``training_step``."""
+    callback = GraphwatchCallback(out=tmp_path / "report")
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        fit(module(), tmp_path, callback)
+    findings = callback.session.findings  # type: ignore[union-attr]
+    carried = next(f for f in findings if f.kind == "graph-carried-across-steps")
+    assert carried.fix.startswith("`self.hidden = self.hidden.detach()` at the start of each step")
+    for finding in findings:
+        shown = " ".join([*finding.evidence["sites"], finding.message, finding.fix, finding.patch or ""])
+        assert "lightning/" not in shown and "-packages" not in shown, shown
+    if isinstance(module, type):  # manual optimization: the user's own backward call
+        assert f"the backward at {line_of(ManualRecurrent, '# the backward')} " in carried.message
+    else:  # the detach, first in training_step (which runs once per step)
+        assert carried.patch is not None and "+        self.hidden = self.hidden.detach()" in carried.patch
 
 
 def test_an_lstm_state_kept_on_the_module_is_named_as_the_attribute(tmp_path: Path) -> None:

@@ -86,8 +86,8 @@ def test_a_test_that_crashes_torch_itself_is_left_out_of_every_run():
     crashing = next(iter(suite.CRASH_TORCH))
     copy = suite.writable_copy(folder)
     try:
-        for level in ("", "default"):
-            process, outcomes, log = suite._start(copy, level, [crashing], level or "bare")
+        runs = [suite._start(copy, level, [crashing], level or "bare") for level in ("", "default")]  # (together)
+        for process, outcomes, log in runs:
             assert process.wait() == 5, log.read_text()  # pytest's "no test ran": the only test was deselected
             assert "1 deselected" in log.read_text()
             assert crashing not in (json.loads(outcomes.read_text()) if outcomes.is_file() else {})
@@ -128,3 +128,30 @@ def test_the_committed_record_matches_the_shared_test_files():
     recorded = suite.recorded_bare(folder)
     assert recorded is not None, "the record is for other test files: `bash scripts/pytorch_suite.sh --record-bare`"
     assert sum(r["outcome"] == "passed" for r in recorded.values()) >= 500
+
+
+def test_an_extension_a_test_builds_is_built_once_in_the_kept_folder_whatever_folder_the_test_names(tmp_path,
+                                                                                                     monkeypatch):
+    """PyTorch's tests build C++ extensions in a fresh temporary folder each (minutes of compiling): the runs build
+    them in one kept folder per torch and Python instead, so that a second run, or a second level, builds nothing."""
+    folder = tmp_path / "tests"
+    folder.mkdir()
+    (folder / "test_build.py").write_text(
+        "import os, tempfile\n"
+        "from torch.utils import cpp_extension\n\n"
+        "def test_build():\n"
+        "    named = tempfile.mkdtemp()\n"
+        "    library = cpp_extension.load_inline(name='graphwatch_tiny', cpp_sources='extern \"C\" int answer() "
+        "{ return 42; }', no_implicit_headers=True, is_python_module=False, build_directory=named)\n"
+        "    assert os.path.isfile(library) and not os.listdir(named)\n"
+    )
+    monkeypatch.setattr(suite, "BUILDS", tmp_path / "builds")
+    built = tmp_path / "builds" / suite._versions() / "graphwatch_tiny" / "graphwatch_tiny.so"
+
+    def built_after_a_run(name: str) -> int:
+        process, outcomes, log = suite._start(folder, "light", ["test_build.py"], name)
+        assert process.wait() == 0, log.read_text()
+        assert json.loads(outcomes.read_text())["test_build.py::test_build"]["outcome"] == "passed"
+        return built.stat().st_mtime_ns
+
+    assert built_after_a_run("first") == built_after_a_run("again")  # the second run loaded the first one's build

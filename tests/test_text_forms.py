@@ -4,6 +4,7 @@ without the model importing the renderer, and the options of the session ``@grap
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import warm_python
 from IPython.lib.pretty import pretty
 
 import graphwatch
+from graphwatch.model import PatchCheck, Trace
+from graphwatch.rendering.wording import session_text
 
 PACKAGE = Path(graphwatch.__file__).resolve().parent
 REPO = PACKAGE.parents[1]  # the repository (the package lives in its src/)
@@ -60,6 +63,22 @@ def test_a_session_says_what_it_found(session: graphwatch.Session) -> None:
         assert str(finding) in text
     assert "gw.report(DIR)" in text and pretty(session) == text
     assert "object at 0x" not in line + text
+
+
+def test_print_session_shows_each_patch_with_its_check_state(session: graphwatch.Session) -> None:
+    """``print(gw)`` says what ``graphwatch run --check-fixes`` found for each patch, as the terminal summary
+    does: unchecked, checked, or FAILED, and a failed patch is never offered as the fix to apply."""
+    kept = next(f for f in session.findings if f.kind == "graph-kept-alive" and f.patch)
+    patch = (kept.patch or "").rstrip("\n")
+    unchecked = str(session)
+    assert f"  patch (patch -p0):\n{patch}\n  check: unchecked: `graphwatch run --check-fixes` re-runs it" in unchecked
+    passed = PatchCheck(checked=True, steps=6, held=["the finding is gone"])
+    text = session_text(Trace(findings=[dataclasses.replace(kept, check=passed)]), "ended")
+    assert f"{patch}\n  check: checked in 6 steps: the finding is gone" in text
+    failed = PatchCheck(checked=False, failed=["`w` got no gradient\x1b[2J"])
+    text = session_text(Trace(findings=[dataclasses.replace(kept, check=failed)]), "ended")
+    assert "patch (patch -p0)" not in text and "  patch, not for copying: its check failed" in text
+    assert "  check: FAILED: `w` got no gradient\\u{1b}[2J" in text and "\x1b" not in text
 
 
 def test_a_session_that_is_watching_says_so(no_session_left: None) -> None:

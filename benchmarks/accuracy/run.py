@@ -5,6 +5,7 @@ Usage (from the repo root)::
 
     .venv/bin/python benchmarks/accuracy/run.py --corpus DIR      # or GRAPHWATCH_CORPUS=DIR
     .venv/bin/python benchmarks/accuracy/run.py                   # the reproductions only
+    .venv/bin/python benchmarks/accuracy/run.py --no-full ...     # without the column found at level=full
     .venv/bin/python benchmarks/accuracy/run.py --level full ...  # every step in full detail (its table with --out)
 
 Each case runs in a fresh temporary folder as ``python -m graphwatch run --level LEVEL --out OUT SCRIPT ARGS``
@@ -14,8 +15,10 @@ reproduction is a script of ``repros/`` whose docstring says ``EXPECT: silent`` 
 whose ``# HERE`` comment marks the line a finding must cite, and whose ``FIX: old => new`` lines apply the
 known-good fix (``\\n`` in ``new`` starts a new line).  A bug runs with ``--check-fixes``; then its fixed twin
 (the known fix: the unchanged script, or the FIX lines), which must be silent, and graphwatch's own fix
-(``own_fix.py``), which must print what the twin prints.  The table goes to ``benchmarks/accuracy/RESULTS.md``
-(``--out`` to change).
+(``own_fix.py``), which must print what the twin prints.  At the default level the bug (or clean) program also
+runs at ``--level full``, for its diagnosis alone (no fix checks): the table's column "found at level=full" and
+its row "default level finds what full finds" (``results.py``).  The table goes to
+``benchmarks/accuracy/RESULTS.md`` (written by a run of every case at the default level; ``--out`` for any other).
 """
 
 from __future__ import annotations
@@ -30,11 +33,11 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from datetime import date
 from pathlib import Path
 
 from cases import PROBLEM_KINDS, REAL, Case
 from own_fix import apply_own_fix, different, own_fix, printed_numbers
+from results import Outcome, same_diagnosis, table
 
 HERE = Path(__file__).resolve().parent
 LEVEL = "default"  # graphwatch's level (--level)
@@ -42,19 +45,6 @@ REPO = HERE.parent.parent
 REPROS = HERE / "repros"
 TIMEOUT = float(os.environ.get("GW_ACCURACY_TIMEOUT", "1800"))  # seconds a run may take (a loaded machine is slow)
 CONSEQUENCES = {"memory-growth"}  # what a leak also causes: never counted against precision
-
-
-@dataclass
-class Outcome:
-    case: Case
-    verdict: str  # "silent", "false positive", "named", "wrong line", "missed", "did not run"
-    kinds: list[str]
-    right: int = 0  # findings of an expected kind (or a consequence of one)
-    wrong: int = 0  # findings of another kind
-    twin: str = ""  # the known fix: "silent", "finding left", "fails", "" (no fix to try)
-    own: str = ""  # graphwatch's fix: "trains the same", "changes training: ...", "fails: ...", "no fix ...", ...
-    check: str = ""  # what --check-fixes said of that patch: "checked", "failed", "" (no patch)
-    detail: str = ""
 
 
 # ------------------------------------------------------------------ data the scripts read
@@ -156,7 +146,8 @@ class Ran:
     stdout: str = ""
 
 
-def _run(case: Case, script: Path, out: Path, check_fixes: bool = False) -> Ran:
+def _run(case: Case, script: Path, out: Path, check_fixes: bool = False, level: str | None = None) -> Ran:
+    """Run ``script`` under ``graphwatch run`` at ``level`` (the harness's ``LEVEL`` unless given)."""
     import graphwatch
 
     env = dict(os.environ, **{k: v for k, v in case.env.items() if k != "GW_FIX"})
@@ -165,7 +156,8 @@ def _run(case: Case, script: Path, out: Path, check_fixes: bool = False) -> Ran:
     env.setdefault("OMP_NUM_THREADS", "1")  # one thread a run: the same numbers on any machine, and cases run side by side
     env.setdefault("GW_ACCURACY_SEED", "0")  # shims/sitecustomize.py seeds scripts that seed nothing
     flags = ["--check-fixes"] if check_fixes else []
-    command = [sys.executable, "-m", "graphwatch", "run", "--level", LEVEL, *flags, "--out", str(out), script.name, *case.args]
+    command = [sys.executable, "-m", "graphwatch", "run", "--level", level or LEVEL, *flags, "--out", str(out),
+               script.name, *case.args]
     try:
         done = subprocess.run(command, cwd=script.parent, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -186,30 +178,51 @@ def _cited(findings: list, script: Path, text: str | None, number: int | None = 
     return any(wanted & set(f.evidence.get("sites", [])) for f in findings)
 
 
-def judge(case: Case, corpus: Path | None) -> Outcome:
+def _diagnose(case: Case, ran: Ran, script: Path) -> Outcome:
+    """The verdict on one run of the case's bug (or clean) program: its findings against the expected answer."""
+    kinds = [f.kind for f in ran.findings]
+    if ran.code == -1 or (not ran.findings and "Traceback" in ran.stderr and not case.expect):
+        detail = ran.stderr.strip().splitlines()[-1][:120] if ran.stderr.strip() else ""
+        return Outcome(case, "did not run", kinds, detail=detail)
+    allowed = set(case.expect) | CONSEQUENCES
+    right = sum(k in allowed for k in kinds) if case.expect else 0
+    outcome = Outcome(case, "", kinds, right=right, wrong=len(kinds) - right)
+    if case.clean:
+        outcome.verdict = "silent" if not kinds else "false positive"
+        return outcome
+    hits = [f for f in ran.findings if f.kind in case.expect]
+    named = _cited(hits, script, case.cite, case.cite_line)
+    outcome.verdict = "missed" if not hits else ("named" if named else "wrong line")
+    return outcome
+
+
+def judge(case: Case, corpus: Path | None, compare_full: bool = False, fixes: bool = True) -> Outcome:
+    """Run the case at ``LEVEL`` (with ``fixes``, a bug with --check-fixes, then its fixed twin and graphwatch's
+    own fix) and, with ``compare_full``, its bug (or clean) program again at level="full" for the diagnosis alone."""
     with tempfile.TemporaryDirectory(prefix="gw-accuracy-") as temp:
         work = Path(temp) / "work"
         work.mkdir()
         script = _prepare(case, corpus, work)
         if script is None:
             return Outcome(case, "did not run", [], detail="not in the corpus")
-        bug = _run(case, script, Path(temp) / "out", check_fixes=not case.clean)
-        code, findings, stderr = bug.code, bug.findings, bug.stderr
-        kinds = [f.kind for f in findings]
-        if code == -1 or (not findings and "Traceback" in stderr and not case.expect):
-            return Outcome(case, "did not run", kinds, detail=stderr.strip().splitlines()[-1][:120] if stderr else "")
-        allowed = set(case.expect) | CONSEQUENCES
-        right = sum(k in allowed for k in kinds) if case.expect else 0
-        outcome = Outcome(case, "", kinds, right=right, wrong=len(kinds) - right)
-        if case.clean:
-            outcome.verdict = "silent" if not kinds else "false positive"
-            return outcome
-        hits = [f for f in findings if f.kind in case.expect]
-        named = _cited(hits, script, case.cite, case.cite_line)
-        outcome.verdict = "missed" if not hits else ("named" if named else "wrong line")
-        outcome.twin, twin_out = _try_fix(case, corpus, Path(temp))
-        outcome.own, outcome.check = _try_own_fix(case, corpus, Path(temp), findings, twin_out)
+        bug = _run(case, script, Path(temp) / "out", check_fixes=fixes and not case.clean)
+        outcome = _diagnose(case, bug, script)
+        if fixes and outcome.verdict != "did not run" and not case.clean:
+            outcome.twin, twin_out = _try_fix(case, corpus, Path(temp))
+            outcome.own, outcome.check = _try_own_fix(case, corpus, Path(temp), bug.findings, twin_out)
+        if compare_full:
+            outcome.full = _diagnose_at_full(case, corpus, Path(temp))
         return outcome
+
+
+def _diagnose_at_full(case: Case, corpus: Path | None, temp: Path) -> Outcome:
+    """The bug (or clean) program, freshly prepared, run at level="full": its diagnosis only."""
+    work = temp / "full"
+    work.mkdir()
+    script = _prepare(case, corpus, work)
+    if script is None:
+        return Outcome(case, "did not run", [], detail="not in the corpus")
+    return _diagnose(case, _run(case, script, temp / "full-out", level="full"), script)
 
 
 def _try_fix(case: Case, corpus: Path | None, temp: Path) -> tuple[str, str | None]:
@@ -266,64 +279,6 @@ def _try_own_fix(case: Case, corpus: Path | None, temp: Path, findings: list, kn
     return f"trains the same ({fix.how})", check
 
 
-# ------------------------------------------------------------------ the table
-def table(outcomes: list[Outcome]) -> str:
-    ran = [o for o in outcomes if o.verdict != "did not run"]
-    bugs = [o for o in ran if not o.case.clean]
-    clean = [o for o in ran if o.case.clean]
-    detected = [o for o in bugs if o.verdict in ("named", "wrong line")]
-    right = sum(o.right for o in ran)
-    total = sum(o.right + o.wrong for o in ran)
-    twins = [o for o in bugs if o.twin]
-    named = [o for o in bugs if o.verdict == "named"]
-    works = [o for o in bugs if o.own.startswith("trains the same")]
-    changes = [o for o in bugs if o.own.startswith("changes training")]
-    offered = [o for o in bugs if o.own and not o.own.startswith("no fix")]
-    checked = [o for o in bugs if o.check]
-    agrees = [o for o in checked if (o.check == "checked") == o.own.startswith("trains the same")]
-
-    def ratio(a: int, b: int) -> str:
-        return f"{a}/{b} = {a / b:.2f}" if b else "n/a"
-
-    lines = [
-        "# Accuracy on code nobody here wrote",
-        "",
-        f"Regenerated {date.today().isoformat()} by `.venv/bin/python benchmarks/accuracy/run.py --corpus DIR` "
-        "(real scripts from the repositories named in `cases.py`, at the commits named there; reproductions "
-        f"in `repros/`). {LEVEL.capitalize()} level, `graphwatch run` (a bug with `--check-fixes`), one process per run.",
-        "",
-        "| measure | value |",
-        "| --- | --- |",
-        f"| precision (findings of the expected kind, growth included) | {ratio(right, total)} |",
-        f"| recall (bug programs with a finding of the expected kind) | {ratio(len(detected), len(bugs))} |",
-        f"| line named (of those, the expected line cited) | {ratio(len(named), len(detected))} |",
-        f"| clean programs silent | {ratio(sum(o.verdict == 'silent' for o in clean), len(clean))} |",
-        f"| fixed twin silent (the known fix applied: exit 0, no finding) | "
-        f"{ratio(sum(o.twin == 'silent' for o in twins), len(twins))} |",
-        f"| graphwatch's fix works (its fix applied: trains as the known fix does) | {ratio(len(works), len(bugs))} |",
-        f"| graphwatch's fix changes what trains (worse than no fix) | {ratio(len(changes), len(bugs))} |",
-        f"| a fix to apply offered (a patch, or edits) | {ratio(len(offered), len(bugs))} |",
-        f"| `--check-fixes` right (\"checked\" exactly when the fix trains the same) | {ratio(len(agrees), len(checked))} |",
-        f"| did not run | {len(outcomes) - len(ran)} |",
-        "",
-        "How a fix is compared: both programs run seeded under `graphwatch run`; every number each prints (losses, "
-        "metrics, the trained parameters' sums the reproductions print last) is compared in order, each within one "
-        "unit of its last printed digit; timings (`ms/batch`, `time:`) are left out. A fix that exits 0 but prints "
-        "other numbers changes what trains.",
-        "",
-        "| case | source | expected | found | verdict | fixed twin silent | graphwatch's fix | check |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for o in outcomes:
-        source = o.case.source.repo if o.case.source else "repro"
-        expected = ", ".join(o.case.expect) or "silent"
-        found = ", ".join(o.kinds) or "nothing"
-        verdict = o.verdict + (f" ({o.detail})" if o.detail else "")
-        own = o.own.replace("|", "\\|") or "-"
-        lines.append(f"| {o.case.name} | {source} | {expected} | {found} | {verdict} | {o.twin or '-'} | {own} | {o.check or '-'} |")
-    return "\n".join(lines) + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, default=os.environ.get("GRAPHWATCH_CORPUS"))
@@ -331,22 +286,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", default="", help="only the cases whose name contains this")
     parser.add_argument("-j", type=int, default=1, help="cases run side by side (each run is one thread)")
     parser.add_argument("--level", default="default", choices=("default", "full"), help="graphwatch's level")
+    parser.add_argument("--no-full", action="store_true",
+                        help="at the default level, leave out the column found at level=full (half the bug runs)")
+    parser.add_argument("--no-fixes", action="store_true",
+                        help="diagnoses only: no --check-fixes, no fixed twin, no graphwatch's fix (a quick check)")
     args = parser.parse_args(argv)
     global LEVEL
     LEVEL = args.level
     corpus = Path(args.corpus) if args.corpus else None
+    compare_full = args.level == "default" and not args.no_full
 
     def one(case: Case) -> Outcome:
-        outcome = judge(case, corpus)
+        outcome = judge(case, corpus, compare_full, fixes=not args.no_fixes)
         found = ", ".join(outcome.kinds) or "-"
         own = f"\n{'':15} own fix: {outcome.own} (check: {outcome.check or '-'})" if outcome.own else ""
-        print(f"{outcome.verdict:15} {outcome.twin or '-':13} {case.name}: {found}{own}", flush=True)
+        full = ""
+        if outcome.full is not None:
+            mark = "same" if same_diagnosis(outcome, outcome.full) else "DIFFERS"
+            full = f"\n{'':15} at full ({mark}): {outcome.full.verdict}: {', '.join(outcome.full.kinds) or '-'}"
+        print(f"{outcome.verdict:15} {outcome.twin or '-':13} {case.name}: {found}{own}{full}", flush=True)
         return outcome
 
     with ThreadPoolExecutor(max_workers=max(1, args.j)) as pool:  # (each case is subprocesses: threads suffice)
         outcomes = list(pool.map(one, [case for case in [*REAL, *repro_cases()] if args.k in case.name]))
-    if not args.k and (args.level == "default" or args.out != HERE / "RESULTS.md"):  # (the table is the default's)
-        args.out.write_text(table(outcomes))
+    # RESULTS.md is the whole corpus at the default level (the levels compared); another table needs --out
+    if args.out != HERE / "RESULTS.md" or (not args.k and compare_full and not args.no_fixes):
+        args.out.write_text(table(outcomes, LEVEL, fixes=not args.no_fixes))
         print(f"wrote {args.out}")
     return 0
 

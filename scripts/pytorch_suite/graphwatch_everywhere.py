@@ -6,7 +6,12 @@ bare and watched, and compare.  Options (environment):
 * ``GRAPHWATCH_SUITE_LEVEL``: a graphwatch level to watch at; unset runs bare;
 * ``GRAPHWATCH_SUITE_OUTCOMES``: a JSON file to write ``{test id: outcome}`` to
   (outcome is "passed", "failed", "skipped" or "error", plus the first line of
-  the failure for the ones that did not pass).
+  the failure for the ones that did not pass);
+* ``GRAPHWATCH_SUITE_BUILDS``: a folder to build the C++ extensions the tests
+  compile in (``torch.utils.cpp_extension.load_inline``), one subfolder per
+  extension, instead of the fresh temporary folder each test names: the build,
+  minutes of compiling, is then paid once, and runs started together share it
+  (torch's lock in the folder lets one build while the others wait).
 
 Example::
 
@@ -17,14 +22,41 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 _outcomes: dict[str, dict[str, str]] = {}
+STALE_LOCK_SECONDS = 30 * 60  # a build's lock this old was left by a killed run (a build takes a few minutes)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    builds = os.environ.get("GRAPHWATCH_SUITE_BUILDS")
+    if builds:
+        import torch.utils.cpp_extension as cpp_extension
+
+        cpp_extension.load_inline = _built_in(builds, cpp_extension.load_inline)
+
+
+def _built_in(builds: str, load_inline: Callable[..., Any]) -> Callable[..., Any]:
+    """``load_inline`` building in ``builds/NAME`` whatever build folder it is given."""
+
+    @functools.wraps(load_inline)
+    def kept_build(name: str, *args: Any, **kwargs: Any) -> Any:
+        folder = os.path.join(builds, name)
+        os.makedirs(folder, exist_ok=True)
+        lock = os.path.join(folder, "lock")
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - os.path.getmtime(lock) > STALE_LOCK_SECONDS:
+                os.remove(lock)
+        return load_inline(name, *args, **{**kwargs, "build_directory": folder})
+
+    return kept_build
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -11,7 +11,9 @@ so).  ``--write-doc`` puts the table into ``docs/pytorch-suite.md``.
 The tests run inside a session through the pytest plugin ``graphwatch_everywhere`` (this folder).  The bare
 run's outcomes are recorded per torch and Python version (``bare/``, ``--record-bare``): where a record matches
 this torch, this Python and the test files byte for byte, it stands in for the bare run (``--run-bare`` runs it
-anyway); a test whose outcome then differs still runs again, bare and watched, before it counts.
+anyway); a test whose outcome then differs still runs again, bare and watched, before it counts.  The C++
+extension a test compiles is built once per torch and Python, in ``graphwatch-suite-builds`` of the environment
+(``.venv``), and shared by the runs (``BUILDS``): minutes of compiling the first time, none after.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ CRASH_TORCH: dict[str, str] = {
 }
 DOC_BEGIN, DOC_END = "<!-- suite table: begin -->", "<!-- suite table: end -->"
 BARE_RECORDS = HERE / "bare"  # the bare run's outcomes, one file per torch and Python version
+# Where the runs build the C++ extensions PyTorch's tests compile (graphwatch_everywhere.py): kept, so that a build
+# is paid once per machine and torch, and shared by the runs started together (one builds, the others wait).
+BUILDS = Path(sys.prefix if os.access(sys.prefix, os.W_OK) else tempfile.gettempdir()) / "graphwatch-suite-builds"
 MISSING = (
     "PyTorch's autograd tests not run: no shared/pytorch-tests beside the repository. They are PyTorch's own test "
     "files (test/test_autograd.py and test/autograd/ of the pytorch/pytorch repository), never part of graphwatch: "
@@ -122,6 +127,7 @@ def _start(copy: Path, level: str, tests: list[str], name: str) -> tuple[subproc
     outcomes, log = copy.parent / f"{name}.json", copy.parent / f"{name}.log"
     paths = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": paths, "GRAPHWATCH_SUITE_LEVEL": level, "GRAPHWATCH_SUITE_OUTCOMES": str(outcomes),
+           "GRAPHWATCH_SUITE_BUILDS": str(builds_folder()),
            # one torch intra-op thread each (unless set): the runs share the cores, where more would only spin
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # fmt: skip
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "graphwatch_everywhere",
@@ -130,6 +136,18 @@ def _start(copy: Path, level: str, tests: list[str], name: str) -> tuple[subproc
         process = subprocess.Popen([*command, "-p", "no:graphwatch", *tests], cwd=copy, env=env, stdout=output,
                                    stderr=subprocess.STDOUT)  # fmt: skip
     return process, outcomes, log
+
+
+def _versions() -> str:
+    """This torch's and this Python's versions, as the bare records and the builds are named by them."""
+    import torch
+
+    return f"torch-{torch.__version__}-py{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def builds_folder() -> Path:
+    """The folder the runs build PyTorch's test extensions in, one per torch and Python version."""
+    return BUILDS / _versions()
 
 
 def _outcomes(runs: dict[str, tuple[subprocess.Popen[bytes], Path, Path]]) -> dict[str, dict[str, dict[str, str]]]:
@@ -156,9 +174,7 @@ def _crash_lines(output: str) -> str:
 
 def bare_record(folder: Path) -> Path:
     """Where the bare run's outcomes for this torch and Python are recorded (whether or not the file exists)."""
-    import torch
-
-    return BARE_RECORDS / f"torch-{torch.__version__}-py{sys.version_info[0]}.{sys.version_info[1]}.json"
+    return BARE_RECORDS / f"{_versions()}.json"
 
 
 def _fingerprint(folder: Path) -> str:

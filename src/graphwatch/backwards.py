@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from .analysis import FindingLog, explain_backward_twice
+from .analysis.ddp_errors import ddp_finding
 from .analysis.explain import handed_off
 from .analysis.torch_errors import (
     inplace_finding,
@@ -49,6 +50,7 @@ from .analysis.torch_errors import (
 from .capture import Recorder, frontier, path_to, quick_walk, root_records, walk
 from .capture.carriers import name_carrier
 from .capture.causes import CauseFinder
+from .capture.ddp_frames import find_ddp_cause
 from .capture.error_frames import engine_inputs, find_leaf_inplace, find_non_scalar, find_unused_input
 from .capture.frames import local_value, user_frames
 from .capture.holders import parameter_names
@@ -101,7 +103,7 @@ class BackwardWatch:
         """``optimizer.step()`` ran (after the backwards recorded so far)."""
         last = self._recent_steps[-1][1] if self._recent_steps else None
         ref = last if last is not None and last() is optimizer else weakref.ref(optimizer)  # (one per optimizer)
-        self._recent_steps.append((len(self._started_at), ref))
+        self._recent_steps.append((self._recorder.backwards_begun, ref))
 
     def _stepped_after(self, backward: int) -> list[torch.optim.Optimizer]:
         """The optimizers of the first optimizer step after backward ``backward`` started."""
@@ -237,8 +239,8 @@ class BackwardWatch:
 
     def explain_escaped(self, exc: BaseException | None, tb: TracebackType | None) -> None:
         """torch's error raised by the user's own call, leaving the session (a backward of a tensor of more
-        than one element, a leaf changed in place): its finding logged, and its paragraph added after torch's
-        message (the same exception, its traceback kept), from the frames ``tb`` keeps."""
+        than one element, a leaf changed in place, DDP's reducer errors): its finding logged, and its paragraph
+        added after torch's message (the same exception, its traceback kept), from the frames ``tb`` keeps."""
         if not isinstance(exc, RuntimeError) or isinstance(exc, ExplainedError) or "\n\ngraphwatch: " in str(exc):
             return
         recorder = self._recorder
@@ -248,6 +250,8 @@ class BackwardWatch:
                 finding = non_scalar_finding(recorder.trace, find_non_scalar(recorder, tb), recorder.step)
             elif is_leaf_inplace_error(exc):
                 finding = leaf_inplace_finding(recorder.trace, find_leaf_inplace(recorder, tb), recorder.step)
+            elif (ddp := find_ddp_cause(recorder, exc, tb)) is not None:  # DDP's reducer errors
+                finding = ddp_finding(recorder.trace, ddp, recorder.step)
         except Exception as error:  # looking closer must never hide the user's error
             notify(f"graphwatch: could not look into the cause ({error!r})", stacklevel=2)
         if finding is not None:

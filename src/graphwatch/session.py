@@ -530,7 +530,7 @@ class Session:
             recorder.commit_boundary()  # a new graph, though its forward saved nothing: a new step
         frame = sys._getframe(1)
         positions = self._loop.positions(frame)
-        site = recorder.sites.at(positions, frame)
+        site = recorder.sites.users_own(recorder.sites.at(positions, frame), frame)  # (not a framework's line)
         record = BackwardRecord(
             len(self.trace.backwards), recorder.step, site, "backward" if accumulate else "grad", retain_graph, create_graph
         )

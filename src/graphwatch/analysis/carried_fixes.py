@@ -78,6 +78,20 @@ def carried_remedies(
     return [Remedy(f"{compute} instead of keeping it from {step_name(carrier.step)}"), made]
 
 
+def carried_detach(trace: Trace, carrier: NodeRecord, backward: BackwardRecord) -> str | None:
+    """The statement that detaches the value carrying ``carrier`` into ``backward``, as the fixes of
+    :func:`carried_remedies` write it (the script's own helper, the holder as the file spells it, the value
+    detached where it is made): what the finding's words name is what its patch does.  None when no fix
+    detaches it (parameters updated in place) or no statement can be written."""
+    site, name = carrier_line(trace, carrier)
+    shape = carried_shape(trace, carrier, backward)
+    if shape == "recurrent":
+        module, _, name = _state_file(site, name)
+        return _state_detach(carrier, name, module)[1]
+    made = _made_detached(carrier, site, name) if shape != "parameters" else None
+    return made[1] if made is not None else None
+
+
 def _update_under_no_grad(trace: Trace, holder: str, update: CallSite | None, backward: BackwardRecord) -> Remedy:
     """A module's parameters updated in place outside ``no_grad`` carry the graph: the update under ``no_grad``,
     patched where the backward that ran into the old graph failed (its step could not train; a backward that
@@ -113,12 +127,11 @@ def _detach_state(
 ) -> Remedy:
     """The detach of a state the loop carries, placed where each step starts using it; ``sites``: the line as it
     ran (where a step starts is read off it) and the line that keeps the state, as the file spells it."""
-    from .codemods.detach import HELPER_NAME, state_statement
+    from .codemods.detach import HELPER_NAME
 
     ran, site = sites
-    target = ", ".join(carrier.carried_with) if carrier.carried_with else name
     value_type = carrier.carried_type or ""
-    statement, added = state_statement(module, target, value_type) if target and value_type else (None, False)
+    target, statement, added = _state_detach(carrier, name, module)
     before = f", before {site.where}" if site is not None else ""
     if statement is None or site is None or ran is None or target is None:
         what = f"`{name}`" if name else "the tensor the step carries over"
@@ -149,19 +162,39 @@ def _detach_state(
     return Remedy(text, edits, why=why, mechanical=True)
 
 
+def _state_detach(
+    carrier: NodeRecord, name: str | None, module: cst.Module | None
+) -> tuple[str | None, str | None, bool]:
+    """(the state a step carries, as the file ``module`` spells it, the statement that detaches it or None,
+    whether the helper :data:`~.codemods.detach.HELPER_NAME` must be added for it)."""
+    from .codemods.detach import state_statement
+
+    target = ", ".join(carrier.carried_with) if carrier.carried_with else name
+    value_type = carrier.carried_type or ""
+    statement, added = state_statement(module, target, value_type) if target and value_type else (None, False)
+    return target, statement, added
+
+
+def _made_detached(carrier: NodeRecord, site: CallSite | None, name: str | None) -> tuple[Edit, str] | None:
+    """(the edit that detaches ``name`` where ``site`` makes it, the statement it makes), or None."""
+    from .codemods.expressions import edited_statement
+
+    if site is None or not name:
+        return None
+    edit = Edit("detach-made", site.file, site.line, name, value_type=carrier.carried_type or "other")
+    edited = edited_statement(edit, site.source)
+    return (edit, edited) if edited is not None else None
+
+
 def _detach_made(carrier: NodeRecord, site: CallSite | None, name: str | None, trusted: bool) -> Remedy:
     """Keep a detached copy where the value is made: the patch when what made it is not trained (``trusted``),
     advice otherwise (the user knows whether a gradient should flow there)."""
-    from .codemods.expressions import edited_statement
-
     copy = f"`{name}.detach()`" if name else "a detached copy (`.detach()`)"
     edits: list[Edit] = []
     where = site.where if site is not None else "the line that makes it"
-    if site is not None and name:
-        edit = Edit("detach-made", site.file, site.line, name, value_type=carrier.carried_type or "other")
-        edited = edited_statement(edit, site.source)
-        if edited is not None:
-            edits, where = [edit], f"{site.where}, `{edited}`"
+    made = _made_detached(carrier, site, name)
+    if site is not None and made is not None:
+        edits, where = [made[0]], f"{site.where}, `{made[1]}`"
     if not trusted:
         return Remedy(f"or keep a detached copy ({copy} where it is made: {where}) if no gradient should flow into "
                       "what made it", edits)  # fmt: skip

@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 from ..model import BackwardRecord, Edit, Finding, Remedy, StepRecord, Trace
-from .carried_fixes import carried_remedies, carried_shape
+from .carried_fixes import carried_detach, carried_remedies, carried_shape
 from .evidence import (
     backwards_of,
     carrier_line,
@@ -28,7 +28,8 @@ from .evidence import (
 )
 from .explain import is_backward_twice
 from .findings import make_finding, renderer
-from .leaks import graph_kept_alive, retained_graph
+from .leaks import graph_kept_alive
+from .retained import retained_graph
 
 # .codemods (LibCST) is imported inside the functions that use it: not at `import graphwatch` (test_import_cost.py)
 
@@ -44,6 +45,8 @@ FINDING_KINDS = (
     "non-scalar-backward",  # torch's "only for scalar outputs" error, explained (analysis/torch_errors.py)
     "unused-grad-input",  # torch's "not have been used in the graph" error of autograd.grad, explained (same)
     "leaf-modified-in-place",  # torch's "a leaf Variable ... in-place operation" error, explained (same)
+    "ddp-ready-twice",  # DDP's "Expected to mark a variable ready only once", explained (analysis/ddp_errors.py)
+    "ddp-unused-parameters",  # DDP's "Expected to have finished reduction ...", explained (same)
     "untrained-parameters",  # an optimizer steps parameters no backward ever reaches (analysis/untrained.py)
 )
 # Kinds that mean a graph outlives the step that made it: a strict session fails on them.
@@ -78,8 +81,6 @@ def carried_across_steps(trace: Trace, step: StepRecord) -> list[Finding]:
     for bw in backwards_of(trace, step):
         if not bw.earlier_nodes_reached or not loops_back(trace, bw):
             continue
-        from .codemods.detach import detach_statement  # (a step that carries no graph never loads LibCST)
-
         pairs = [(trace.nodes.get(p), trace.nodes.get(c)) for p, c in bw.crossings]
         user, carrier = next(((p, c) for p, c in pairs if c is not None), (None, None))
         site, name = carrier_line(trace, carrier) if carrier else (None, None)
@@ -87,14 +88,13 @@ def carried_across_steps(trace: Trace, step: StepRecord) -> list[Finding]:
         earliest = min(s for s in bw.earlier_steps if s < bw.step)
         used = trace.site(user.site) if user is not None else None
         shape = carried_shape(trace, carrier, bw) if carrier is not None else "cached"
-        state = (", ".join(carrier.carried_with) or name) if carrier is not None else None
         evidence = {
             "key": site.where if site else trace.where(bw.site),
             "sites": list(dict.fromkeys(w.where for w in (site, used, trace.site(bw.site)) if w is not None)),
             "steps": [bw.step],
             "backward": describe_site(trace, bw.site),
             "carrier": name,
-            "detach": detach_statement(state, carrier.carried_type or "") if carrier and state and shape != "parameters" else None,
+            "detach": carried_detach(trace, carrier, bw) if carrier is not None else None,  # as its fix writes it
             "made_at": describe(made) if made is not None and site is not None and made.where != site.where else None,
             "carrier_at": describe(site) if site else None,
             "carrier_where": site.where if site else None,

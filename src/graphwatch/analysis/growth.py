@@ -26,7 +26,7 @@ from ..model import Finding, Remedy, Trace
 from ..model.columns import field_values
 from .evidence import human_bytes
 from .findings import make_finding, renderer
-from .leaks import final_retained
+from .retained import final_retained
 from .untrained import untrained_parameters
 
 MIN_STEPS = 5  # fewer steps than this say nothing about a trend

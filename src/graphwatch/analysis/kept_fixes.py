@@ -3,10 +3,11 @@
 - an evaluation forward no backward ever used: run it under ``torch.no_grad()`` (``no-grad``; the whole
   loop when it only evaluates);
 - a holder that adds or appends a tensor (``total += loss``, ``losses.append(loss)``, ``total = total +
-  loss``): a number, ``.item()``, when the kept tensor has one element and every later use of the holder takes
-  a number (``item``: ``+=``, ``print``, formatting, ``sum``, ``len``); a detached tensor, ``.detach()``, when
-  it has more elements (``.item()`` would raise), or when a later use needs a tensor (``torch.stack(
-  self.outputs)``, a tensor method) or cannot be told (``detach-use``);
+  loss``, ``total.add_(loss)``: a tensor holder whatever it adds): a number, ``.item()``, when the kept
+  tensor has one element and every later use of the holder takes a number (``item``: ``+=``, ``print``,
+  formatting, ``sum``, ``len``); a detached tensor, ``.detach()``, when it has more elements (``.item()``
+  would raise), or when a later use needs a tensor (``torch.stack(self.outputs)``, a tensor method) or cannot
+  be told (``detach-use``);
 - a value a function of the same file returned (``output, loss = train(...)``, then ``current_loss +=
   loss``): fixed at that function's ``return`` (:mod:`.codemods.returned`), a number when every caller's use
   takes one, else a detached tensor when the function ran the backward through it;
@@ -134,14 +135,19 @@ def _one_element(holders: list[Holder]) -> bool | None:
 def _keep_value(site: CallSite, spelled: str, kept: str, holders: list[Holder], source: str | None) -> Remedy | None:
     """``.item()`` for a tensor of one element whose holder's later uses all take a number, else ``.detach()``
     (``.item()`` would raise on more elements, or break a use that needs a tensor)."""
-    from .codemods.numbers import kept_statement, takes_numbers
+    from .codemods.numbers import kept_statement, line_adds_in_place, takes_numbers
 
     one = _one_element(holders)
     if one is None:
         return None
     if one and source is not None and takes_numbers(source, site.line):
         edited = kept_statement(site.source, "item")
-        why = f"`{kept}` held one element each time, and every later use of `{spelled}` takes a number"
+        uses = (
+            f"`{spelled}` adds it in place, so it stays a tensor"
+            if line_adds_in_place(site.source)
+            else f"every later use of `{spelled}` takes a number"
+        )
+        why = f"`{kept}` held one element each time, and {uses}"
         edit = Edit("item", site.file, site.line, kept)
         return Remedy(f"keep a number, not the graph: `{edited}` at {site.where}", [edit], why, True) if edited else None
     edited = kept_statement(site.source, "detach")

@@ -1,10 +1,8 @@
-"""Graphs that outlive their step: ``retain_graph=True`` for nothing, and graphs kept by a Python value.
+"""Graphs that outlive their step because a Python value keeps them (``graph-kept-alive``); graphs retained for
+nothing are :mod:`.retained`'s.
 
-Both are judged one step late, on purpose: only the next step shows whether
-a retained graph was backwarded again (an RNN state carried on is another
-finding), and a variable that is reassigned once per iteration legitimately
-holds the previous iteration's graph until then (in a GAN, the generator's
-loss survives the discriminator's step).
+Judged one step late, on purpose: a variable that is reassigned once per iteration legitimately holds the previous
+iteration's graph until then (in a GAN, the generator's loss survives the discriminator's step).
 
 Example::
 
@@ -18,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..capture.source import assigned_names
-from ..model import BackwardRecord, CallSite, Edit, Finding, Holder, Remedy, StepRecord, StepSpans, Trace
-from ..model.columns import field_values
+from ..model import CallSite, Finding, Holder, Remedy, StepRecord, StepSpans, Trace
 from ..model.records import held_value
 from .evidence import (
     alive_graph_sites,
@@ -27,108 +24,14 @@ from .evidence import (
     backwards_of,
     counted,
     describe,
-    describe_site,
     human_bytes,
     reads_name,
     site_chain,
     spans_text,
-    steps_text,
     stored_part,
 )
 from .findings import make_finding, renderer, same_cause
 from .kept_fixes import GENERIC, evaluation_remedy, holder_remedy, parameters_remedy
-
-
-# ------------------------------------------------------------------ retained
-def _reused_later(backward: BackwardRecord, later: list[BackwardRecord]) -> bool:
-    return any(b.earlier_nodes_reached and backward.step in b.earlier_steps for b in later)
-
-
-def _unused_retains(trace: Trace, step: StepRecord, later: list[BackwardRecord]) -> list[Finding]:
-    findings = []
-    for bw in backwards_of(trace, step):
-        if not bw.retain_graph or bw.graph_reused or not bw.held_bytes or bw.error or _reused_later(bw, later):
-            continue
-        where = trace.where(bw.site)
-        in_a_loop = any(
-            other.graph_reused and other.retain_graph and trace.where(other.site) == where
-            for other in backwards_of(trace, step)
-        )
-        evidence = {
-            "key": where,
-            "sites": [where],
-            "steps": [bw.step],
-            "bytes": bw.held_bytes,
-            "backward": describe_site(trace, bw.site),
-            "backward_where": where,
-            "tensor": backward_name(trace, bw, "the loss"),
-            "same_line_reused": in_a_loop,
-        }
-        findings.append(make_finding("retained-graph", "warning", bw.step, evidence, _retained_remedies(trace, bw, in_a_loop)))
-    return findings
-
-
-def _retained_remedies(trace: Trace, backward: BackwardRecord, in_a_loop: bool) -> list[Remedy]:
-    where = trace.where(backward.site)
-    if in_a_loop:
-        return [Remedy(
-            f"the last backward through a graph must free it: at {where} pass retain_graph=True only to the calls "
-            "that another backward follows (e.g. `retain_graph=i < len(losses) - 1`), or sum the losses and call "
-            "`.backward()` once"
-        )]  # fmt: skip
-    site = trace.site(backward.site)
-    return [Remedy(
-        f"drop retain_graph=True at {where}: it is the last backward through this graph; keep it only on a "
-        "backward that another backward of the same graph follows",
-        [Edit("drop-retain", site.file, site.line)] if site is not None else [],
-        why="no later backward ran through the graph it retained, in this step or the next",
-        mechanical=site is not None,
-    )]  # fmt: skip
-
-
-def retained_graph(trace: Trace, step: StepRecord) -> list[Finding]:
-    """``retain_graph=True`` on a backward of the previous step whose graph no later backward used.
-
-    Judged at the end of the next step that runs a backward: if that one ran
-    into the retained graph, the graph was carried on (a different finding).
-    """
-    later = backwards_of(trace, step)
-    if not later:
-        return []
-    steps = trace.steps  # walked back by index: a slice would copy every step, at every step end
-    previous = next((steps[i] for i in range(step.index - 1, -1, -1) if steps[i].backwards), None)
-    return _unused_retains(trace, previous, later) if previous is not None else []
-
-
-def final_retained(trace: Trace) -> list[Finding]:
-    """At the session's end: the retains of the last step with backwards, which no later step could judge.
-
-    Skipped when an earlier retain on the same line was backwarded again by a
-    later step (a loop carrying its graph on; the last iteration is no different).
-    """
-    last = next((s for s in reversed(trace.steps) if s.backwards), None)
-    if last is None:
-        return []
-    backwards = trace.backwards  # a long run's are columns: look at one field first, build the few that matter
-    reaching = [i for i, n in enumerate(field_values(backwards, "earlier_nodes_reached")) if n]
-    reentered = {s for i in reaching for s in backwards[i].earlier_steps if s < backwards[i].step}
-    retaining = [i for i, retain in enumerate(field_values(backwards, "retain_graph")) if retain]
-    carried = {
-        trace.where(bw.site) for bw in (backwards[i] for i in retaining) if bw.step < last.index and bw.step in reentered
-    }
-    return [f for f in _unused_retains(trace, last, []) if f.evidence["backward_where"] not in carried]
-
-
-@renderer("retained-graph")
-def _render_retained(ev: dict) -> str:
-    steps = ev["steps"]
-    when = f"step {steps[0]}" if len(steps) == 1 else f"each of {steps_text(steps)}"
-    return (
-        f"the backward at {ev['backward']} passes retain_graph=True, but no later backward ran through its "
-        f"graph: up to {human_bytes(ev['bytes'])} of saved tensors outlived {when} for nothing, until "
-        f"`{ev['tensor']}` and its graph were dropped"
-    )
-
 
 # --------------------------------------------------------------- kept alive
 # A variable reassigned once an iteration holds the previous iteration's graph until it is reassigned:

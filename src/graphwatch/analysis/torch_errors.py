@@ -59,7 +59,10 @@ def is_no_graph_error(error: BaseException) -> bool:
 def inplace_finding(trace: Trace, cause: InplaceCause, step: int) -> Finding:
     """The finding of a saved tensor changed in place; its message follows torch's text."""
     saved, changed = trace.site(cause.saved_at), trace.site(cause.changed_at)
-    lines = [f"graphwatch: the tensor was saved at {describe(saved)} ({step_name(cause.saved_step)})"]
+    twice = saved is not None and changed is not None and cause.called_at is not None and saved.where == changed.where
+    saving_call = trace.site(saved.caller) if twice and saved is not None else None  # a helper's line, run twice
+    by = f", in the function called at {describe(saving_call)}" if saving_call is not None else ""
+    lines = [f"graphwatch: the tensor was saved at {describe(saved)}{by} ({step_name(cause.saved_step)})"]
     remedies: list[Remedy] = []
     also = [s for s in map(trace.site, cause.changed_also) if s is not None]
     if cause.found_by == "optimizer":
@@ -76,8 +79,10 @@ def inplace_finding(trace: Trace, cause: InplaceCause, step: int) -> Finding:
                  "source": "the in-place statements between the lines that ran around it"}.get(cause.found_by, "")
         named = ", ".join(describe(s) for s in [changed, *also][:-1]) + " and " if also else ""
         lines[0] += f", then changed in place at {named}{describe(also[-1] if also else changed)}"
+        called = trace.site(cause.called_at)
+        lines[0] += f", in the function called at {describe(called)}" if called is not None else ""
         lines[0] += (f" (found from {found})" if found else "") + "."
-        remedy = _recurrence(trace, cause) or _out_of_place(trace, cause, changed.where)
+        remedy = _recurrence(trace, cause) or _through_call(trace, cause) or _out_of_place(trace, cause, changed.where)
         if cause.module:
             built = trace.site(cause.built_at)
             lines.append(f"The change is made by `{cause.module}`, an nn.{cause.module_type} built with "
@@ -87,7 +92,7 @@ def inplace_finding(trace: Trace, cause: InplaceCause, step: int) -> Finding:
             lines.append(("Fix (no patch: it needs your judgement): " if not remedy.edits else "Fix: ") + remedy.text)
         fix = remedy.text if remedy else f"make the in-place operation at {changed.where} out of place"
     cited = (changed, *also, trace.site(cause.optimizer_at), trace.site(cause.backward_at) if cause.optimizer_at
-             else None, saved, trace.site(cause.built_at), trace.site(cause.loop_at))  # fmt: skip
+             else None, saved, trace.site(cause.built_at), trace.site(cause.loop_at), trace.site(cause.called_at))  # fmt: skip
     where = [s.where for s in cited if s is not None]
     evidence = {
         "key": f"{where[0] if where else '?'} -> {saved.where if saved else '?'}",
@@ -96,6 +101,7 @@ def inplace_finding(trace: Trace, cause: InplaceCause, step: int) -> Finding:
         "saved_at": saved.where if saved else None,
         "changed_at": changed.where if changed else None,
         "changed_also": [s.where for s in also],
+        "called_at": trace.where(cause.called_at) if cause.called_at is not None else None,
         "found_by": cause.found_by,
         "op": cause.op,
         "module": cause.module,
@@ -134,6 +140,19 @@ def _recurrence(trace: Trace, cause: InplaceCause) -> Remedy | None:
             f"loop. A `.clone()` of `{name}` before the loop does not help: the clone is itself written in place "
             "at every step.")
     return Remedy(text, [], "the dimension to stack on and the slices the loop reads need your judgement")
+
+
+def _through_call(trace: Trace, cause: InplaceCause) -> Remedy | None:
+    """For a function that changed in place the tensor its caller passed it (a helper called between the forward
+    and the loss): words, as which callers need the change is the user's to judge."""
+    called, changed = trace.site(cause.called_at), trace.site(cause.changed_at)
+    if called is None or changed is None:
+        return None
+    text = (f"the function called at {describe(called)} changes the tensor it is given in place at {changed.where}, "
+            "after autograd saved it: pass it a copy autograd did not save (`.clone()` the tensor and assign the clone "
+            "to the caller's name before the call, so that what follows reads the changed copy), or make the function "
+            "out of place and assign what it returns at the call")
+    return Remedy(text, [], "the function changes its caller's tensor: where the change is needed is your judgement")
 
 
 def _out_of_place(trace: Trace, cause: InplaceCause, changed_where: str) -> Remedy | None:

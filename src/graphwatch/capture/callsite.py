@@ -109,6 +109,7 @@ class SiteTable:
         self._positions: dict[tuple, int] = {}  # (id(code), f_lasti, ...) -> site id
         self._user_code: dict[int, bool] = {}  # id(code) -> is user code
         self._codes: list[CodeType] = []  # keeps the codes alive, so that their ids stay theirs
+        self._in_packages: set[int] = set()  # ids of the sites whose line is in an installed package's file
 
     def here(self, skip: int = 1) -> int | None:
         """Id of the innermost user frame's site (with its user callers), or None if there is none.
@@ -194,4 +195,31 @@ class SiteTable:
         source = linecache.getline(code.co_filename, line).strip()
         self.sites.append(CallSite(display_path(code.co_filename), line, code.co_name, source, caller))
         site_id = self._ids[chain] = len(self.sites) - 1
+        if in_installed_package(code.co_filename):
+            self._in_packages.add(site_id)
         return site_id
+
+    def in_package(self, site_id: int | None) -> bool:
+        """Whether site ``site_id``'s line is in an installed package (a framework's loop: Lightning's, a
+        Trainer's), not the user's own code."""
+        return site_id in self._in_packages
+
+    def users_own(self, site_id: int | None, frame: FrameType | None) -> int | None:
+        """``site_id`` (a site found from ``frame``), unless its line is in an installed package and a frame
+        from ``frame`` outwards is the user's own code: then the site of the innermost such frame and its
+        nearest such caller (a backward Lightning's loop calls is named by the user's ``trainer.fit(...)``; one
+        a ``training_step`` calls through ``self.manual_backward(...)``, by that line).
+
+        >>> table = SiteTable()
+        >>> table.users_own(None, sys._getframe()) is None, table.sites[table.users_own(table.here(), sys._getframe())].function
+        (True, '<module>')
+        """
+        if not self.in_package(site_id):
+            return site_id
+        frames: list[FrameType] = []
+        while frame is not None and len(frames) < 2:
+            filename = frame.f_code.co_filename
+            if is_user_file(filename) and not in_installed_package(filename):
+                frames.append(frame)
+            frame = frame.f_back
+        return self._intern(tuple((f.f_code, f.f_lineno) for f in frames)) if frames else site_id

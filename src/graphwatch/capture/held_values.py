@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import sys
 import types
 from collections.abc import Iterable, Iterator
@@ -125,7 +126,9 @@ def _cell_values(function: types.FunctionType) -> Iterator[tuple[str, Any]]:
 
 def value_at(frame: FrameType | None, path: str, names: dict | None) -> Any:
     """The value a path of names, attributes and literal keys of lists, tuples and dicts leads to (``meters['loss']``)
-    from ``frame`` (or else ``names``), or None; nothing of the user's is called but the attributes read."""
+    from ``frame`` (or else ``names``), or None; nothing of the user's is called but the attributes read.  A
+    numbered submodule (``model.1.running_mean``, as a module names a Sequential's children) is that attribute."""
+    path = re.sub(r"\.(\d+)(?=[.\[]|$)", r"['\1']", path)  # model['1'].running_mean: read as model.1 below
     try:
         node: ast.expr = ast.parse(path, mode="eval").body
     except SyntaxError:
@@ -143,6 +146,9 @@ def value_at(frame: FrameType | None, path: str, names: dict | None) -> Any:
                 value = getattr(value, step.attr, None)
             except Exception:  # a property of the user's that raises: no value (and no error in their run)
                 return None
+        elif isinstance(step, ast.Subscript) and isinstance(value, torch.nn.Module):  # a numbered submodule
+            key = step.slice.value if isinstance(step.slice, ast.Constant) else None
+            value = value._modules.get(key) if isinstance(key, str) else None
         elif isinstance(step, ast.Subscript) and isinstance(value, (list, tuple, dict)):
             try:
                 value = value[ast.literal_eval(step.slice)]

@@ -32,17 +32,20 @@ Example::
 from __future__ import annotations
 
 import ast
-from types import FrameType
+from collections.abc import Iterator
+from types import CodeType, FrameType, MethodType
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..model import CallSite
+from ..model import CallSite, Trace
 from ..model.causes import InplaceCause
+from .callsite import display_path
 from .causes import _VIEWS
 from .frames import named_values, resolve, user_frames
 from .graph_walk import node_record
 from .inplace_hints import optimizer_update
+from .inplace_source import Write, alias_roots, code_of, own_statements, writes
 from .node_types import node_type, saved_data
 from .source import dotted_name, inplace_statement, module_node
 
@@ -99,18 +102,22 @@ class InplaceFinder:
             return cause
         saving = next((n for n in self.nodes if any(d is handle for d in saved_data(n, node_type(n)))), None)
         changer = self._changing_node(handle, tensor, saving)
-        lines: list[int] = []
+        found: list[Write] = []
         if changer is not None:
             cause.op = changer.name()
             line = self._node_line(changer)
             if self._changes_here(line):  # the op saved a tensor there, and the line changes one in place
-                lines, cause.found_by = [line] if line is not None else [], "node"
+                cause.changed_at, cause.found_by = line, "node"
+                cause.called_at = self._helper_call(line, handle.site)
             else:  # the clock's line is the last op before it that saved: look between that and what used it
-                lines = self._statements_between(line, self._users_lines(changer), handle.site)
+                found = self._statements_between(line, self._users_lines(changer), handle.site)
         elif handle.site is not None:  # (a leaf changed under no_grad: no node; after the line that saved it)
-            lines = self._statements_between(handle.site, [], handle.site)
-        if lines:
+            found = self._statements_between(handle.site, [], handle.site)
+        if found:
+            lines = list(dict.fromkeys(self.recorder.sites.from_file(w.file, w.line) for w in found))
             cause.changed_at, cause.changed_also = lines[0], lines[1:]
+            call = found[0].call
+            cause.called_at = self.recorder.sites.from_file(*call) if call is not None else None
         cause.found_by = cause.found_by or ("source" if cause.changed_at is not None else "")
         if cause.changed_at is None:
             later = self.recorder.later_saves_of(handle)
@@ -123,6 +130,17 @@ class InplaceFinder:
         return cause
 
     # ------------------------------------------------------------------ the node
+    def _helper_call(self, changed_at: int | None, saved_at: int | None) -> int | None:
+        """The caller's line that ran the function of ``changed_at`` when that function is none of the saving
+        line's or its callers' (a helper that changed a tensor it was given), or when the saving line is the same
+        line reached by another call (a helper called twice); else None."""
+        changed, saved = self.trace.site(changed_at), self.trace.site(saved_at)
+        saving = [(s.file, s.function) for s in _chain(self.trace, saved_at)]
+        if changed is None or changed.caller is None:
+            return None
+        again = saved is not None and saved.caller != changed.caller and saved.where == changed.where
+        return changed.caller if again or (changed.file, changed.function) not in saving else None
+
     def _changing_node(self, handle: SavedHandle, tensor: torch.Tensor, saving: Any) -> Any:
         first = saving._sequence_nr() if saving is not None else -1
         if handle.is_input:
@@ -174,34 +192,63 @@ class InplaceFinder:
                 queue.extend(p for p, _ in self.parents.get(user, []))
         return lines
 
-    def _statements_between(self, before: int | None, users: list[int], saved_at: int | None) -> list[int]:
-        """The in-place statements of the function that ran ``before`` (a line that ran before the change), in
-        source order: after that line and up to the first of ``users`` (lines that ran after it) in that
-        function, else up to the running backward's line there, else to the function's end (what it returned
-        was used by a caller).  Of those, the ones changing a name the saving line (``saved_at``) spells; else
-        all of them if they change one name; else none (graphwatch cannot tell)."""
-        first = self.trace.site(before)
-        tree = module_node(_filename(first)) if first is not None else None
-        if first is None or tree is None:
+    def _statements_between(self, before: int | None, users: list[int], saved_at: int | None) -> list[Write]:
+        """The in-place statements that ran after ``before`` (a line that ran before the change): those of its
+        function (:meth:`_writes_after`), else of the function that called it, and so on outwards (a helper
+        called from the loop, between the forward and the loss).  The names are those the saving line
+        (``saved_at``) spells, then the caller's line that ran the function."""
+        saving = self.trace.site(saved_at)
+        statement = _statement(saving) if saving is not None else None
+        scope = self.trace.site(before)
+        while scope is not None:
+            found = self._writes_after(scope, users, statement)
+            if found:
+                return found
+            statement, scope = _statement(scope), self.trace.site(scope.caller)
+        return []
+
+    def _writes_after(self, first: CallSite, users: list[int], statement: ast.stmt | None) -> list[Write]:
+        """The in-place statements of the function that ran ``first``, in source order: after that line and
+        up to the first of ``users`` (lines that ran after it) in that function, else up to the running
+        backward's line there, else to the function's end (what it returned was used by a caller); also
+        those of the user functions it called there on a tensor it passed.  Of those, the ones changing a
+        name ``statement`` spells, or a view of it or another name for it; else all of them if they change one
+        tensor; else none (graphwatch cannot tell)."""
+        tree = module_node(_filename(first))
+        if tree is None:
             return []
         backward = self.recorder.backward
         after = [self.trace.site(s) for s in users] + [self.trace.site(backward.site) if backward else None]
         last = next((s.line for s in after if s is not None and s.file == first.file
                      and s.function == first.function and s.line >= first.line), None)  # fmt: skip
-        function = _function_at(tree, first) if last is None else None
-        last = function.end_lineno if function is not None else last
+        function = _function_at(tree, first)
+        last = function.end_lineno if last is None and function is not None else last
         if last is None:
             return []
-        found = [(s.lineno, name) for s in ast.walk(tree) if isinstance(s, ast.stmt) and not hasattr(s, "body")
-                 and first.line < s.lineno <= last and (name := inplace_statement(s))]  # fmt: skip
-        saving = self.trace.site(saved_at)
-        statement = _statement(saving) if saving is not None else None
-        spelled = {dotted_name(n) for n in ast.walk(statement) if isinstance(n, (ast.Name, ast.Attribute))} \
-            if statement is not None else set()  # fmt: skip
-        named = [f for f in found if f[1] in spelled] or found
-        if len({name for _, name in named}) != 1:
-            return []
-        return [self.recorder.sites.from_file(_filename(first), line) for line, _ in sorted(named)]
+        scope = function or tree
+        found = writes(scope, _filename(first), first.line, last, lambda call: self._callee(first, call))
+        roots = alias_roots(scope, last + 1)
+        spelled = {roots.get(n, n) for n in (dotted_name(n) for n in ast.walk(statement)
+                   if isinstance(n, (ast.Name, ast.Attribute))) if n} if statement is not None else set()  # fmt: skip
+        named = [w for w in found if roots.get(w.name, w.name) in spelled] or found
+        return named if len({roots.get(w.name, w.name) for w in named}) == 1 else []
+
+    def _callee(self, site: CallSite, call: ast.Call) -> CodeType | None:
+        """The code of the user function ``call`` (on the line ``site`` of its caller) runs: its name in that
+        caller's frame if it still runs, else a method of the module whose class holds the line (``self.f``),
+        else a function of the file's globals."""
+        name = dotted_name(call.func)
+        if not name:
+            return None
+        frame = next((f for f in self.frames if f.f_code.co_name == site.function
+                      and display_path(f.f_code.co_filename) == site.file), None)  # fmt: skip
+        if frame is not None:
+            return code_of(resolve(frame, name))
+        if name.startswith("self."):
+            owner, attr = self._owner(site, name, MethodType)
+            return code_of(getattr(owner, attr, None)) if owner is not None and attr else None
+        names = next((f.f_globals for f in self.frames if display_path(f.f_code.co_filename) == site.file), None)
+        return code_of(resolve(None, name, names)) if names is not None else None
 
     def _recurrence(self, site: CallSite) -> int | None:
         """The ``for`` loop around ``t[..., i + 1] = f(t[..., i])`` at ``site`` (its variable indexes the slice
@@ -230,10 +277,26 @@ class InplaceFinder:
         if name is not None or (statement is not None and passes_inplace(statement)):
             # a leaf changed in place is a parameter's update (or an input's): making it out of place would
             # rebind the name to a new tensor; that is never the fix
-            cause.target, cause.safe = name or "", not is_view and not handle.leaf
+            # a helper's write changes the tensor its caller passed: out of place there, the caller's is unchanged
+            through = cause.called_at is not None or self._read_through_another_name(site, name)
+            cause.target, cause.safe = name or "", not is_view and not handle.leaf and not through
             return
         if statement is not None:
             self._module(cause, site, statement)
+
+    def _read_through_another_name(self, site: CallSite, name: str | None) -> bool:
+        """Whether a line after ``site`` in its function reads the tensor that ``name`` changes there through
+        another name (the tensor ``name`` views, or another view of it: ``y = h.view(...)``): made out of place,
+        the change would not reach that name."""
+        tree = module_node(_filename(site)) if name else None
+        scope = (_innermost_function(tree, site.line) or tree) if tree is not None else None
+        if scope is None or not name:
+            return False
+        roots = alias_roots(scope, site.line)
+        root = roots.get(name, name)
+        others = ({n for n, r in roots.items() if r == root} | {root}) - {name}
+        return any(s.lineno > site.line and isinstance(n, (ast.Name, ast.Attribute)) and dotted_name(n) in others
+                   for s in own_statements(scope) for n in ast.walk(s))  # fmt: skip
 
     def _module(self, cause: InplaceCause, site: CallSite, statement: ast.stmt) -> None:
         for call in (n for n in ast.walk(statement) if isinstance(n, ast.Call)):
@@ -259,14 +322,15 @@ class InplaceFinder:
                 cause.note = f"graphwatch could not tell which line built `{cause.module}`"
             return
 
-    def _owner(self, site: CallSite, name: str) -> tuple[Any, str | None]:
-        """For ``self.attr`` on a line of a method of class C: a module of class C the frames reach."""
+    def _owner(self, site: CallSite, name: str, holds: type = torch.nn.Module) -> tuple[Any, str | None]:
+        """For ``self.attr`` on a line of a method of class C: a module of class C the frames reach whose
+        ``attr`` is a ``holds`` (a module; a method)."""
         head, _, attr = name.partition(".")
         if head != "self" or not attr or "." in attr:
             return None, None
         cls = _class_of(site)
         for module in self._modules():
-            if type(module).__name__ == cls and isinstance(getattr(module, attr, None), torch.nn.Module):
+            if type(module).__name__ == cls and isinstance(getattr(module, attr, None), holds):
                 return module, attr
         return None, None
 
@@ -339,3 +403,18 @@ def _function_at(tree: ast.AST, site: CallSite) -> ast.FunctionDef | ast.AsyncFu
         if function.name == site.function and function.lineno <= site.line <= (function.end_lineno or function.lineno):
             return function
     return None
+
+
+def _innermost_function(tree: ast.AST, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The innermost function whose lines hold ``line`` (a site read from a file has no function name)."""
+    holding = [f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and f.lineno <= line <= (f.end_lineno or f.lineno)]  # fmt: skip
+    return max(holding, key=lambda f: f.lineno, default=None)
+
+
+def _chain(trace: Trace, site_id: int | None) -> Iterator[CallSite]:
+    """The site and the user lines that called it, innermost first."""
+    site = trace.site(site_id)
+    while site is not None:
+        yield site
+        site = trace.site(site.caller)

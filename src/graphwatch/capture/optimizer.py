@@ -157,13 +157,15 @@ class OptimizerSteps:
     forward and its backward does."""
 
     def __init__(self) -> None:
-        self._last: dict[int, tuple[weakref.ref, int | None, int]] = {}  # id(optimizer) -> (ref, site, step)
+        self._last: dict[int, list[Any]] = {}  # id(optimizer) -> [ref, site, step], updated in place
 
     def stepped(self, optimizer: torch.optim.Optimizer, site: int | None, step: int) -> None:
         """``optimizer.step()`` at ``site`` just updated its parameters in place, in step ``step``."""
         known = self._last.get(id(optimizer))
-        ref = known[0] if known is not None and known[0]() is optimizer else weakref.ref(optimizer)
-        self._last[id(optimizer)] = (ref, site, step)
+        if known is not None and known[0]() is optimizer:  # (the same optimizer: updated in place, every step)
+            known[1], known[2] = site, step
+        else:
+            self._last[id(optimizer)] = [weakref.ref(optimizer), site, step]
 
     def parameters(self, optimizers: list[torch.optim.Optimizer] | None = None) -> set[int]:
         """``id()`` of every parameter of ``optimizers`` (default: of those that stepped so far)."""

@@ -51,6 +51,7 @@ FREEZE_BATCH = 256
 TRACKED_PER_STEP = 100_000
 _NO_TABLE: dict[int, int] = {}  # a settled step's tables: empty (shared, never written to)
 RSS_EVERY = 8  # steps seen light read the resident memory on every this many steps
+FORGET_EVERY = 64  # the step clock's old line changes are trimmed at every this many pruned steps
 
 
 class Recorder:
@@ -76,6 +77,7 @@ class Recorder:
         self.step_seq = self.clock.mark()
         self.backward: BackwardRecord | None = None  # the backward running now, if any
         self.backward_starts = PackedArray("q")  # per backward id: the next node sequence number when it started
+        self.backwards_begun = 0  # len(backward_starts), kept (an optimizer step reads it)
         self.is_full_step: Callable[[int], bool] = lambda step: True  # was a step seen in full detail (the plan)
         # the tensors the last backwards started from, weakly, by backward id (kept by the session's BackwardWatch)
         self.losses: dict[int, list[weakref.ref]] = {}
@@ -386,7 +388,7 @@ class Recorder:
         record.live_activation_bytes = live.activation_total
         record.live_leaf_bytes = self._live_leaf
         record.live_nodes = live.nodes_total
-        if self.is_full_step(record.index) or not record.index % RSS_EVERY:
+        if not record.index % RSS_EVERY or self.is_full_step(record.index):  # (the cheap test first)
             self._rss_read = self._rss.bytes()
         record.rss_bytes = self._rss_read  # (a step seen light repeats the last reading, taken every few steps)
         if self.cuda_seen and torch.cuda.is_available():
@@ -437,7 +439,8 @@ class Recorder:
             settled.append(old)  # numbers only now: into columns with the next batch
             if len(settled) >= FREEZE_BATCH:
                 self._freeze_settled()
-        self.clock.forget_before(old + 1)
+        if not old % FORGET_EVERY:  # (the timeline is trimmed in bulk: a few more old entries meanwhile)
+            self.clock.forget_before(old + 1)
         if self._node_ids_by_step:
             for node_id in self._node_ids_by_step.pop(old, ()):
                 trace.nodes.pop(node_id, None)
@@ -461,6 +464,7 @@ class Recorder:
 
     # ------------------------------------------------------------ backward
     def begin_backward(self, record: BackwardRecord) -> None:
+        self.backwards_begun += 1
         self.backward_starts.append(next_sequence_nr())
         self.trace.backwards.append(record)
         self.current.backwards.append(record.id)

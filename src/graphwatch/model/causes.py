@@ -76,6 +76,7 @@ class InplaceCause:
     note: str | None = None  # why the module's line is not named
     safe: bool = False  # the out-of-place form keeps what the program computes (not a view's base to change)
     changed_also: list[int] = field(default_factory=list)  # the later lines that changed it too (same name)
+    called_at: int | None = None  # the caller's line that ran the function holding ``changed_at`` (a helper)
     loop_at: int | None = None  # the loop whose steps write the tensor from its own earlier slices (a recurrence)
     optimizer_at: int | None = None  # the optimizer.step() of this step that updated the saved parameter
     backward_at: int | None = None  # the backward that needed the saved tensor

@@ -1,11 +1,13 @@
-"""What graphwatch saw, from the user's frames, about three of torch's autograd errors, as plain data.
+"""What graphwatch saw, from the user's frames, about some of torch's errors, as plain data.
 
 The capture side (``capture/error_frames.py``) looks at the frames once torch has raised (never before), and
 the analysis (``analysis/torch_errors.py``) makes the finding from what it hands over:
 
 - :class:`NonScalarCause`: "grad can be implicitly created only for scalar outputs";
 - :class:`UnusedInputCause`: "... appears to not have been used in the graph" (``torch.autograd.grad``);
-- :class:`LeafInplaceCause`: "a leaf Variable that requires grad is being used in an in-place operation".
+- :class:`LeafInplaceCause`: "a leaf Variable that requires grad is being used in an in-place operation";
+- :class:`DDPCause`: DistributedDataParallel's "Expected to mark a variable ready only once" and "Expected to
+  have finished reduction in the prior iteration" (``capture/ddp_frames.py``, ``analysis/ddp_errors.py``).
 
 Site fields are CallSite ids of the trace.
 
@@ -69,3 +71,20 @@ class LeafInplaceCause:
     parameter: str | None = None  # the module parameter it is, as the frames name it ("model.fc.weight")
     is_parameter: bool = False  # an ``nn.Parameter`` or a module's parameter: an update of what trains
     shape: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class DDPCause:
+    """One of DistributedDataParallel's two reducer errors, at its cause (``capture/ddp_frames.py``)."""
+
+    error: str  # "ready-twice" (a gradient hook fired twice) or "unused" (parameters got no gradient)
+    call_at: int | None  # the user's line the error left: the backward, or the next forward
+    rank: int | None = None
+    model: str | None = None  # the DDP wrapper as the user's frames name it ("model")
+    parameters: list[str] = field(default_factory=list)  # as DDP names them, relative to its module
+    owner: str | None = None  # the submodule that holds them all ("heads.1")
+    uses: list[int] = field(default_factory=list)  # the forward's lines that use (or choose) the owner
+    used_as: str | None = None  # how those lines name it ("self.heads")
+    reentrant: bool = False  # a use is a reentrant ``checkpoint`` (one backward of its own per call)
+    built_at: int | None = None  # the line that builds the DistributedDataParallel
+    find_unused: bool = False  # built with find_unused_parameters=True

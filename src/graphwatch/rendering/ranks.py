@@ -38,9 +38,11 @@ from rich.table import Table
 from rich.text import Text
 
 from ..analysis.evidence import human_bytes
+from ..analysis.growth import live_counts_measured, measured_values
 from ..model import Finding, StepRecord, Trace
 from .charts import sparkline
-from .terminal import ascii_safe, finding_lines, numbered_patches, patch_blocks
+from .finding_blocks import finding_lines, numbered_patches, patch_blocks
+from .terminal import ascii_safe
 from .visible import html_attr
 from .wording import (
     NOTHING_WATCHED,
@@ -154,8 +156,9 @@ class RankRow:
     rank: int
     steps: int
     problems: int
-    peak_saved: int  # largest live saved bytes at a step end
-    peak_nodes: int  # most autograd nodes alive at a step end
+    # (None when no step of the rank measured its live counts: at the default level, a step seen light did not)
+    peak_saved: int | None  # largest live saved bytes at a step end
+    peak_nodes: int | None  # most autograd nodes alive at a step end
     backward_seconds: float
     ended_early: str | None
 
@@ -166,8 +169,8 @@ class RankRow:
             trace.rank or 0,
             len(steps),
             len(problems(trace)),
-            max(step_values(steps, "live_saved_bytes"), default=0),
-            max(step_values(steps, "live_nodes"), default=0),
+            _peak(measured_values(trace, step_values(steps, "live_saved_bytes"))),
+            _peak(measured_values(trace, step_values(steps, "live_nodes"))),
             sum(step_values(steps, "backward_seconds")),
             trace.ended_early,
         )
@@ -176,9 +179,16 @@ class RankRow:
         """The row as table cells, in the order of :data:`RANK_COLUMNS`."""
         early = (self.ended_early or "").strip().splitlines()
         return [
-            str(self.rank), f"{self.steps:,}", f"{self.problems:,}", human_bytes(self.peak_saved),
-            f"{self.peak_nodes:,}", seconds_text(self.backward_seconds), early[0][:60] if early else "–",
+            str(self.rank), f"{self.steps:,}", f"{self.problems:,}",
+            "–" if self.peak_saved is None else human_bytes(self.peak_saved),
+            "–" if self.peak_nodes is None else f"{self.peak_nodes:,}",
+            seconds_text(self.backward_seconds), early[0][:60] if early else "–",
         ]
+
+
+def _peak(values: Sequence[int | None]) -> int | None:
+    """The largest of the measured ``values`` (None: not measured), None when none was."""
+    return max((v for v in values if v is not None), default=None)
 
 
 RANK_COLUMNS = ("rank", "steps", "problems", "peak live saved", "peak nodes alive", "backward time", "ended early")
@@ -212,7 +222,8 @@ def _first_seen(traces: Sequence[Trace]) -> dict[int, str]:
 def _step_table_html(traces: Sequence[Trace]) -> str:
     marks = _first_seen(traces)
     skeleton = max(traces, key=lambda t: len(t.steps)).steps
-    lookup = [t.steps for t in traces]  # a step sits at its own index (checked when a trace loads)
+    # a step sits at its own index (checked when a trace loads); a step seen light measured no live count: "–"
+    lookup = [(t.steps, live_counts_measured(t)) for t in traces]
     metrics: tuple[tuple[str, Callable[[StepRecord], str]], ...] = (
         ("live saved", lambda s: human_bytes(s.live_saved_bytes)),
         ("nodes alive", lambda s: f"{s.live_nodes:,}"),
@@ -232,7 +243,10 @@ def _step_table_html(traces: Sequence[Trace]) -> str:
             continue
         cells = [str(row.index)]
         for _, value in metrics:
-            cells += [value(steps[row.index]) if row.index < len(steps) else "–" for steps in lookup]
+            cells += [
+                value(steps[row.index]) if row.index < len(steps) and measured(row.index) else "–"
+                for steps, measured in lookup
+            ]
         cells.append(marks.get(row.index, ""))
         body.append(
             ('<tr class="marked">' if row.index in marks else "<tr>")
@@ -323,7 +337,7 @@ class RankSummary:
         spark = max(8, min(40, max_width - (90 if early else 70)))
         for row, trace in zip(rows, self.traces):
             cells = row.cells()[: None if early else -1]
-            table.add_row(*cells, sparkline(step_values(trace.steps, "live_nodes"), spark))
+            table.add_row(*cells, sparkline(measured_values(trace, step_values(trace.steps, "live_nodes")), spark))
         shared = shared_findings(self.traces)
         if shared:
             findings = [item.finding for item in shared]

@@ -17,6 +17,9 @@ from ..analysis.evidence import counted
 from ..model import Finding, StepRecord, Trace
 from ..model.columns import AVERAGE_AFTER, field_values
 from ..model.records import OWN_ESTIMATED
+from .patch_checks import check_text
+from .patch_file import not_for_copying
+from .visible import visible
 
 # memory-growth cites the first and last step of its fit, not every step it saw
 _RANGE_KINDS = frozenset({"memory-growth"})
@@ -348,10 +351,31 @@ def session_text(trace: Trace, state: str, name: str = "gw") -> str:
         lines.append(ending)
     for finding in trace.findings:
         lines.append(str(finding))
-        if finding.patch:
-            lines += ["  patch (patch -p0):", finding.patch.rstrip("\n")]
+        lines += patch_lines(finding)
     lines.append(session_hint(name))
     return "\n".join(lines)
+
+
+def patch_lines(finding: Finding, cwd: str | None = None) -> list[str]:
+    """A finding's patch as plain text lines (``print(gw)``, IPython's text view), with its check's line as the
+    terminal summary shows it: checked, FAILED or unchecked.  A patch not to be copied (its check failed, it
+    hides characters or writes outside ``cwd``: :func:`~graphwatch.rendering.patch_file.not_for_copying`) says
+    why, and is shown with every hidden character marked; [] without a patch.
+
+    >>> print("\\n".join(patch_lines(Finding("k", "warning", 0, "m", "f", patch="--- a.py\\n+++ a.py\\n"))))
+      patch (patch -p0):
+    --- a.py
+    +++ a.py
+      check: unchecked: `graphwatch run --check-fixes` re-runs it
+    """
+    if not finding.patch:
+        return []
+    warning = not_for_copying(finding.patch, cwd, finding.check)
+    if warning is None:
+        head, patch = "  patch (patch -p0):", finding.patch
+    else:
+        head, patch = f"  patch, not for copying: {warning}; it is shown as text, any hidden character marked:", visible(finding.patch)
+    return [head, patch.rstrip("\n"), f"  {check_text(finding.check).plain}"]
 
 
 def time_text(trace: Trace) -> str:

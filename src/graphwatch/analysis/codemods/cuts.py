@@ -25,8 +25,9 @@ import libcst as cst
 
 from ...model import Edit
 from . import NodeT, SourceTree, codemod
-from .expressions import binds_torch
+from .expressions import binds_torch, called
 from .expressions import dotted as _dotted
+from .numbers import nodes
 
 
 def _statement_holding(tree: SourceTree, line: int) -> cst.SimpleStatementLine | None:
@@ -72,12 +73,18 @@ def _detached(expression: cst.BaseExpression) -> cst.Call:
 @codemod("detach-use")
 def detach_use(tree: SourceTree, edit: Edit) -> str | None:
     """``target`` -> ``target.detach()`` where the statement on ``edit.line`` uses it; only where it uses it
-    once (two uses: which one must not reach what made it is not for a patch to guess)."""
+    once (two uses: which one must not reach what made it is not for a patch to guess).  A ``target`` that is
+    no name (``loss * 16``, the value a holder keeps) is the one expression of the statement spelled so,
+    detached in parentheses."""
     statement = _statement_holding(tree, edit.line)
     if statement is None or not edit.target:
         return None
     uses = _Uses(edit.target)
     statement.visit(uses)
+    if not uses.found and _dotted(cst.parse_expression(edit.target)) is None:
+        spelled = [e for e in nodes(statement, (cst.BaseExpression,)) if tree.code(e).strip() == edit.target]
+        expression = cast(cst.BaseExpression, spelled[0]) if len(spelled) == 1 else None
+        return tree.replaced(expression, called(expression, "detach")) if expression is not None else None
     if len(uses.found) != 1:
         return None
     return tree.replaced(uses.found[0], _detached(uses.found[0]))

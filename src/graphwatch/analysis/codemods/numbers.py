@@ -41,13 +41,14 @@ HOLDER_LEVELS = 2  # holders looked through: ``loss`` kept in ``current_loss``, 
 
 def kept_value(statement: cst.BaseSmallStatement) -> tuple[str, cst.BaseExpression] | None:
     """(the holder, the expression it keeps) when ``statement`` adds to or appends to a holder:
-    ``total += v``, ``holder.append(v)``, ``total = total + v``; None otherwise."""
+    ``total += v``, ``holder.append(v)``, ``total = total + v``, ``total.add_(v)`` (see :func:`adds_in_place`);
+    None otherwise."""
     if isinstance(statement, cst.AugAssign) and isinstance(statement.operator, cst.AddAssign):
         holder = dotted(statement.target)
         return None if holder is None else (holder, statement.value)
     if isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call):
         call = statement.value
-        if isinstance(call.func, cst.Attribute) and call.func.attr.value == "append" and len(call.args) == 1:
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("append", "add_") and len(call.args) == 1:
             holder = dotted(call.func.value)
             return None if holder is None or call.args[0].keyword else (holder, call.args[0].value)
     if isinstance(statement, cst.Assign) and len(statement.targets) == 1:
@@ -58,6 +59,13 @@ def kept_value(statement: cst.BaseSmallStatement) -> tuple[str, cst.BaseExpressi
             if dotted(value.right) == holder:
                 return holder, value.left
     return None
+
+
+def adds_in_place(statement: cst.BaseSmallStatement) -> bool:
+    """Whether ``statement`` is ``holder.add_(v)``: the holder stays a tensor whatever it adds (a number too),
+    so none of its uses changes when ``v`` is kept as a number."""
+    call = statement.value if isinstance(statement, cst.Expr) else None
+    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "add_"
 
 
 def keeping(line: cst.SimpleStatementLine) -> tuple[cst.BaseSmallStatement, str, cst.BaseExpression] | None:
@@ -85,6 +93,16 @@ def kept_expression(source: str) -> str | None:
     """
     found = _kept_on_line(source)
     return None if found is None else cst.Module([]).code_for_node(found[1])
+
+
+def line_adds_in_place(source: str) -> bool:
+    """Whether one line of code keeps its value by adding it in place to a tensor (``total.add_(loss)``).
+
+    >>> line_adds_in_place("stats.loss_sum.add_(loss * 16)"), line_adds_in_place("total += loss")
+    (True, False)
+    """
+    found = _kept_on_line(source)
+    return found is not None and adds_in_place(found[0])
 
 
 def kept_statement(source: str, method: str) -> str | None:
@@ -157,7 +175,11 @@ def number_rewrites(
     """What changes when ``holder`` (stored by ``statement``) holds numbers instead of tensors: each of its
     ``.item()`` calls (``holder.item()``, ``holder[i].item()``) -> the number itself; None when one of its other
     uses needs a tensor or cannot be told.  A use that keeps it in another holder (``all_losses.append(
-    current_loss)``) takes numbers when that holder's uses do (``depth`` holders down)."""
+    current_loss)``) takes numbers when that holder's uses do (``depth`` holders down); nothing changes for a
+    holder that adds it in place (``total.add_(loss)``: a tensor still)."""
+    keeps = keeping(statement) if isinstance(statement, cst.SimpleStatementLine) else None
+    if keeps is not None and adds_in_place(keeps[0]):
+        return {}
     scope = _scope(tree, statement, holder)
     parents = tree.wrapper.resolve(ParentNodeProvider)
     numbers: dict[cst.CSTNode, cst.CSTNode] = {}
