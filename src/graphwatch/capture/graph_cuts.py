@@ -40,8 +40,7 @@ from ..model.causes import NoGraphCause
 from .callsite import is_user_file
 from .frames import named_values, resolve
 from .holders import parameter_names
-from .no_grad import is_no_grad
-from .source import dotted_name, function_node, module_node
+from .source import dotted_name, function_node, is_no_grad, module_node
 
 if TYPE_CHECKING:
     from .recorder import Recorder

@@ -38,8 +38,7 @@ from .held_values import _INERT as _INERT  # (re-exported: the names callers and
 from .held_values import _of_a_user_class as _of_a_user_class
 from .held_values import hook_closures, tensors_among, value_at
 from .held_values import tensors_in as _tensors_in  # noqa: F401 (re-exported, as the two above)
-from .no_grad import inplace_updates
-from .source import assigned_names, assignments, function_node, module_node
+from .source import assigned_names, assignments, function_node, inplace_updates, module_node
 
 if TYPE_CHECKING:
     from .recorder import Recorder

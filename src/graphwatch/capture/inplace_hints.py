@@ -28,12 +28,14 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 if TYPE_CHECKING:
-    from .recorder import Recorder
+    from ..model import BackwardRecord, Trace
+    from .optimizer import OptimizerSteps
 
 _GRAPHWATCH_INPLACE = "\n\ngraphwatch: the tensor was saved at {where} (step {step}). {hint}"
 _INPLACE_HINT = (
@@ -42,7 +44,20 @@ _INPLACE_HINT = (
 )
 
 
-def inplace_addition(recorder: Recorder, handle: Any, tensor: torch.Tensor) -> str:
+class HintRecorder(Protocol):
+    """What the paragraph reads from the recorder (:class:`~graphwatch.capture.recorder.Recorder` is one)."""
+
+    trace: Trace
+    step: int
+    backward: BackwardRecord | None
+    optimizer_steps: OptimizerSteps
+
+    @property
+    def inplace_explainer(self) -> Callable[[Any, torch.Tensor], str | None] | None:
+        """The session's explainer of a failed version check, if any."""
+
+
+def inplace_addition(recorder: HintRecorder, handle: Any, tensor: torch.Tensor) -> str:
     """graphwatch's paragraph after torch's message about ``handle``'s saved tensor (``tensor``, as it is now),
     changed in place: the session's (an optimizer step of this step, or the line that changed it), else an
     optimizer step that did it, else the line that saved it."""
@@ -56,7 +71,7 @@ def inplace_addition(recorder: Recorder, handle: Any, tensor: torch.Tensor) -> s
     return _GRAPHWATCH_INPLACE.format(where=where, step=handle.step, hint=hint)
 
 
-def _explained(recorder: Recorder, handle: Any, tensor: torch.Tensor) -> str | None:
+def _explained(recorder: HintRecorder, handle: Any, tensor: torch.Tensor) -> str | None:
     """The session's paragraph naming the line that changed the tensor (None: the plain hint)."""
     if recorder.inplace_explainer is None:
         return None
@@ -66,7 +81,7 @@ def _explained(recorder: Recorder, handle: Any, tensor: torch.Tensor) -> str | N
         return None
 
 
-def optimizer_update(recorder: Recorder, handle: Any) -> tuple[torch.optim.Optimizer, int | None] | None:
+def optimizer_update(recorder: HintRecorder, handle: Any) -> tuple[torch.optim.Optimizer, int | None] | None:
     """(the optimizer, the site of its ``step()``) that updated ``handle``'s saved parameter in place after
     its graph saved it; None when no optimizer step did."""
     if handle.storage is None or handle.kind != "parameter":
@@ -74,7 +89,7 @@ def optimizer_update(recorder: Recorder, handle: Any) -> tuple[torch.optim.Optim
     return recorder.optimizer_steps.updating(handle.storage[0], since=handle.step)
 
 
-def _optimizer_hint(recorder: Recorder, handle: Any, site: int | None) -> str:
+def _optimizer_hint(recorder: HintRecorder, handle: Any, site: int | None) -> str:
     """Why a saved parameter's version moved: the ``optimizer.step()`` at ``site`` updated it."""
     where = recorder.trace.where(site)
     if handle.step < recorder.step:
@@ -92,7 +107,7 @@ def _optimizer_hint(recorder: Recorder, handle: Any, site: int | None) -> str:
     )
 
 
-def _carried_name(recorder: Recorder) -> str:
+def _carried_name(recorder: HintRecorder) -> str:
     """`` (carried by `h`)``: the name of what carried the graph the running backward reached into, if known."""
     backward = recorder.backward
     if backward is None or not backward.crossings:

@@ -10,9 +10,9 @@ function a caller runs inside the block) from the first one its loss is made fro
 Example::
 
     >>> import ast
-    >>> from graphwatch.capture.no_grad import is_no_grad
-    >>> is_no_grad(ast.parse("torch.no_grad()").body[0].value), is_no_grad(ast.parse("open(f)").body[0].value)
-    (True, False)
+    >>> from graphwatch.capture.no_grad import statements_to_enable
+    >>> statements_to_enable(ast.parse("x = f()\\ny = 2\\nloss = g(x)\\nloss.backward()").body, 4)
+    (1, 4)
 """
 
 from __future__ import annotations
@@ -25,49 +25,11 @@ import torch
 
 from ..model.causes import NoGraphCause
 from .frames import user_frames
-from .source import dotted_name, function_node, inplace_statement
+from .graph_cuts import find_cut
+from .source import function_node, is_no_grad
 
 if TYPE_CHECKING:
     from .recorder import Recorder
-
-_NO_GRAD = {"no_grad", "inference_mode"}
-
-
-def is_no_grad(expression: ast.expr) -> bool:
-    """``torch.no_grad()``, ``no_grad()``, ``torch.inference_mode()`` (also without the call)."""
-    target = expression.func if isinstance(expression, ast.Call) else expression
-    name = dotted_name(target) or ""
-    return name.rsplit(".", 1)[-1] in _NO_GRAD
-
-
-def inplace_updates(tree: ast.AST | None) -> list[tuple[int, str]]:
-    """(line, name) of each statement of a function's (or a module's) syntax ``tree`` that changes a name in
-    place outside a ``with torch.no_grad():`` (or ``inference_mode``) block, in line order: where a tensor that
-    requires no grad can join a graph (an EMA teacher's ``tp.mul_(m).add_((1 - m) * sp)``).
-
-    >>> def ema(teacher, student):
-    ...     for tp, sp in zip(teacher, student):
-    ...         tp.mul_(0.9).add_(0.1 * sp)
-    ...     with torch.no_grad():
-    ...         teacher[0] += 1
-    >>> [name for _, name in inplace_updates(function_node(ema.__code__))]
-    ['tp']
-    """
-    found = []
-    stack: list = list(getattr(tree, "body", [])) if tree is not None else []
-    while stack:
-        statement = stack.pop()
-        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue  # another code object
-        if isinstance(statement, (ast.With, ast.AsyncWith)) and any(is_no_grad(i.context_expr) for i in statement.items):
-            continue
-        name = inplace_statement(statement) if isinstance(statement, ast.stmt) else None
-        if name is not None:
-            found.append((statement.lineno, name))
-        for block in ("body", "orelse", "finalbody", "handlers"):  # (an except clause has a body too)
-            stack.extend(getattr(statement, block, None) or [])
-    return sorted(found)
-
 
 def _loaded(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
@@ -107,8 +69,6 @@ def find_no_grad(recorder: Recorder, start: FrameType | None, backward_site: int
     on, where the graph was cut before the backward (:func:`~graphwatch.capture.graph_cuts.find_cut`)."""
     cause = NoGraphCause(backward_site, grad_enabled_outside=torch.is_grad_enabled())
     if torch.is_grad_enabled():
-        from .graph_cuts import find_cut  # (here: graph_cuts reads this module's is_no_grad, through holders too)
-
         find_cut(recorder, list(user_frames(start)), cause)
         return cause
     frames = list(user_frames(start))[:8]

@@ -34,15 +34,24 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .stack_limit import TouchedNodes
 
 if TYPE_CHECKING:
     from ..model import NodeRecord, SavedRecord
-    from .recorder import Recorder
 
 METADATA_KEY = "graphwatch"
+
+
+class TagRecorder(Protocol):
+    """What tags count nodes alive into (:class:`~graphwatch.capture.recorder.Recorder` is one)."""
+
+    groups: NodeGroups
+
+    def node_born(self, step: int, count: int = 1) -> None: ...
+    def node_died(self, tag: NodeTag) -> None: ...
+    def nodes_died(self, step: int, count: int) -> None: ...
 
 
 class NodeTag:
@@ -52,7 +61,7 @@ class NodeTag:
 
     __slots__ = ("backward", "freed", "mark", "post_hoc", "record", "recorder", "seq", "step")
 
-    def __init__(self, recorder: Recorder, step: int, seq: int) -> None:
+    def __init__(self, recorder: TagRecorder, step: int, seq: int) -> None:
         self.recorder = recorder
         self.step = step
         self.seq = seq
@@ -82,7 +91,7 @@ class NodeGroup:
     post_hoc: list[SavedRecord] | None = None  # (its nodes' saved tensors went through the pack hook)
     freed = False
 
-    def __init__(self, recorder: Recorder, step: int, backward: int) -> None:
+    def __init__(self, recorder: TagRecorder, step: int, backward: int) -> None:
         self.recorder = recorder
         self.step = step
         self.backward = backward

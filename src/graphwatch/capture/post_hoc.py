@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -39,10 +39,20 @@ from .node_types import node_type
 from .saved_views import SavedTensor, raw_data
 
 if TYPE_CHECKING:
-    from .recorder import Recorder
+    from ..model import Trace
+    from ..model.packed import PackedArray
 
 RECENT_BACKWARDS = 64  # light backwards whose roots are remembered (and looked through for a freeing one)
 SEARCH_LIMIT = 100_000  # nodes one look through a backward's graph visits at most
+
+
+class PostHocRecorder(Protocol):
+    """What reading after the fact needs from the recorder (:class:`~graphwatch.capture.recorder.Recorder` is one)."""
+
+    trace: Trace
+    backward_starts: PackedArray
+
+    def post_hoc_saved(self, tensor: torch.Tensor, step: int, output: bool = False) -> SavedRecord: ...
 
 
 def plain_saved(node: Any, attrs: tuple[str, ...]) -> Iterator[tuple[torch.Tensor, bool]]:
@@ -62,7 +72,7 @@ def plain_saved(node: Any, attrs: tuple[str, ...]) -> Iterator[tuple[torch.Tenso
                     yield data, output
 
 
-def saved_tensors(recorder: Recorder, node: Any, step: int) -> list[SavedRecord]:
+def saved_tensors(recorder: PostHocRecorder, node: Any, step: int) -> list[SavedRecord]:
     """The SavedRecords of a node's saved tensors that no hook packed (its step's ``step``), built now and
     counted alive (:meth:`Recorder.post_hoc_saved`); none for the slots a backward freed."""
     return [recorder.post_hoc_saved(tensor, step, output) for tensor, output in plain_saved(node, node_type(node).saved_attrs)]
@@ -95,14 +105,14 @@ class LightBackwards:
                     self._by_root.setdefault(seq, []).append(backward_id)
         return self._by_root
 
-    def started_from(self, recorder: Recorder, seq: int) -> int | None:
+    def started_from(self, recorder: PostHocRecorder, seq: int) -> int | None:
         """A remembered light backward that started from the node numbered ``seq`` and did not fail: the first
         that freed the graph, else the first (None: none did)."""
         backwards = recorder.trace.backwards
         ran = [b for b in self._index().get(seq, ()) if backwards[b].error is None]
         return next((b for b in ran if not backwards[b].retain_graph), ran[0] if ran else None)
 
-    def freeing(self, recorder: Recorder, node: Any, seq: int) -> tuple[int | None, bool]:
+    def freeing(self, recorder: PostHocRecorder, node: Any, seq: int) -> tuple[int | None, bool]:
         """(the earlier backward that freed ``node``'s saved tensors, when it can be told; whether one can have)
         (``seq``: the node's sequence number).
 
@@ -130,7 +140,7 @@ class LightBackwards:
         forgotten = first < oldest  # light backwards since the node that are no longer remembered
         return (unknown[0] if len(unknown) == 1 else None), bool(unknown) or forgotten
 
-    def ran_through(self, recorder: Recorder, node: Any, seq: int) -> bool | None:
+    def ran_through(self, recorder: PostHocRecorder, node: Any, seq: int) -> bool | None:
         """Whether a backward that ran with no walk went through ``node`` (numbered ``seq``; a step seen light
         made it): True when one started from it or its starting tensors (still alive) reach it, False when
         every one since the node was made is remembered and its tensors, alive, do not reach it; None when

@@ -40,15 +40,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
-from .inplace_hints import inplace_addition
+from .inplace_hints import HintRecorder, inplace_addition
 
 if TYPE_CHECKING:
     from ..model import NodeRecord, SavedRecord
-    from .recorder import Recorder
 
 PackHook = Callable[[torch.Tensor], Any]
 UnpackHook = Callable[[Any], torch.Tensor]
@@ -80,6 +79,21 @@ _TORCH_ANOMALY_HINT = (
 )
 # as torch names the op in that message: ExpBackward0 "Exp", ClampBackward1 "Clamp1", CopyBackwards itself
 _BACKWARD_SUFFIX = re.compile(r"Backward(?:0$|(?=[1-9])|$)")
+
+
+class PackingRecorder(HintRecorder, Protocol):
+    """What the hooks and handles call on the recorder (:class:`~graphwatch.capture.recorder.Recorder` is one)."""
+
+    boundary_pending: bool
+    detail_always: bool
+
+    def commit_boundary(self) -> None: ...
+    def counts_only(self) -> bool: ...
+    def pack_site(self) -> int | None: ...
+    def saved_counted(self) -> None: ...
+    def saved_packed(self, handle: SavedHandle) -> None: ...
+    def saved_record(self, handle: SavedHandle, tensor: torch.Tensor | None = None) -> SavedRecord: ...
+    def saved_released(self, handle: SavedHandle) -> None: ...
 
 
 class SavedHandle:
@@ -122,7 +136,7 @@ class SavedHandle:
     node: NodeRecord | None
     output_of: tuple[str, int] | None
     record: SavedRecord | None
-    recorder: Recorder
+    recorder: PackingRecorder
     site: int | None
     step: int
     storage: tuple[int, bool] | None
@@ -144,7 +158,7 @@ class SavedHandle:
         return self.record.shape if self.record else ()
 
 
-def _new_handle(recorder: Recorder, tensor: torch.Tensor, leaf: bool) -> SavedHandle:
+def _new_handle(recorder: PackingRecorder, tensor: torch.Tensor, leaf: bool) -> SavedHandle:
     """Note one saved tensor (the hot path: runs inside every op that saves).
 
     Past the step's budget (:meth:`Recorder.counts_only`) the handle keeps what torch needs and nothing the
@@ -188,7 +202,7 @@ def _new_handle(recorder: Recorder, tensor: torch.Tensor, leaf: bool) -> SavedHa
     return handle
 
 
-def _build_record(recorder: Recorder, handle: SavedHandle, tensor: torch.Tensor) -> None:
+def _build_record(recorder: PackingRecorder, handle: SavedHandle, tensor: torch.Tensor) -> None:
     """Build the handle's record now, from ``tensor``; a nested tensor (no single shape) is described by its
     dtype and device only, since NestedTensorImpl raises on ``.shape``."""
     if tensor.is_nested:
@@ -215,7 +229,7 @@ def _output_of(tensor: torch.Tensor) -> tuple[str, int] | None:
     return _OUTPUTS.setdefault(key, key)  # the pair a handle keeps is shared, not one per saved tensor
 
 
-def make_hooks(recorder: Recorder) -> tuple[PackHook, UnpackHook]:
+def make_hooks(recorder: PackingRecorder) -> tuple[PackHook, UnpackHook]:
     """The (pack, unpack) pair that records into ``recorder``."""
 
     def pack(tensor: torch.Tensor) -> SavedHandle:
@@ -254,7 +268,7 @@ def make_hooks(recorder: Recorder) -> tuple[PackHook, UnpackHook]:
 
 
 def make_chained_hooks(
-    recorder: Recorder, outer_pack: PackHook, outer_unpack: UnpackHook
+    recorder: PackingRecorder, outer_pack: PackHook, outer_unpack: UnpackHook
 ) -> tuple[PackHook, UnpackHook]:
     """Hooks that record, then hand the tensor to hooks the user entered before the session.
 
@@ -304,7 +318,7 @@ def register_user_hooks(handle: SavedHandle, pack_hook: PackHook, unpack_hook: U
     return True
 
 
-def inplace_message(recorder: Recorder, handle: SavedHandle, tensor: torch.Tensor | None = None) -> str:
+def inplace_message(recorder: PackingRecorder, handle: SavedHandle, tensor: torch.Tensor | None = None) -> str:
     """torch's "modified by an inplace operation" message, unchanged, then graphwatch's paragraph: the line that
     saved the tensor and, where graphwatch finds it, what changed it (:mod:`graphwatch.capture.inplace_hints`)."""
     alias = handle.alias if tensor is None else tensor

@@ -60,6 +60,45 @@ def inplace_statement(statement: ast.stmt) -> str | None:
     return None
 
 
+_NO_GRAD = {"no_grad", "inference_mode"}
+
+
+def is_no_grad(expression: ast.expr) -> bool:
+    """``torch.no_grad()``, ``no_grad()``, ``torch.inference_mode()`` (also without the call)."""
+    target = expression.func if isinstance(expression, ast.Call) else expression
+    name = dotted_name(target) or ""
+    return name.rsplit(".", 1)[-1] in _NO_GRAD
+
+
+def inplace_updates(tree: ast.AST | None) -> list[tuple[int, str]]:
+    """(line, name) of each statement of a function's (or a module's) syntax ``tree`` that changes a name in
+    place outside a ``with torch.no_grad():`` (or ``inference_mode``) block, in line order: where a tensor that
+    requires no grad can join a graph (an EMA teacher's ``tp.mul_(m).add_((1 - m) * sp)``).
+
+    >>> def ema(teacher, student):
+    ...     for tp, sp in zip(teacher, student):
+    ...         tp.mul_(0.9).add_(0.1 * sp)
+    ...     with torch.no_grad():
+    ...         teacher[0] += 1
+    >>> [name for _, name in inplace_updates(function_node(ema.__code__))]
+    ['tp']
+    """
+    found = []
+    stack: list = list(getattr(tree, "body", [])) if tree is not None else []
+    while stack:
+        statement = stack.pop()
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue  # another code object
+        if isinstance(statement, (ast.With, ast.AsyncWith)) and any(is_no_grad(i.context_expr) for i in statement.items):
+            continue
+        name = inplace_statement(statement) if isinstance(statement, ast.stmt) else None
+        if name is not None:
+            found.append((statement.lineno, name))
+        for block in ("body", "orelse", "finalbody", "handlers"):  # (an except clause has a body too)
+            stack.extend(getattr(statement, block, None) or [])
+    return sorted(found)
+
+
 def _inplace_call(node: ast.expr) -> bool:
     """``x.op_(...)``: a call of a method whose name ends in one underscore, other than those that change no
     value (``requires_grad_``, ``detach_``, ``share_memory_``)."""

@@ -122,6 +122,7 @@ from . import detach as detach  # noqa: E402
 from . import inplace as inplace  # noqa: E402
 from . import no_grad as no_grad  # noqa: E402
 from . import numbers as numbers  # noqa: E402
+from . import returned as returned  # noqa: E402
 
 # loaded on first use, maybe by a hook inside a compiled function: Dynamo must skip these frames as graphwatch's others
 hide_from_compiler()

@@ -28,9 +28,8 @@ from collections.abc import Mapping
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
-from ...model import Edit
-from . import SourceTree, codemod, file_tree
-from .expressions import called, dotted, replaced_all, statement_starting
+from . import SourceTree, file_tree
+from .expressions import called, dotted, statement_starting
 
 _FILLS = ("append", "extend", "clear")  # methods of a list of numbers used as they are
 # functions that take numbers as they take one-element tensors (a list of numbers for the dotted ones)
@@ -117,29 +116,6 @@ def kept_statement(source: str, method: str) -> str | None:
         return None
     statement, value = found
     return cst.Module([]).code_for_node(statement.deep_replace(value, called(value, method)))
-
-
-@codemod("item")
-def item(tree: SourceTree, edit: Edit) -> str | None:
-    """``edit.target`` -> ``edit.target.item()`` where the statement on ``edit.line`` keeps it in a holder (or
-    returns it to callers that keep it: :mod:`.returned`), and the ``.item()`` calls of what holds it taken out
-    (see the module's doc)."""
-    statement = statement_starting(tree, edit.line, alone=False)
-    if statement is None:
-        return None
-    if isinstance(statement.body[0], cst.Return):
-        from .returned import returned_numbers
-
-        return returned_numbers(tree, statement, edit.target)
-    found = keeping(statement)
-    if found is None or tree.code(found[2]).strip() != edit.target:
-        return None
-    _, holder, value = found
-    numbers = number_rewrites(tree, statement, holder)
-    if numbers is None:
-        return None
-    numbers[value] = called(value, "item")
-    return replaced_all(tree.module, numbers)
 
 
 def takes_numbers(source: str, line: int) -> bool:

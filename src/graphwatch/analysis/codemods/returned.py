@@ -19,14 +19,16 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
-from . import SourceTree
-from .expressions import called, dotted, replaced_all
-from .numbers import HOLDER_LEVELS, keeping_at, local_to, nodes, number_rewrites
+from ...model import Edit
+from . import SourceTree, codemod
+from .expressions import called, dotted, replaced_all, statement_starting
+from .numbers import HOLDER_LEVELS, keeping, keeping_at, local_to, nodes, number_rewrites
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +47,13 @@ class Returned:
     backwarded: bool
 
 
+@functools.lru_cache(maxsize=64)
 def returned_value(source: str, line: int) -> Returned | None:
     """The ``return`` of a function of the file ``source`` whose value the statement on ``line`` keeps in a
     holder, directly or through the holders it feeds (``current_loss += loss`` after ``output, loss =
     train(...)``), when that is the one function whose value it keeps and the function has one ``return``;
-    None otherwise."""
+    None otherwise.  Computed once for a file's text and line: a leak is judged again at every step end, and
+    following the file's callers takes seconds in a tutorial-sized script."""
     kept = keeping_at(source, line)
     if kept is None:
         return None
@@ -76,6 +80,27 @@ def returned_value(source: str, line: int) -> Returned | None:
         None if detached is None else code(detached),
         detached is not None and _backwards(function, code(detached)),
     )
+
+
+@codemod("item")
+def item(tree: SourceTree, edit: Edit) -> str | None:
+    """``edit.target`` -> ``edit.target.item()`` where the statement on ``edit.line`` keeps it in a holder (or
+    returns it to callers that keep it: :func:`returned_numbers`), and the ``.item()`` calls of what holds it
+    taken out (see :mod:`.numbers`)."""
+    statement = statement_starting(tree, edit.line, alone=False)
+    if statement is None:
+        return None
+    if isinstance(statement.body[0], cst.Return):
+        return returned_numbers(tree, statement, edit.target)
+    found = keeping(statement)
+    if found is None or tree.code(found[2]).strip() != edit.target:
+        return None
+    _, holder, value = found
+    numbers = number_rewrites(tree, statement, holder)
+    if numbers is None:
+        return None
+    numbers[value] = called(value, "item")
+    return replaced_all(tree.module, numbers)
 
 
 def returned_numbers(tree: SourceTree, statement: cst.SimpleStatementLine, target: str) -> str | None:
