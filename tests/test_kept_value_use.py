@@ -12,6 +12,7 @@ from test_leak_fixes import diagnose, finding_of, patched_runs_clean, trains_lik
 from test_patches import needs_patch_tool
 
 from graphwatch.analysis.codemods.numbers import takes_numbers
+from graphwatch.analysis.codemods.returned import returned_value
 from graphwatch.model import Finding
 
 pytestmark = needs_patch_tool
@@ -271,3 +272,29 @@ def test_a_returned_loss_the_caller_backwards_is_never_changed_at_the_return(tmp
     assert kept.fix.startswith("keep a number, not the graph: `total += loss.item()` at train.py:19")
     patched_runs_clean(tmp_path, kept.patch)
     trains_like(tmp_path, source.replace("total += loss\n", "total += loss.item()\n"))
+
+
+def test_the_return_a_kept_value_came_from_is_found_once_per_file_text_and_line() -> None:
+    """A leak is judged again at every step end; following the callers of a tutorial-sized file took seconds
+    each time (issue 39's tutorials: most of a run), so the answer for one file text and line is reused."""
+    line = CHAR_RNN.splitlines().index("    current_loss += loss") + 1
+    first = returned_value(CHAR_RNN, line)
+    assert first is not None and first.as_item == "return output, loss.item()"
+    assert returned_value(CHAR_RNN, line) is first
+    assert returned_value(CHAR_RNN + "\n", line) == first  # another text: found afresh, the same answer
+
+
+def test_a_list_kept_through_an_average_of_a_returned_loss_is_fixed_at_the_return() -> None:
+    """The seq2seq tutorial appends ``plot_loss_avg = plot_loss_total / plot_every`` to ``plot_losses``: that
+    holder too is fed by what ``train()`` returns, so its fix is the one at the ``return`` (a fix of its own at
+    the append, ``.detach()``, broke once the return's ``.item()`` was applied with it)."""
+    source = SEQ2SEQ.replace(
+        "        plot_losses.append(plot_loss_total / 2)\n",
+        "        plot_loss_avg = plot_loss_total / 2\n        plot_losses.append(plot_loss_avg)\n",
+    )
+    lines = source.splitlines()
+    returned = returned_value(source, lines.index("        plot_losses.append(plot_loss_avg)") + 1)
+    assert returned is not None
+    assert (returned.line, returned.as_item) == (
+        lines.index("    return loss / target_tensor.size(0)") + 1, "return (loss / target_tensor.size(0)).item()"
+    )

@@ -38,6 +38,7 @@ from pathlib import Path
 from cases import PROBLEM_KINDS, REAL, Case
 from own_fix import apply_own_fix, different, own_fix, printed_numbers
 from results import Outcome, same_diagnosis, table
+from tutorials import TUTORIAL_SETUPS
 
 HERE = Path(__file__).resolve().parent
 LEVEL = "default"  # graphwatch's level (--level)
@@ -82,6 +83,7 @@ def _style_images(folder: Path) -> None:
 
 
 SETUPS = {"wikitext": _wikitext, "sine": _sine, "style_images": _style_images}
+SETUPS |= TUTORIAL_SETUPS
 
 
 # ------------------------------------------------------------------ cases from repros/

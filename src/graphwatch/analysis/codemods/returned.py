@@ -145,7 +145,8 @@ def _origins(
 ) -> set[Origin] | None:
     """The functions of the file whose returned value ``value`` (an expression in ``scope``) reads, through the
     names it reads and what is assigned or added to them there (``depth`` holders back); None when one of those
-    names is assigned something else than a call, a number, or a value added to it."""
+    names is assigned something else than a call, a number, a value added to it, or arithmetic of other values
+    (the seq2seq tutorial's ``plot_loss_avg = plot_loss_total / plot_every``, then kept in ``plot_losses``)."""
     origins: set[Origin] = set()
     for name in _read_names(value) - seen:
         seen.add(name)
@@ -157,6 +158,8 @@ def _origins(
                 origins.add(origin)
                 continue
             added = assigned.value if isinstance(assigned, cst.AugAssign) else _added_to(assigned, name)
+            if added is None and isinstance(assigned, cst.BinaryOperation):
+                added = assigned  # a value made of others: ``plot_loss_avg = plot_loss_total / plot_every``
             further = _origins(tree, scope, added, depth - 1, seen) if added is not None and depth > 0 else None
             if further is None:
                 return None
