@@ -18,12 +18,12 @@ from typing import Any
 import torch
 
 import graphwatch
-from graphwatch.capture.backward import EnginePatch, parse_engine_args
-from graphwatch.capture.loop_steps import LoopSteps
-from graphwatch.capture.optimizer import OptimizerHooks
+from graphwatch.capture.graph.stack_limit import claim_stack
+from graphwatch.capture.hooks.backward import EnginePatch, parse_engine_args
+from graphwatch.capture.hooks.optimizer import OptimizerHooks
 from graphwatch.capture.recorder import RSS_EVERY as _RSS_EVERY
-from graphwatch.capture.resident import ResidentMemory
-from graphwatch.capture.stack_limit import claim_stack
+from graphwatch.capture.steps.loop_steps import LoopSteps
+from graphwatch.capture.steps.resident import ResidentMemory
 
 _next_sequence_nr = torch._C._autograd._get_sequence_nr
 

@@ -21,7 +21,7 @@ from measure import WorkloadResult, med, quartiles
 from targets import issue_15_rows, targets
 
 import graphwatch
-from graphwatch.capture.detail import SAMPLE_EVERY, SAMPLED_EARLY
+from graphwatch.capture.steps.detail import SAMPLE_EVERY, SAMPLED_EARLY
 
 HERE = Path(__file__).resolve().parent
 
@@ -168,7 +168,7 @@ def _issue_25_section(
         "",
         (
             "The default level sees the first steps, sampled steps and suspicious steps in full detail and the others at "
-            "the light level's cost (`src/graphwatch/capture/detail.py`). Steady state: the mean CPU time per step from step "
+            "the light level's cost (`src/graphwatch/capture/steps/detail.py`). Steady state: the mean CPU time per step from step "
             f"{STEADY_FROM} on of sessions of the listed length, as a median over rounds of the paired ratio to bare; the "
             f"sampled steps ({', '.join(map(str, SAMPLED_EARLY))}, then every {SAMPLE_EVERY}th) are in it. `floor` is the "
             "least a Python tool that knows every saved "

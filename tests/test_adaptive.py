@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 import graphwatch
-from graphwatch.capture.callsite import display_path
-from graphwatch.capture.detail import FIRST_STEPS, HOLD_STEPS
+from graphwatch.capture.lines.callsite import display_path
+from graphwatch.capture.steps.detail import FIRST_STEPS, HOLD_STEPS
 from graphwatch.model import Finding
 
 _SOURCE = Path(__file__).read_text(encoding="utf-8").splitlines()

@@ -21,7 +21,7 @@ from test_distributed import Job, launch, needs_gloo
 
 from graphwatch.analysis import FINDING_KINDS
 from graphwatch.analysis.ddp_errors import ddp_finding
-from graphwatch.capture.ddp_frames import _message_parameters, ddp_error, owner_of
+from graphwatch.capture.causes.ddp_frames import _message_parameters, ddp_error, owner_of
 from graphwatch.model import Trace, load_trace
 from graphwatch.model.error_causes import DDPCause
 

@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 import graphwatch
 from graphwatch.analysis.findings import FindingLog
-from graphwatch.capture.callsite import display_path
+from graphwatch.capture.lines.callsite import display_path
 from graphwatch.model import Finding
 
 _SOURCE = Path(__file__).read_text(encoding="utf-8").splitlines()

@@ -22,7 +22,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import graphwatch
-from graphwatch.capture.graph_walk import node_record
+from graphwatch.capture.graph.graph_walk import node_record
 from graphwatch.rendering import dot as dot_module
 from graphwatch.rendering import svg as svg_module
 from graphwatch.rendering.dot import make_dot, snapshot_dot

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 import graphwatch
-from graphwatch.capture.detail import HOLD_STEPS
-from graphwatch.capture.eval_mode import EvalModePatch
+from graphwatch.capture.hooks.eval_mode import EvalModePatch
+from graphwatch.capture.steps.detail import HOLD_STEPS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest: one torch thread, no session left)
 

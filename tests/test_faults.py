@@ -151,7 +151,7 @@ def test_keyboard_interrupt_inside_a_retained_backward_of_a_leaking_loop(tmp_pat
 # (module, attribute) of graphwatch internals that a KeyboardInterrupt may land in, with the number of
 # calls to let through first.  Each is reached in the training below (a leaking loop with snapshots).
 INTERNALS = {
-    "pack hook": ("graphwatch.capture.saved", "_new_handle", 7),
+    "pack hook": ("graphwatch.capture.hooks.saved", "_new_handle", 7),
     "node tagging": ("graphwatch.capture.recorder.Recorder", "node_born", 9),
     "node record": ("graphwatch.capture.recorder.Recorder", "node_record", 9),
     "saved record": ("graphwatch.capture.recorder.Recorder", "saved_record", 3),
@@ -161,9 +161,9 @@ INTERNALS = {
     "backward end": ("graphwatch.capture.recorder.Recorder", "end_backward", 2),
     "step end": ("graphwatch.capture.recorder.Recorder", "end_step", 2),
     "step findings": ("graphwatch.step_ends", "step_findings", 2),
-    "holder search": ("graphwatch.capture.holders", "find_holders", 1),
+    "holder search": ("graphwatch.capture.causes.holders", "find_holders", 1),
     "snapshot drawing": ("graphwatch.rendering.dot", "snapshot_dots", 0),  # (imported where a snapshot is drawn)
-    "optimizer hook": ("graphwatch.capture.optimizer.GradResetTracker", "before_step", 2),
+    "optimizer hook": ("graphwatch.capture.hooks.optimizer.GradResetTracker", "before_step", 2),
 }
 
 

@@ -14,7 +14,13 @@ import torch
 from torch import nn
 
 import graphwatch
-from graphwatch.capture.holders import _INERT, _of_a_user_class, _tensors_in, tensors_in_frame, tensors_in_user_frames
+from graphwatch.capture.causes.holders import (
+    _INERT,
+    _of_a_user_class,
+    _tensors_in,
+    tensors_in_frame,
+    tensors_in_user_frames,
+)
 
 
 class _Keeper:

@@ -88,7 +88,7 @@ def test_library_modules_classes_and_functions_are_not_searched_but_the_users_ar
     has no file); before, every one a user frame named (torch, nn, F) had its attributes scanned."""
     import types
 
-    from graphwatch.capture.holders import _of_a_user_class
+    from graphwatch.capture.causes.holders import _of_a_user_class
 
     user_module = types.ModuleType("user_settings")
     user_module.__file__ = __file__

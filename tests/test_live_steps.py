@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graphwatch.capture import live_steps
-from graphwatch.capture.live_steps import LiveSteps
+from graphwatch.capture.steps.live_steps import LiveSteps
 from graphwatch.model import StepTable
 
 # (operation, step offset back from the current step); offsets reach past two batches into the old tables

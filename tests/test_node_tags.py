@@ -8,10 +8,10 @@ import gc
 import torch
 
 import graphwatch
-from graphwatch.capture.graph_walk import quick_walk, walk
-from graphwatch.capture.node_tags import METADATA_KEY, NodeGroup, NodeTag
+from graphwatch.capture.graph.graph_walk import quick_walk, walk
+from graphwatch.capture.graph.node_tags import METADATA_KEY, NodeGroup, NodeTag
+from graphwatch.capture.graph.stack_limit import TouchedNodes
 from graphwatch.capture.recorder import Recorder
-from graphwatch.capture.stack_limit import TouchedNodes
 
 
 def _nodes_below(root: object) -> int:
@@ -100,7 +100,7 @@ def test_a_graph_carried_from_one_session_into_the_next_keeps_training_as_bare()
 
 
 def test_at_the_session_end_the_touched_nodes_still_alive_are_counted_exactly() -> None:
-    # what the stack limit's give-back waits for (capture/stack_limit.py): no node of a dead loss left counted
+    # what the stack limit's give-back waits for (capture/graph/stack_limit.py): no node of a dead loss left counted
     gc.collect()
     touched = TouchedNodes.alive
     x = torch.ones(4, requires_grad=True)

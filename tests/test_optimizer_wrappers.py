@@ -26,9 +26,9 @@ import lightning.pytorch as pl
 from lightning.pytorch.core.optimizer import LightningOptimizer
 
 import graphwatch
-from graphwatch.capture.optimizer import unwrapped
-from graphwatch.capture.ownership import optimizers_in_frames
-from graphwatch.capture.parameters import ParameterLedger
+from graphwatch.capture.causes.ownership import optimizers_in_frames
+from graphwatch.capture.causes.parameters import ParameterLedger
+from graphwatch.capture.hooks.optimizer import unwrapped
 
 # The hidden state carried without a detach, through accelerate: the second backward fails; the fix detaches
 # it, and the patched run stops after a few of its twelve steps (the optimizers that never stepped are counted

@@ -14,7 +14,7 @@ from test_patches import needs_patch_tool
 
 from graphwatch.analysis.codemods import apply_edits
 from graphwatch.analysis.codemods.numbers import takes_numbers
-from graphwatch.capture.held_values import value_at
+from graphwatch.capture.causes.held_values import value_at
 from graphwatch.model import Edit
 
 LOOP = (

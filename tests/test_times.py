@@ -11,7 +11,7 @@ import time
 import torch
 
 import graphwatch
-from graphwatch.capture.own_time import saved_hook_cost
+from graphwatch.capture.hooks.own_time import saved_hook_cost
 from graphwatch.model import Trace
 from graphwatch.model.records import OWN_ESTIMATED
 from graphwatch.rendering.terminal import make_console, print_summary

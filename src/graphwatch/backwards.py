@@ -48,18 +48,18 @@ from .analysis.torch_errors import (
     unused_input_finding,
 )
 from .capture import Recorder, frontier, path_to, quick_walk, root_records, walk
-from .capture.carriers import name_carrier
-from .capture.causes import CauseFinder
-from .capture.ddp_frames import find_ddp_cause
-from .capture.error_frames import engine_inputs, find_leaf_inplace, find_non_scalar, find_unused_input
-from .capture.frames import local_value, user_frames
-from .capture.holders import parameter_names
-from .capture.inplace import InplaceFinder
-from .capture.no_grad import find_no_grad
-from .capture.optimizer import GradResetTracker
+from .capture.causes.carriers import name_carrier
+from .capture.causes.ddp_frames import find_ddp_cause
+from .capture.causes.error_frames import engine_inputs, find_leaf_inplace, find_non_scalar, find_unused_input
+from .capture.causes.holders import parameter_names
+from .capture.causes.inplace import InplaceFinder
+from .capture.causes.no_grad import find_no_grad
+from .capture.causes.second_backward import CauseFinder
+from .capture.hooks.optimizer import GradResetTracker
+from .capture.hooks.saved import SavedHandle
+from .capture.hooks.transforms import hide_from_compiler
+from .capture.lines.frames import local_value, user_frames
 from .capture.recorder import TRACKED_PER_STEP
-from .capture.saved import SavedHandle
-from .capture.transforms import hide_from_compiler
 from .errors import BackwardTwiceError, ExplainedError, LossWithoutGraphError, notify
 from .model import BackwardRecord, Finding, NodeRecord, Snapshot, StepRecord
 

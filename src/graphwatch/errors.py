@@ -71,7 +71,7 @@ def without_own_frames(
     The traceback entries are relinked in place; the first one kept is returned.
 
     >>> import sys
-    >>> from graphwatch.capture.backward import parse_engine_args
+    >>> from graphwatch.capture.hooks.backward import parse_engine_args
     >>> try:
     ...     parse_engine_args(None, (), {})  # raises inside graphwatch's own code
     ... except TypeError:

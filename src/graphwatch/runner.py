@@ -55,7 +55,7 @@ from typing import Any, TextIO
 
 from .analysis import LEAK_KINDS
 from .capture.ranks import rank_and_world_size
-from .capture.step_limit import StepLimitReached, check_step_limit
+from .capture.steps.step_limit import StepLimitReached, check_step_limit
 from .errors import TraceFormatError, UsageError, without_own_frames
 from .model import Finding, Trace
 from .session import Session, watch
@@ -347,7 +347,7 @@ def run_script(
     stdout and stderr in ``ScriptRun.output`` instead of printing them.
     ``stop_after``: end the script after that many steps (exit code 0; the
     trace says where it stopped).  The trace also records what trained
-    (:class:`~graphwatch.capture.parameters.ParameterLedger`).  Raises
+    (:class:`~graphwatch.capture.causes.parameters.ParameterLedger`).  Raises
     :class:`~graphwatch.UsageError` (before running anything) for a missing
     script or a bad option.
     """

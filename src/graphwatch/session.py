@@ -7,7 +7,7 @@ optimizer hooks; it removes every one of them on exit, whatever the exit.
 How steps are counted: explicit ``gw.step()`` blocks (or ``@graphwatch.step``)
 where used; otherwise one pass of the training loop, read from the source of
 the loop that runs the backwards and optimizer steps (see
-:mod:`graphwatch.capture.loop_steps`).
+:mod:`graphwatch.capture.steps.loop_steps`).
 
 Example::
 
@@ -47,24 +47,24 @@ from .analysis import (
 from .analysis.torch_errors import is_no_graph_error, is_unused_input_error
 from .backwards import BackwardWatch
 from .capture import EnginePatch, Recorder, parse_engine_args
-from .capture.call_mode import CallSiteMode
-from .capture.callsite import outer_frame
-from .capture.detail import DetailPlan
-from .capture.eval_mode import EvalModePatch
-from .capture.hook_switch import HookSwitch
-from .capture.light_errors import explain_inplace, lines_from_frames, name_freeing_roots
-from .capture.light_signals import LightSignals
-from .capture.line_templates import LineTemplates
-from .capture.loop_steps import LoopSteps
-from .capture.optimizer import GradResetTracker, OptimizerHooks
-from .capture.own_time import OwnTime
-from .capture.parameters import ParameterLedger
+from .capture.causes.light_errors import explain_inplace, lines_from_frames, name_freeing_roots
+from .capture.causes.parameters import ParameterLedger
+from .capture.graph.stack_limit import claim_stack
+from .capture.hooks.call_mode import CallSiteMode
+from .capture.hooks.eval_mode import EvalModePatch
+from .capture.hooks.hook_switch import HookSwitch
+from .capture.hooks.optimizer import GradResetTracker, OptimizerHooks
+from .capture.hooks.own_time import OwnTime
+from .capture.hooks.saved import make_chained_hooks, make_hooks
+from .capture.hooks.transforms import hide_from_compiler, step_aside_for_disable, transforming
+from .capture.lines.callsite import outer_frame
+from .capture.lines.line_templates import LineTemplates
+from .capture.lines.source import cited_lines
 from .capture.ranks import rank_and_world_size
-from .capture.saved import make_chained_hooks, make_hooks
-from .capture.source import cited_lines
-from .capture.stack_limit import claim_stack
-from .capture.step_limit import StepLimitReached
-from .capture.transforms import hide_from_compiler, step_aside_for_disable, transforming
+from .capture.steps.detail import DetailPlan
+from .capture.steps.light_signals import LightSignals
+from .capture.steps.loop_steps import LoopSteps
+from .capture.steps.step_limit import StepLimitReached
 from .errors import ExplainedError, GraphLeakError, GraphwatchError, UsageError, notify, without_own_frames
 from .model import BackwardRecord, Finding, NodeRecord, StepRecord, Trace, save_trace
 from .model.trace_io import save_trace_elsewhere
@@ -90,7 +90,7 @@ class Session:
       strict: raise :class:`~graphwatch.GraphLeakError` at the end of the first step with a leak finding.
       level: ``"default"`` (the first steps, sampled steps and every step where something looks new or
         wrong in full detail: saved tensors, graph walks, call sites, holders; the other steps at the light
-        level's cost; see :mod:`graphwatch.capture.detail`), ``"full"`` (every step in full detail),
+        level's cost; see :mod:`graphwatch.capture.steps.detail`), ``"full"`` (every step in full detail),
         ``"light"`` (backward calls and steps only; errors are still explained, from the graph alive when
         they are raised) or ``"precise"`` (full plus a TorchFunctionMode: the exact line of every node, and
         every node's and saved tensor's record, at a higher cost).
@@ -444,7 +444,7 @@ class Session:
 
     def _begin_step(self, index: int) -> None:
         """Step ``index`` starts (its first node is the next one numbered): full detail or light, as the plan
-        says (:mod:`graphwatch.capture.detail`), with graphwatch's saved-tensor hooks pushed or popped to match."""
+        says (:mod:`graphwatch.capture.steps.detail`), with graphwatch's saved-tensor hooks pushed or popped to match."""
         if index == self._begun:
             return
         self._begun = index

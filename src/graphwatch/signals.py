@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from types import CodeType, FrameType
 from typing import Any
 
-from .capture.callsite import is_user_file
+from .capture.lines.callsite import is_user_file
 
 
 class Terminated(BaseException):

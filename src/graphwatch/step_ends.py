@@ -1,6 +1,6 @@
 """What a session does at the end of each step: search the holders of earlier steps' graphs, close the
 step's record, run the step's detectors, draw what a kept-alive finding keeps, and in strict mode stop
-at the first leak.  At the default level a step seen light (:mod:`graphwatch.capture.detail`) only closes
+at the first leak.  At the default level a step seen light (:mod:`graphwatch.capture.steps.detail`) only closes
 its record, unless what it made or the memory it leaves asks for a closer look; a step seen in full detail
 tells the plan what asks for the next steps to be seen so too.
 
@@ -30,9 +30,9 @@ from .analysis.evidence import spans_text
 from .analysis.leaks import kept_moment, kept_size
 from .backwards import BackwardWatch
 from .capture import Recorder
-from .capture.detail import DetailPlan
-from .capture.holders import HolderSearch, tensors_in_user_frames
-from .capture.light_signals import LightSignals
+from .capture.causes.holders import HolderSearch, tensors_in_user_frames
+from .capture.steps.detail import DetailPlan
+from .capture.steps.light_signals import LightSignals
 from .errors import GraphLeakError
 from .model import Finding, StepRecord
 

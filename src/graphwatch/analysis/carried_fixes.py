@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..capture.source import assigned_names
+from ..capture.lines.source import assigned_names
 from ..model import BackwardRecord, CallSite, Edit, NodeRecord, Remedy, Trace
 from .evidence import carried_pattern, carrier_line, site_chain, step_name
 from .kept_fixes import _file_source, parameters_remedy

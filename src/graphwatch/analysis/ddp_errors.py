@@ -10,7 +10,7 @@
   wrapper.
 
 Both fixes need judgement (is the branch meant? does the graph change between iterations?): words with the
-lines, no patch.  The cause is read from the frames the error's traceback keeps (``capture/ddp_frames.py``),
+lines, no patch.  The cause is read from the frames the error's traceback keeps (``capture/causes/ddp_frames.py``),
 once DDP has raised: nothing runs on a step where nothing goes wrong.
 
 Example::

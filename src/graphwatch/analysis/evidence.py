@@ -17,7 +17,7 @@ import ast
 import re
 from collections.abc import Iterable, Sequence
 
-from ..capture.source import assigned_names
+from ..capture.lines.source import assigned_names
 from ..model import BackwardRecord, CallSite, NodeRecord, StepRecord, Trace
 
 _TARGET = re.compile(r"^\s*([A-Za-z_][\w.]*(?:\[[^\]]*\])?)\s*(?:,[^=]*)?(?:[-+*/@]?=)(?!=)")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..capture.source import assigned_names
+from ..capture.lines.source import assigned_names
 from ..model import CallSite, Finding, Holder, Remedy, StepRecord, StepSpans, Trace
 from ..model.records import held_value
 from .evidence import (

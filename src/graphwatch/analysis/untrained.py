@@ -3,7 +3,7 @@
 A GAN whose generator step detaches the generator's output (a "fix" for
 torch's backward-twice error) runs without error and never trains the
 generator: its optimizer steps every iteration and none of its parameters ever
-holds a gradient.  The session's :class:`~graphwatch.capture.parameters.ParameterLedger`
+holds a gradient.  The session's :class:`~graphwatch.capture.causes.parameters.ParameterLedger`
 counts, per parameter, its optimizer's steps at which it required a gradient
 and held none (``ParameterRecord.bare_steps``) until a gradient first arrived
 (``first_held_step``); a parameter with at least :data:`MIN_STEPS` such steps

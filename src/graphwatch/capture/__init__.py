@@ -3,10 +3,10 @@
 Nothing here holds an autograd node or tensor beyond what autograd itself holds.
 """
 
-from .backward import EnginePatch, parse_engine_args
-from .carriers import frontier
-from .graph_walk import node_record, path_to, quick_walk, root_records, walk
-from .node_types import saved_handles
+from .causes.carriers import frontier
+from .graph.graph_walk import node_record, path_to, quick_walk, root_records, walk
+from .graph.node_types import saved_handles
+from .hooks.backward import EnginePatch, parse_engine_args
 from .recorder import Recorder
 
 __all__ = [

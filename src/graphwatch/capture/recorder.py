@@ -29,18 +29,18 @@ from ..model import BackwardRecord, NodeRecord, SavedRecord, StepRecord, Trace
 from ..model.columns import freeze_steps
 from ..model.packed import PackedArray
 from ..model.trace import averaged_steps
-from .callsite import SiteTable
-from .line_templates import LineTemplates
-from .live_steps import OLD_BATCH, LiveSteps
-from .node_tags import NodeGroups
-from .optimizer import OptimizerSteps
-from .post_hoc import LightBackwards
-from .resident import ResidentMemory
-from .step_clock import StepClock, next_sequence_nr
+from .graph.node_tags import NodeGroups
+from .graph.post_hoc import LightBackwards
+from .hooks.optimizer import OptimizerSteps
+from .lines.callsite import SiteTable
+from .lines.line_templates import LineTemplates
+from .lines.step_clock import StepClock, next_sequence_nr
+from .steps.live_steps import OLD_BATCH, LiveSteps
+from .steps.resident import ResidentMemory
 
 if TYPE_CHECKING:
-    from .node_tags import NodeTag
-    from .saved import SavedHandle
+    from .graph.node_tags import NodeTag
+    from .hooks.saved import SavedHandle
 
 # Per-node records are kept for this many most recent steps (plus steps with findings).
 DEFAULT_KEEP_STEPS = 20
@@ -120,7 +120,7 @@ class Recorder:
         self.live.node_born(step, count)
 
     def nodes_died(self, step: int, count: int) -> None:
-        """``count`` nodes of a quick walk's group died (:class:`~graphwatch.capture.node_tags.NodeGroup`)."""
+        """``count`` nodes of a quick walk's group died (:class:`~graphwatch.capture.graph.node_tags.NodeGroup`)."""
         if not self.closed:
             self.live.node_died(step, count)
 
@@ -224,7 +224,7 @@ class Recorder:
 
     def post_hoc_saved(self, tensor: torch.Tensor, step: int, output: bool = False) -> SavedRecord:
         """The record of a tensor a node of a light step saved with no hook (read from the node now; ``output``:
-        the op's own output), counted alive until :meth:`post_hoc_released` (:mod:`~graphwatch.capture.post_hoc`)."""
+        the op's own output), counted alive until :meth:`post_hoc_released` (:mod:`~graphwatch.capture.graph.post_hoc`)."""
         if output:
             kind = "activation"
         elif tensor.is_leaf:

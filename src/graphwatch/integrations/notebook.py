@@ -31,7 +31,7 @@ import itertools
 import shlex
 from typing import Any, NoReturn
 
-from ..capture.source import cited_lines
+from ..capture.lines.source import cited_lines
 from ..errors import UsageError
 from ..options import LEVELS
 from ..rendering.notebook import register_displays, summary_html

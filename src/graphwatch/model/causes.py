@@ -1,7 +1,7 @@
 """What graphwatch saw about the cause of a backward through a freed graph, as plain data.
 
 At the error, while the graphs and the user's frames are still there, the
-capture side (``capture/causes.py``) looks at which optimizer steps after each
+capture side (``capture/causes/second_backward.py``) looks at which optimizer steps after each
 of the two backwards, which parameters each owns, where each loss reaches
 parameters its optimizer does not own, what the shared tensor is and what made
 it.  It hands this to the analysis as a :class:`BackwardCause`; the analysis
@@ -86,7 +86,7 @@ class InplaceCause:
 class NoGraphCause:
     """A loss backwarded without a graph ("element 0 of tensors does not require grad"): the ``no_grad``
     block or decorator it was made under, from the frames of the failing backward; else, where the graph was cut
-    on the loss's way when that has left the stack (``capture/graph_cuts.py``)."""
+    on the loss's way when that has left the stack (``capture/causes/graph_cuts.py``)."""
 
     backward_at: int | None  # the failing backward's line
     block_at: int | None = None  # the ``with torch.no_grad():`` line, or the ``@torch.no_grad()`` decorator's

@@ -1,13 +1,13 @@
 """What graphwatch saw, from the user's frames, about some of torch's errors, as plain data.
 
-The capture side (``capture/error_frames.py``) looks at the frames once torch has raised (never before), and
+The capture side (``capture/causes/error_frames.py``) looks at the frames once torch has raised (never before), and
 the analysis (``analysis/torch_errors.py``) makes the finding from what it hands over:
 
 - :class:`NonScalarCause`: "grad can be implicitly created only for scalar outputs";
 - :class:`UnusedInputCause`: "... appears to not have been used in the graph" (``torch.autograd.grad``);
 - :class:`LeafInplaceCause`: "a leaf Variable that requires grad is being used in an in-place operation";
 - :class:`DDPCause`: DistributedDataParallel's "Expected to mark a variable ready only once" and "Expected to
-  have finished reduction in the prior iteration" (``capture/ddp_frames.py``, ``analysis/ddp_errors.py``).
+  have finished reduction in the prior iteration" (``capture/causes/ddp_frames.py``, ``analysis/ddp_errors.py``).
 
 Site fields are CallSite ids of the trace.
 
@@ -75,7 +75,7 @@ class LeafInplaceCause:
 
 @dataclass(slots=True)
 class DDPCause:
-    """One of DistributedDataParallel's two reducer errors, at its cause (``capture/ddp_frames.py``)."""
+    """One of DistributedDataParallel's two reducer errors, at its cause (``capture/causes/ddp_frames.py``)."""
 
     error: str  # "ready-twice" (a gradient hook fired twice) or "unused" (parameters got no gradient)
     call_at: int | None  # the user's line the error left: the backward, or the next forward

@@ -28,7 +28,7 @@ from .remedies import Remedy
 # Where a step boundary came from.
 STEP_SOURCES = ("explicit", "optimizer", "backward", "session-end")
 _REPR_CHARS = 100  # characters of a finding's message its repr shows
-# The part of Trace.own_seconds that is counted x a measured cost, not timed (graphwatch.capture.own_time)
+# The part of Trace.own_seconds that is counted x a measured cost, not timed (graphwatch.capture.hooks.own_time)
 OWN_ESTIMATED = "saved-tensor hooks (estimated)"
 # What a saved tensor is: a leaf that requires grad, a leaf that does not, or
 # the output of an op inside the graph.

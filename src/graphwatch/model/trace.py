@@ -45,7 +45,7 @@ class Trace:
     rank: int | None = None
     world_size: int | None = None
     # The session's own span (0.0: not recorded, e.g. a trace of an older graphwatch): wall clock, CPU time of
-    # the process, and graphwatch's own CPU time by part (see graphwatch.capture.own_time)
+    # the process, and graphwatch's own CPU time by part (see graphwatch.capture.hooks.own_time)
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     own_seconds: dict[str, float] = field(default_factory=dict)

@@ -1,6 +1,6 @@
 """What trained: each optimizer that stepped, and per parameter it owns whether a backward gave it a gradient.
 
-``graphwatch run`` records these (:mod:`graphwatch.capture.parameters`) so that
+``graphwatch run`` records these (:mod:`graphwatch.capture.causes.parameters`) so that
 a patched run can be compared with the original one (``--check-fixes``): every
 parameter that received gradients before must still receive them and be
 stepped by the same optimizer.  A parameter is identified across two runs by

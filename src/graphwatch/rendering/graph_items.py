@@ -25,9 +25,9 @@ from typing import Any, NamedTuple
 import torch
 
 from ..analysis.evidence import human_bytes
-from ..capture.graph_walk import node_record
-from ..capture.saved import SavedHandle
-from ..capture.saved_views import raw_data
+from ..capture.graph.graph_walk import node_record
+from ..capture.hooks.saved import SavedHandle
+from ..capture.hooks.saved_views import raw_data
 from ..model import NodeRecord
 from .visible import one_line
 

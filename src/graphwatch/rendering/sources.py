@@ -3,7 +3,7 @@
 Findings cite lines as ``"file:line"`` strings (``evidence["sites"]``).  The
 lines themselves were stored in the trace when it was recorded
 (:class:`~graphwatch.model.SourceLines`, read by
-:func:`graphwatch.capture.source.cited_lines`): rendering a trace reads
+:func:`graphwatch.capture.lines.source.cited_lines`): rendering a trace reads
 nothing from the disk of whoever renders it, so a trace that cites
 ``/etc/passwd:1`` shows no line of it.  A citation whose lines the trace does
 not hold (an older trace, a file the run could not read) has no excerpt.

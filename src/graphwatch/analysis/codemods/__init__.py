@@ -26,7 +26,7 @@ from typing import TypeVar, cast
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from ...capture.transforms import hide_from_compiler
+from ...capture.hooks.transforms import hide_from_compiler
 from ...model import EDIT_KINDS, Edit
 
 NodeT = TypeVar("NodeT", bound=cst.CSTNode)

@@ -1,0 +1,196 @@
+"""The tensors with a graph that a Python value holds, each named by the path a user would type to reach it.
+
+From a root the user's code knows (a variable, ``self``, a module) down to the tensor: ``total_loss``,
+``losses[3]``, ``buffer[3][1]`` (a tuple kept in a list), ``meters['loss'].sum`` (an attribute of an object of
+the user's own class kept in a dict), ``policy._moving_avg`` (a private attribute of such an object),
+``model.outputs[7]``.  A hook registered on a module keeps what its closure holds: the list a forward hook
+appends activations to is named as the hook's code spells it (:func:`hook_closures`).
+
+Example::
+
+    >>> import torch
+    >>> loss = torch.ones(1, requires_grad=True) * 2
+    >>> [name for name, _ in tensors_in("buffer", [(torch.zeros(1), loss)])]
+    ['buffer[0][1]']
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import sys
+import types
+from collections.abc import Iterable, Iterator
+from types import FrameType
+from typing import Any
+
+import torch
+
+from ..lines.callsite import is_user_file
+from ..lines.frames import resolve
+
+_CONTAINER_LIMIT = 64  # items looked at per list/tuple/dict
+_CONTAINER_LEVELS = 2  # containers looked into, one inside the other: a replay buffer's tuples, not deeper
+_OBJECT_LEVELS = 2  # objects of the user's classes looked into: a trainer's policy's attributes, not deeper
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+# Exact types whose values hold no tensor and are never looked into: not a tensor, container or module, and
+# (static types, so no instance can have a ``__dict__``) never of a user class.  Skipped before anything else.
+_INERT = frozenset({
+    types.NoneType, bool, int, float, complex, str, bytes, bytearray, range, slice, set, frozenset, property,
+    types.EllipsisType, types.NotImplementedType, types.CodeType, types.BuiltinFunctionType, types.MethodWrapperType,
+    types.WrapperDescriptorType, types.MethodDescriptorType, types.ClassMethodDescriptorType,
+    types.GetSetDescriptorType, types.MemberDescriptorType,
+})
+
+
+def tensors_in(
+    name: str, value: Any, objects: int = _OBJECT_LEVELS, containers: int = _CONTAINER_LEVELS
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(path, tensor) for the tensors with a grad_fn ``value`` holds: itself, the items of a list or tuple (the
+    last 64) or dict (the first 64) and what they hold (``containers`` levels of them), the attributes of an
+    ``nn.Module``'s submodules and of objects of the user's classes, private ones too (``objects`` levels of
+    them).  A path is built only for a tensor found."""
+    if isinstance(value, torch.Tensor):
+        if value.grad_fn is not None:
+            yield name, value
+    elif isinstance(value, (list, tuple)):
+        if containers > 0:
+            first = max(len(value) - _CONTAINER_LIMIT, 0)
+            for i, item in enumerate(value[first:], first):
+                if type(item) not in _INERT:
+                    yield from tensors_in(f"{name}[{i}]", item, objects, containers - 1)
+    elif isinstance(value, dict):
+        if containers > 0:
+            for i, (key, item) in enumerate(value.items()):
+                if i == _CONTAINER_LIMIT:
+                    break
+                if type(item) not in _INERT:
+                    yield from tensors_in(f"{name}[{key!r}]", item, objects, containers - 1)
+    elif isinstance(value, torch.nn.Module):
+        for module_name, module in value.named_modules(prefix=name):
+            for attr, item in vars(module).items():  # a list kept on self too
+                if not attr.startswith("_") and type(item) not in _INERT and not isinstance(item, torch.nn.Module):
+                    yield from tensors_in(f"{module_name}.{attr}", item, objects - 1, containers)
+            for attr, buffer in module._buffers.items():  # a running statistic updated outside no_grad
+                if buffer is not None:
+                    yield from tensors_in(f"{module_name}.{attr}", buffer)
+            for attr, param in module._parameters.items():  # a parameter updated in place outside no_grad
+                if param is not None and param.grad_fn is not None:
+                    yield f"{name}.parameters()[{f'{module_name}.{attr}'[len(name) + 1:]}]", param
+    elif objects > 0 and _of_a_user_class(value):  # a meter's sum, a policy's _moving_avg, a trainer's self.losses
+        for attr, item in list(vars(value).items())[:_CONTAINER_LIMIT]:
+            if not attr.startswith("__") and type(item) not in _INERT:
+                yield from tensors_in(f"{name}.{attr}", item, objects - 1, containers)
+
+
+def tensors_among(names: Iterable[tuple[str, Any]]) -> list[tuple[str, torch.Tensor]]:
+    """:func:`tensors_in` of each (name, value) whose name is not a dunder."""
+    return [
+        pair for name, value in names
+        if type(value) not in _INERT and not name.startswith("__") for pair in tensors_in(name, value)
+    ]
+
+
+def hook_closures(values: Iterable[Any]) -> Iterator[tuple[types.FunctionType, list[tuple[str, torch.Tensor]]]]:
+    """(hook, the (path, tensor) pairs its closure holds) for each hook of the user's own code registered on the
+    modules ``values`` are or hold as submodules, that holds a tensor with a graph: a forward hook's
+    ``activations.append(output)`` keeps every step's activations, the path spelled as the hook's code spells
+    the variable (``activations[3]``)."""
+    seen: set[int] = set()
+    for value in values:
+        if not isinstance(value, torch.nn.Module):
+            continue
+        for module in value.modules():
+            hooks = [hook for attr in _HOOKS for hook in getattr(module, attr, {}).values()]
+            for hook in hooks:
+                if not isinstance(hook, types.FunctionType) or not hook.__closure__ or id(hook) in seen:
+                    continue
+                seen.add(id(hook))
+                if _is_users_file(hook.__code__.co_filename):
+                    pairs = tensors_among(_cell_values(hook))
+                    if pairs:
+                        yield hook, pairs
+
+
+def _cell_values(function: types.FunctionType) -> Iterator[tuple[str, Any]]:
+    """(the name the function's code reads it by, the value) of each filled cell of its closure."""
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
+        try:
+            yield name, cell.cell_contents
+        except ValueError:  # a cell not filled yet
+            continue
+
+
+def value_at(frame: FrameType | None, path: str, names: dict | None) -> Any:
+    """The value a path of names, attributes and literal keys of lists, tuples and dicts leads to (``meters['loss']``)
+    from ``frame`` (or else ``names``), or None; nothing of the user's is called but the attributes read.  A
+    numbered submodule (``model.1.running_mean``, as a module names a Sequential's children) is that attribute."""
+    path = re.sub(r"\.(\d+)(?=[.\[]|$)", r"['\1']", path)  # model['1'].running_mean: read as model.1 below
+    try:
+        node: ast.expr = ast.parse(path, mode="eval").body
+    except SyntaxError:
+        return None
+    steps: list[ast.expr] = []
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        steps.append(node)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    value = resolve(frame, node.id, names)
+    for step in reversed(steps):
+        if isinstance(step, ast.Attribute):
+            try:
+                value = getattr(value, step.attr, None)
+            except Exception:  # a property of the user's that raises: no value (and no error in their run)
+                return None
+        elif isinstance(step, ast.Subscript) and isinstance(value, torch.nn.Module):  # a numbered submodule
+            key = step.slice.value if isinstance(step.slice, ast.Constant) else None
+            value = value._modules.get(key) if isinstance(key, str) else None
+        elif isinstance(step, ast.Subscript) and isinstance(value, (list, tuple, dict)):
+            try:
+                value = value[ast.literal_eval(step.slice)]
+            except (ValueError, KeyError, IndexError, TypeError):
+                return None
+        else:
+            return None
+    return value
+
+
+def _of_a_user_class(value: Any) -> bool:
+    """Whether ``value`` is an instance (with attributes) of a class the user's own code defines; a module,
+    class or function (whose type is a builtin) counts when its own module's file is the user's."""
+    kind = type(value)
+    if kind is types.ModuleType:
+        module = value
+    elif kind is type or kind is types.FunctionType:
+        module = sys.modules.get(getattr(value, "__module__", None) or "")
+    else:
+        module = sys.modules.get(kind.__module__)
+    name = getattr(module, "__name__", None)  # (sys.modules may hold any object)
+    if isinstance(name, str) and name in _BUILTIN_MODULES:  # sys, gc, time: no file, never the user's
+        return False
+    filename = getattr(module, "__file__", None) or ""  # none: __main__ in a notebook or with python -c
+    return _is_users_file(filename) and hasattr(value, "__dict__")
+
+
+def _is_users_file(filename: str) -> bool:
+    """Whether a module's ``filename`` is the user's: not torch's, graphwatch's, the standard library's or an
+    installed package's.  Kept per name, unless the answer depends on the working directory (a name that is
+    not its own absolute path: a relative one, or none)."""
+    known = _USERS_FILES.get(filename)
+    if known is not None:
+        return known
+    users = is_user_file(filename) and "-packages" not in filename
+    if filename.startswith("<") or os.path.abspath(filename) == filename:
+        if len(_USERS_FILES) >= _USERS_FILES_LIMIT:
+            _USERS_FILES.clear()
+        _USERS_FILES[filename] = users
+    return users
+
+
+_BUILTIN_MODULES = frozenset(sys.builtin_module_names)
+_USERS_FILES: dict[str, bool] = {}
+_USERS_FILES_LIMIT = 4096

@@ -1,0 +1,146 @@
+"""The in-place statements of one function's source, for :mod:`graphwatch.capture.causes.inplace` (read only when torch's
+"modified by an inplace operation" error is raised: nothing here runs on a healthy step).
+
+- :func:`alias_roots`: the names a function binds to another name's tensor or to a view of it (``out = h``,
+  ``y = h.view(...)``, ``col = h[:, 0]``, ``ht = h.t()``), each mapped to the name it came from: torch's version
+  counter is shared by a tensor and its views, so a write through any of them changes the saved tensor;
+- :func:`writes`: the in-place statements between two lines of a function, also those of a helper function
+  it calls there (``normalize_(h)`` with ``def normalize_(t): t.sub_(...)``), each with the name of the
+  caller's tensor it changes and the call that reached it.
+
+Example::
+
+    >>> import ast
+    >>> tree = ast.parse("h = f(x)\\ny = h.view(4, 2)\\nout = y\\ncol = out[:, 0]\\nz = h + 1\\nfor c, m in zip(h, ms): pass")
+    >>> sorted(alias_roots(tree, 7).items())
+    [('c', 'h'), ('col', 'h'), ('m', 'ms'), ('out', 'h'), ('y', 'h')]
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import CodeType
+from typing import Any
+
+from ..lines.callsite import is_user_file
+from ..lines.source import dotted_name, function_node, inplace_statement
+
+# Tensor methods whose result shares the tensor's storage (and version counter)
+_VIEW_METHODS = frozenset({
+    "view", "view_as", "t", "transpose", "permute", "narrow", "select", "unsqueeze", "squeeze", "expand",
+    "expand_as", "diagonal", "as_strided", "unfold", "unflatten", "movedim", "swapaxes", "swapdims", "detach",
+    "T", "mT", "H", "mH", "real", "imag", "data",
+})  # fmt: skip
+
+Scope = ast.Module | ast.FunctionDef | ast.AsyncFunctionDef
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """One in-place statement: its file and line, the caller's name for the tensor it changes, and the file
+    and line of the call that ran it (None: a statement of the function itself)."""
+
+    file: str
+    line: int
+    name: str
+    call: tuple[str, int] | None = None
+
+
+def own_statements(scope: ast.AST) -> Iterator[ast.stmt]:
+    """The simple statements of ``scope`` itself (also inside its loops and branches), not of the functions
+    and classes it defines."""
+    stack = list(getattr(scope, "body", []))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.stmt) and not any(hasattr(node, f) for f in ("body", "handlers", "cases")):
+            yield node
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            stack.extend(getattr(node, field, []))
+
+
+def _viewed(value: ast.expr) -> str | None:
+    """The name whose tensor ``value`` is, or a view of: ``h``, ``h[:, 0]``, ``h.view(...)``, ``h.T``."""
+    while True:
+        if isinstance(value, ast.Subscript):
+            value = value.value
+        elif isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _VIEW_METHODS:
+            value = value.func.value
+        elif isinstance(value, ast.Attribute) and value.attr in _VIEW_METHODS:
+            value = value.value
+        else:
+            return dotted_name(value)
+
+
+def alias_roots(scope: ast.AST, until: int) -> dict[str, str]:
+    """name -> the name it is a view of or another name for (followed to the first), from the assignments of
+    ``scope``'s own statements before line ``until`` and its ``for`` loops over a tensor (``for t in x``,
+    ``for t, m in zip(x, mean)``: each ``t`` is a view of ``x``), in source order."""
+    bindings: list[tuple[int, str, str | None]] = []  # (line, name, the name it views; None: a new tensor)
+    for statement in (s for s in own_statements(scope) if isinstance(s, ast.Assign) and s.lineno < until):
+        base = _viewed(statement.value)
+        bindings += [(statement.lineno, name, base) for name in map(dotted_name, statement.targets) if name]
+    for loop in (n for n in ast.walk(scope) if isinstance(n, ast.For) and n.lineno < until):
+        zipped = isinstance(loop.iter, ast.Call) and dotted_name(loop.iter.func) == "zip"
+        iterated = loop.iter.args if zipped else [loop.iter]  # type: ignore[attr-defined]
+        targets = loop.target.elts if zipped and isinstance(loop.target, ast.Tuple) else [loop.target]
+        bindings += [(loop.lineno, t.id, _viewed(i)) for t, i in zip(targets, iterated) if isinstance(t, ast.Name)]
+    roots: dict[str, str] = {}
+    for _, name, base in sorted(bindings, key=lambda b: b[0]):
+        if base is not None and base != name:
+            roots[name] = roots.get(base, base)
+        else:
+            roots.pop(name, None)  # rebound to a new tensor
+    return roots
+
+
+def writes(scope: Scope, file: str, first: int, last: int, callee: Callable[[ast.Call], CodeType | None]) -> list[Write]:
+    """The in-place statements of ``scope`` after line ``first`` up to ``last``, and those of the user functions
+    it calls there (``callee``: the code a call runs, or None) that change a tensor it passes them."""
+    found: list[Write] = []
+    for statement in own_statements(scope):
+        if not first < statement.lineno <= last:
+            continue
+        helpers = [(call, code) for call in ast.walk(statement) if isinstance(call, ast.Call)
+                   and (code := callee(call)) is not None]  # fmt: skip
+        for call, code in helpers:  # (a user function named like an in-place method, ``ops.scale_(h)``, is one)
+            function = function_node(code)
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found.extend(_helper_writes(function, code.co_filename, call, (file, statement.lineno)))
+        name = inplace_statement(statement) if not helpers else None
+        if name is not None:
+            found.append(Write(file, statement.lineno, name))
+    return sorted(found, key=lambda w: (w.call[1] if w.call else w.line, w.line))
+
+
+def _helper_writes(function: ast.FunctionDef | ast.AsyncFunctionDef, file: str, call: ast.Call,
+                   at: tuple[str, int]) -> Iterator[Write]:
+    """The in-place statements of a called function that change one of its parameters (or a view of one),
+    named as the call passes it."""
+    passed = _passed(function, call)
+    roots = alias_roots(function, function.end_lineno or function.lineno)
+    for statement in own_statements(function):
+        name = inplace_statement(statement)
+        caller_name = passed.get(roots.get(name, name)) if name is not None else None
+        if caller_name is not None:
+            yield Write(file, statement.lineno, caller_name, at)
+
+
+def _passed(function: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call) -> dict[str, str]:
+    """parameter -> the caller's name passed for it (a method called through its instance skips ``self``)."""
+    params = [a.arg for a in function.args.posonlyargs + function.args.args]
+    if params[:1] in (["self"], ["cls"]) and isinstance(call.func, ast.Attribute):
+        params = params[1:]
+    passed = {p: dotted_name(a) for p, a in zip(params, call.args) if not isinstance(a, ast.Starred)}
+    passed.update({k.arg: dotted_name(k.value) for k in call.keywords if k.arg is not None})
+    return {p: n for p, n in passed.items() if n is not None}
+
+
+def code_of(value: Any) -> CodeType | None:
+    """The code a called value runs, if it is the user's: a function's, or a bound method's (not a module's or a
+    class's)."""
+    code = getattr(getattr(value, "__func__", value), "__code__", None)
+    return code if isinstance(code, CodeType) and is_user_file(code.co_filename) else None

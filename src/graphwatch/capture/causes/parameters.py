@@ -1,0 +1,217 @@
+"""What trained: per optimizer, and per parameter it owns, whether a backward gave it a gradient.
+
+A :class:`ParameterLedger` installs its own global optimizer pre-step hook (a
+session calls its :meth:`~ParameterLedger.before_step` from the session's own).
+The first time an optimizer steps it gets an index (the order in which
+optimizers first step), its class and the variable that holds it, and each of
+its parameters a record: group, index, shape, and the name the user's frames
+give it (``netD.main.0.weight``).  At each step of that optimizer a parameter
+that holds a gradient (any, then a non-zero one) for the first time notes the
+step, and one that requires a gradient but holds none counts the step as
+bare (a ``step(closure)`` is not counted: its closure makes the gradients
+after this hook).  Each step looks only at the parameters not yet seen with
+a non-zero gradient: once all of an optimizer's parameters have one, its steps
+cost a dictionary look-up.
+
+Example::
+
+    >>> import torch
+    >>> model = torch.nn.Linear(3, 1)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> with ParameterLedger(step=lambda: 0) as ledger:
+    ...     model(torch.ones(2, 3)).sum().backward()
+    ...     opt.step()
+    >>> optimizers, parameters = ledger.records()
+    >>> optimizers[0].label, [(p.name, p.trained) for p in parameters]
+    ('opt (SGD)', [('model.weight', True), ('model.bias', True)])
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import sys
+import weakref
+from collections.abc import Callable
+from types import FrameType, TracebackType
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from ...model.training import OptimizerRecord, ParameterRecord
+from ..hooks.optimizer import is_wrapper, unwrapped
+from ..lines.callsite import in_installed_package
+from ..lines.frames import local_value, user_frames
+from .holders import parameter_names
+
+_NAMING_FRAMES = 8  # the innermost user frames whose variables name an optimizer or a parameter
+
+
+class _Seen:
+    """One optimizer's records, and which of its parameters have not had a non-zero gradient yet."""
+
+    __slots__ = ("count", "params", "pending", "record", "ref")
+
+    def __init__(self, optimizer: torch.optim.Optimizer, record: OptimizerRecord) -> None:
+        self.ref = weakref.ref(optimizer)
+        self.record = record
+        self.params: list[ParameterRecord] = []
+        self.count = -1  # parameters it owned when they were last listed
+        self.pending: list[int] = []  # indices in params of those with no non-zero gradient so far
+
+
+class ParameterLedger:
+    """Records what each optimizer trains while entered (see the module's docstring).
+
+    ``step``: the index of the step in progress (the session's), read at each optimizer step.  ``site``: the
+    call site id of a frame (the session's :meth:`~graphwatch.capture.lines.callsite.SiteTable.from_frame`), read at
+    each optimizer's first step.
+    """
+
+    def __init__(self, step: Callable[[], int], site: Callable[[FrameType], int | None] | None = None) -> None:
+        self._step = step
+        self._site = site
+        self._seen: dict[int, _Seen] = {}  # id(optimizer) -> its records
+        self._handle: Any = None
+        self._unstepped: list[OptimizerRecord] = []
+        self._unstepped_params: list[ParameterRecord] = []
+
+    def __enter__(self) -> ParameterLedger:
+        self._handle = register_optimizer_step_pre_hook(self.before_step)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def records(self) -> tuple[list[OptimizerRecord], list[ParameterRecord]]:
+        """The optimizers (by index) and their parameters (by optimizer, group, index)."""
+        seen = sorted(self._seen.values(), key=lambda s: s.record.index)
+        optimizers = [s.record for s in seen] + self._unstepped
+        return optimizers, [p for s in seen for p in s.params] + self._unstepped_params
+
+    def find_unstepped(self, stopped: TracebackType | None = None) -> None:
+        """Add the optimizers alive now that never stepped (found by a scan of the garbage collector's
+        objects: call it once, where the run stops), with their parameters; the frames of ``stopped`` (the
+        traceback of the exception that stopped the run) name them."""
+        frame = None
+        while stopped is not None:
+            frame, stopped = stopped.tb_frame, stopped.tb_next
+        known = {id(s.ref()) for s in self._seen.values()}
+        # (type(), not isinstance: a lazy proxy's __class__ can warn or raise; a wrapper is the optimizer it wraps)
+        found = [o for o in gc.get_objects()
+                 if issubclass(type(o), torch.optim.Optimizer) and id(o) not in known and not is_wrapper(o)]  # fmt: skip
+        index = len(self._seen)
+        for optimizer in found:
+            record = OptimizerRecord(index=index, kind=type(optimizer).__name__, name=_variable_name(frame, optimizer))
+            self._unstepped.append(record)
+            self._unstepped_params += _parameter_records(optimizer, index, frame)
+            index += 1
+
+    # ------------------------------------------------------------------ hook
+    def before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """An optimizer step pre-hook: entered, the ledger installs it; a session calls it from its own."""
+        seen = self._seen.get(id(optimizer))
+        if seen is None or seen.ref() is not optimizer:
+            frame = sys._getframe(1)
+            record = OptimizerRecord(index=len(self._seen), kind=type(optimizer).__name__, name=_variable_name(frame, optimizer))
+            record.site = self._site(frame) if self._site is not None else None
+            seen = self._seen[id(optimizer)] = _Seen(optimizer, record)
+        step = self._step()
+        record = seen.record
+        record.steps += 1
+        if record.first_step is None:
+            record.first_step = step
+        count = sum(len(group["params"]) for group in optimizer.param_groups)
+        if count != seen.count:  # first step, or add_param_group since
+            named = {p.key: p for p in seen.params}
+            seen.params = [named.get(p.key, p) for p in _parameter_records(optimizer, record.index, sys._getframe(1))]
+            seen.count = count
+            seen.pending = [i for i, entry in enumerate(seen.params) if entry.first_grad_step is None]
+        if seen.pending:
+            closure = args[1] if len(args) > 1 else kwargs.get("closure")  # (args[0]: the optimizer itself)
+            _note_gradients(seen, optimizer, step, count_bare=closure is None)
+
+
+def _note_gradients(seen: _Seen, optimizer: torch.optim.Optimizer, step: int, count_bare: bool) -> None:
+    """Note, for each pending parameter, the first step it holds a gradient, then a non-zero one; or count the
+    step as bare (``count_bare``) when it requires a gradient and holds none."""
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    entries = seen.params
+    for i in seen.pending:
+        entry, param = entries[i], params[i]
+        if entry.first_held_step is None:
+            if param.grad is None:
+                if count_bare and param.requires_grad:
+                    entry.bare_steps += 1
+                continue
+            entry.first_held_step = step
+        if _has_gradient(param):
+            entry.first_grad_step = step
+    seen.pending = [i for i in seen.pending if entries[i].first_grad_step is None]
+
+
+def _has_gradient(param: torch.Tensor) -> bool:
+    """Whether a backward left a gradient in ``param`` (a gradient of zeros, as ``zero_grad(set_to_none=False)``
+    leaves, is none)."""
+    grad = param.grad
+    if grad is None:
+        return False
+    if grad.is_sparse or grad.device.type == "meta":
+        return True
+    return bool(grad.any())
+
+
+def _parameter_records(optimizer: torch.optim.Optimizer, index: int, frame: FrameType | None) -> list[ParameterRecord]:
+    names = {id(tensor): name for name, tensor in _tensor_names(frame).items()}
+    return [
+        ParameterRecord(optimizer=index, group=g, index=i, shape=tuple(param.shape), name=names.get(id(param), ""))
+        for g, group in enumerate(optimizer.param_groups)
+        for i, param in enumerate(group["params"])
+    ]
+
+
+def _tensor_names(frame: FrameType | None) -> dict[str, torch.Tensor]:
+    """The parameters of the modules the user's frames hold, then tensors the frames hold by name."""
+    names = parameter_names(frame)
+    seen = {id(t) for t in names.values()}
+    for name, value in _frame_variables(frame):
+        if isinstance(value, torch.Tensor) and value.is_leaf and id(value) not in seen:
+            seen.add(id(value))
+            names[name] = value
+    return names
+
+
+def _variable_name(frame: FrameType | None, obj: object) -> str:
+    """The name the user's frames give ``obj`` (``optimizerD``, ``self.opt``), or a wrapper of it (Lightning's
+    ``opt = self.optimizers()``), or "": the script's own frames first, then an installed package's
+    (accelerate's ``self.optimizer``, the wrapper's name for what the script calls ``opt``); in a frame, the
+    optimizer's own name before a wrapper's."""
+    frames = list(user_frames(frame))[:_NAMING_FRAMES]
+    frames.sort(key=lambda f: in_installed_package(f.f_code.co_filename))  # (stable: innermost first in each)
+    for user_frame in frames:
+        named = _variables_of(user_frame)
+        found = next((name for name, value in named if value is obj), None) or next(
+            (name for name, value in named if unwrapped(value) is obj), None  # (a wrapper of it)
+        )
+        if found:
+            return found
+    return ""
+
+
+def _frame_variables(frame: FrameType | None) -> list[tuple[str, Any]]:
+    """(name, value) of the innermost user frames: locals, attributes of ``self``, then globals."""
+    return [pair for user_frame in list(user_frames(frame))[:_NAMING_FRAMES] for pair in _variables_of(user_frame)]
+
+
+def _variables_of(user_frame: FrameType) -> list[tuple[str, Any]]:
+    code = user_frame.f_code
+    names = (*code.co_varnames, *code.co_cellvars) if code.co_flags & inspect.CO_OPTIMIZED else ()  # a function
+    found = [(name, local_value(user_frame, name)) for name in names]
+    owner = local_value(user_frame, "self") if "self" in names else None
+    if owner is not None and hasattr(owner, "__dict__"):
+        found += [(f"self.{attr}", value) for attr, value in list(vars(owner).items()) if not attr.startswith("_")]
+    found += [(name, value) for name, value in list(user_frame.f_globals.items()) if not name.startswith("_")]
+    return found
