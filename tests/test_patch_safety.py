@@ -23,9 +23,10 @@ from test_check_fixes import checked, diff, graphwatch_run, original_run, write
 import graphwatch
 from graphwatch.analysis.codemods import apply_edits
 from graphwatch.model import Edit
+from graphwatch.rendering.finding_blocks import numbered_patches
 from graphwatch.rendering.findings_html import finding_articles
 from graphwatch.rendering.patch_file import combined_patch
-from graphwatch.rendering.terminal import numbered_patches, print_summary
+from graphwatch.rendering.terminal import print_summary
 
 # A critic and a Lagrange multiplier whose constraint term is written once and used by both losses
 SHARED_TERM = """import torch

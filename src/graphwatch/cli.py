@@ -66,9 +66,10 @@ def error(message: str) -> int:
 
 def say(text: str, file: TextIO | None = None) -> None:
     """Print a line (on stderr unless ``file``) that no string in it can turn into terminal commands
-    (:func:`~graphwatch.rendering.terminal.printable`), in whatever the stream can encode; a reader that has
+    (:func:`~graphwatch.rendering.finding_blocks.printable`), in whatever the stream can encode; a reader that has
     gone (a closed pipe) ends the printing, never the command."""
-    from .rendering.terminal import printable, silence_broken_pipe
+    from .rendering.finding_blocks import printable
+    from .rendering.terminal import silence_broken_pipe
 
     stream = sys.stderr if file is None else file
     if stream is None:  # started with the stream closed
@@ -229,7 +230,7 @@ def _run_exit_code(run: ScriptRun, guard: SignalGuard, failure: str | None, stri
 
 def _say_how_it_ended(run: ScriptRun, guard: SignalGuard, report: Path | None, failure: str | None, code: int) -> None:
     """One line on stderr for each way the run did not simply end: no report, a signal, --strict leaks."""
-    from .rendering.terminal import printable_path
+    from .rendering.finding_blocks import printable_path
 
     if failure is not None:
         error(failure)
@@ -250,8 +251,9 @@ def _say_how_it_ended(run: ScriptRun, guard: SignalGuard, report: Path | None, f
 def cmd_report(args: argparse.Namespace) -> int:
     """``graphwatch report``: re-render one or more saved traces into one report."""
     from . import load
+    from .rendering.finding_blocks import printable_path
     from .rendering.ranks import RankSummary, is_rank_set
-    from .rendering.terminal import Summary, make_console, print_blocks, printable_path
+    from .rendering.terminal import Summary, make_console, print_blocks
 
     loaded = [(label, load(path)) for label, path in zip(trace_labels(args.traces), args.traces)]
     ranks = is_rank_set([trace for _, trace in loaded])

@@ -148,7 +148,8 @@ def print_demo_summary(results: list[ExampleResult], report: Path | None, consol
     from rich.table import Table
     from rich.text import Text
 
-    from .rendering.terminal import findings_lines, make_console, print_blocks
+    from .rendering.finding_blocks import findings_lines
+    from .rendering.terminal import make_console, print_blocks
 
     console = console if console is not None else make_console(sys.stdout)
     pairs: dict[str, dict[bool, ExampleResult]] = {}

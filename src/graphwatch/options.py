@@ -115,7 +115,7 @@ def report_folder(out: str | os.PathLike[str] | None, setting: str = "out") -> P
 def check_writable_folder(folder: Path, setting: str = "out", given: object = None) -> None:
     """A UsageError unless ``folder`` (or the nearest folder above it that exists) can be written; the message
     names ``setting`` (and, for an environment variable or configure(), the value ``given``)."""
-    from .rendering.terminal import printable_path
+    from .rendering.finding_blocks import printable_path
 
     probe = folder
     while not probe.exists():

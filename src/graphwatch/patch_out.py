@@ -45,7 +45,7 @@ def refusal(path: Path, sources: Iterable[tuple[Path, str]] = ()) -> str | None:
     """Why the patches must not be written to ``path``, or None: it is a link or not a regular file, or it is
     one of ``sources`` (each a path and what it is, e.g. ``"the script graphwatch runs"``), hard links included.
     A path that does not exist (or cannot be looked at: the folder check says why) is not refused here."""
-    from .rendering.terminal import printable_path
+    from .rendering.finding_blocks import printable_path
 
     try:
         info = path.lstat()
@@ -75,7 +75,7 @@ def check_patch_out(name: str, script: str | os.PathLike[str]) -> Path:
     ...     print(str(exc).split(";")[0])
     cannot write the patches to /dev/null/fixes.patch: /dev/null is not a writable folder
     """
-    from .rendering.terminal import printable_path
+    from .rendering.finding_blocks import printable_path
 
     path = Path(name).absolute()
     why = refusal(path, [(Path(script), "the script graphwatch runs")])
@@ -108,8 +108,8 @@ def write_patches(trace: Trace, path: Path, script: Path, quiet: bool) -> None:
     :mod:`graphwatch.rendering.patch_file`); say where on stderr, unless ``quiet``.  A UsageError, and nothing
     written, when ``path`` is refused (:func:`refusal`, against :func:`run_sources`) or cannot be written."""
     from .model.trace_io import write_atomically
+    from .rendering.finding_blocks import printable_path
     from .rendering.patch_file import combined_patch
-    from .rendering.terminal import printable_path
 
     cwd = str(trace.options.get("cwd") or ".")
     kept = "the patches are still in the report and its trace.json"

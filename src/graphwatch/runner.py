@@ -172,8 +172,8 @@ def check_out_dir(out: str | os.PathLike[str]) -> Path:
         ...     print(error)
         cannot write the report to /dev/null/graphwatch-report: Not a directory; pass --out a folder you can write
     """
+    from .rendering.finding_blocks import printable_path
     from .rendering.html import check_pictures_folder
-    from .rendering.terminal import printable_path
 
     path, shown = Path(out), printable_path(out)  # (a newline in the name must not print a line of its own)
     if path.exists() and not path.is_dir():
@@ -205,7 +205,7 @@ def write_report(
 
 def _unwritable(out: str | os.PathLike[str], exc: OSError) -> UsageError:
     """The error for a report folder ``out`` that could not be written, its name on one line."""
-    from .rendering.terminal import printable_path
+    from .rendering.finding_blocks import printable_path
 
     return UsageError(f"cannot write the report to {printable_path(out)}: {exc.strerror or exc}; "
                       "pass --out a folder you can write")  # fmt: skip

@@ -343,7 +343,7 @@ def check_pictures_folder(out_dir: Path) -> None:
     ...
     graphwatch.errors.UsageError: cannot write the report to ...: its snapshots folder is a link ...
     """
-    from .terminal import printable_path
+    from .finding_blocks import printable_path
 
     pictures = out_dir / "snapshots"
     if pictures.is_symlink():
@@ -357,8 +357,8 @@ def check_pictures_folder(out_dir: Path) -> None:
 
 def _unwritable(out_dir: Path, why: str) -> UsageError:
     """The error for a report folder that cannot be written: ``cannot write the report to DIR: WHY`` (DIR as
-    one line: :func:`~graphwatch.rendering.terminal.printable_path`)."""
-    from .terminal import printable_path
+    one line: :func:`~graphwatch.rendering.finding_blocks.printable_path`)."""
+    from .finding_blocks import printable_path
 
     return UsageError(f"cannot write the report to {printable_path(out_dir)}: {why}")
 

@@ -40,16 +40,7 @@ from ..analysis.evidence import counted, human_bytes
 from ..analysis.growth import live_counts_measured, measured_values
 from ..model import Trace
 from .charts import SPARK_ASCII, SPARK_BLOCKS, range_text, sparkline
-
-# the findings' lines (importable from here too, as they were before they had a module of their own)
-from .finding_blocks import Verbatim as Verbatim
-from .finding_blocks import diff_text as diff_text
-from .finding_blocks import finding_lines as finding_lines
-from .finding_blocks import findings_lines as findings_lines
-from .finding_blocks import numbered_patches as numbered_patches
-from .finding_blocks import patch_blocks as patch_blocks
-from .finding_blocks import printable as printable
-from .finding_blocks import printable_path as printable_path
+from .finding_blocks import Verbatim, findings_lines, numbered_patches, patch_blocks, printable, printable_path
 from .wording import (
     averaged_text,
     counted_only_text,
