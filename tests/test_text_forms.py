@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import io
 import os
 import subprocess
 import sys
@@ -14,10 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 import warm_python
-from IPython.lib.pretty import pretty
+from IPython.lib.pretty import RepresentationPrinter, pretty
 
 import graphwatch
 from graphwatch.model import PatchCheck, Trace
+from graphwatch.rendering.notebook import finding_text
 from graphwatch.rendering.wording import session_text
 
 PACKAGE = Path(graphwatch.__file__).resolve().parent
@@ -49,8 +51,14 @@ def test_a_finding_says_what_was_found_in_one_line_and_in_full(session: graphwat
     line = repr(finding)
     assert "\n" not in line and line.startswith("<Finding graph-kept-alive (warning, with a patch) at step ")
     assert "`total`" in line and len(line) < 200
-    full = pretty(finding)  # IPython's text view: the message, the fix and the patch
-    assert finding.message in full and f"fix: {finding.fix}" in full and (finding.patch or "?").rstrip() in full
+    full = pretty(finding)  # the model's own text view: the message and the fix, no patch without its check
+    assert finding.message in full and f"fix: {finding.fix}" in full and "patch" not in full
+    shown = io.StringIO()  # IPython's text view once graphwatch registered its formatter: the patch and its check
+    printer = RepresentationPrinter(shown)
+    finding_text(finding, printer, False)
+    printer.flush()
+    assert shown.getvalue().startswith(full) and (finding.patch or "?").rstrip() in shown.getvalue()
+    assert shown.getvalue().endswith("  check: unchecked: `graphwatch run --check-fixes` re-runs it")
     assert repr([finding]) == f"[{line}]"
 
 
@@ -100,6 +108,31 @@ def test_ipython_shows_a_finding_as_html_once_graphwatch_is_imported(tmp_path: P
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["['text/html',", "'text/plain']", "True", "[retained-graph]", "step", "3"]
+
+
+def test_ipythons_text_view_shows_a_findings_patch_with_its_check_state(tmp_path: Path) -> None:
+    """A real IPython shell: a finding's text/plain view (the IPython prompt, a notebook's plain output) shows its
+    patch only with the check's line, and a patch whose check failed as not for copying."""
+    code = textwrap.dedent("""
+        import dataclasses
+        from IPython.core.interactiveshell import InteractiveShell
+        shell = InteractiveShell.instance()
+        import graphwatch
+        from graphwatch.model import PatchCheck
+        finding = graphwatch.Finding("retained-graph", "warning", 3, "the message", "the fix",
+                                     patch="--- a.py\\n+++ a.py\\n@@ -1 +1 @@\\n-x\\n+y\\n")
+        failed = dataclasses.replace(finding, check=PatchCheck(checked=False, failed=["`w` got no gradient"]))
+        for shown in (finding, failed):
+            print(shell.display_formatter.format(shown)[0]["text/plain"])
+            print("=====")
+    """)
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    unchecked, failed, _ = run.stdout.split("=====\n")
+    assert "  patch (patch -p0):\n--- a.py\n+++ a.py" in unchecked
+    assert unchecked.rstrip().endswith("  check: unchecked: `graphwatch run --check-fixes` re-runs it")
+    assert "patch (patch -p0)" not in failed and "  patch, not for copying: its check failed" in failed
+    assert failed.rstrip().endswith("  check: FAILED: `w` got no gradient")
 
 
 def _imports(path: Path) -> list[str]:

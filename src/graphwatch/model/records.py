@@ -396,8 +396,11 @@ class Finding:
         return f"<Finding {self.kind} ({self.severity}{patch}) at step {self.step}: {message}>"
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        """IPython's text view (a notebook's text/plain, the ``IPython`` prompt): the whole finding, its patch too."""
-        printer.text(str(self) + (f"\n  patch (patch -p0):\n{self.patch.rstrip()}" if self.patch else ""))
+        """IPython's text view (a notebook's text/plain, the ``IPython`` prompt): the whole finding.  Its patch is
+        shown, with the patch's check state, by the text formatter ``import graphwatch`` registers in IPython
+        (:func:`graphwatch.rendering.notebook.register_displays`): never a patch without saying whether it was
+        checked."""
+        printer.text(str(self))
 
 
 @dataclass(slots=True)

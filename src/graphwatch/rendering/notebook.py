@@ -22,7 +22,7 @@ from ..model import Finding, Trace
 from .findings_html import finding_article, finding_articles
 from .html import CSS, _meta_html, _verdict_html
 from .visible import html_text
-from .wording import session_hint
+from .wording import patch_lines, session_hint
 
 NOTEBOOK_SCOPE = "graphwatch-summary"
 
@@ -75,9 +75,16 @@ def finding_html(finding: Finding) -> str:
     return f'<style>{_scoped_css(CSS, NOTEBOOK_SCOPE)}</style><div class="{NOTEBOOK_SCOPE}">{body}</div>'
 
 
+def finding_text(finding: Finding, printer: Any, cycle: bool) -> None:
+    """A finding in IPython's text view (text/plain): its text, then its patch with the patch's check state, as
+    ``print(gw)`` shows them (:func:`~graphwatch.rendering.wording.patch_lines`)."""
+    printer.text("\n".join([str(finding), *patch_lines(finding)]))
+
+
 def register_displays(shell: Any = None) -> bool:
     """Show findings as :func:`finding_html` in ``shell`` (an IPython shell; default: the one running, if
-    any), by IPython's HTML formatter.  True when registered; False when there is no shell.
+    any), by IPython's HTML formatter, and as :func:`finding_text` by its text formatter.  True when registered;
+    False when there is no shell.
 
     >>> register_displays()  # plain Python: no IPython shell
     False
@@ -86,8 +93,9 @@ def register_displays(shell: Any = None) -> bool:
         ipython = sys.modules.get("IPython")  # never imported here: only a running IPython matters
         shell = ipython.get_ipython() if ipython is not None else None
     formatters = getattr(getattr(shell, "display_formatter", None), "formatters", None)
-    html = formatters.get("text/html") if isinstance(formatters, dict) else None
-    if html is None:
+    if not isinstance(formatters, dict) or formatters.get("text/html") is None:
         return False
-    html.for_type(Finding, finding_html)
+    formatters["text/html"].for_type(Finding, finding_html)
+    if formatters.get("text/plain") is not None:
+        formatters["text/plain"].for_type(Finding, finding_text)
     return True
