@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graphwatch.capture import live_steps
+from graphwatch.capture.steps import live_steps
 from graphwatch.capture.steps.live_steps import LiveSteps
 from graphwatch.model import StepTable
 

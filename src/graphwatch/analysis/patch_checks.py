@@ -42,7 +42,7 @@ from .evidence import counted
 
 MIN_STEPS = 3  # the step that showed the finding and the one after it, at least
 AFTER_AN_ERROR = 5  # steps after the one an error ended: every optimizer of the loop gets to step
-STOPPED = "stopped at the end of step"  # how a run stopped by --stop-after ends (capture.step_limit)
+STOPPED = "stopped at the end of step"  # how a run stopped by --stop-after ends (capture.steps.step_limit)
 
 
 def steps_to_run(original: Trace, targets: Sequence[Finding]) -> int:
