@@ -45,8 +45,8 @@ from ..graph.node_types import node_type, saved_data
 from ..hooks.inplace_hints import optimizer_update
 from ..lines.callsite import display_path
 from ..lines.frames import named_values, resolve, user_frames
-from ..lines.source import dotted_name, inplace_statement, module_node
-from .inplace_source import Write, alias_roots, code_of, own_statements, writes
+from ..lines.source import dotted_name, inplace_statement, module_node, own_statements
+from .inplace_source import Write, alias_roots, code_of, writes
 from .second_backward import _VIEWS
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from types import CodeType
 from typing import Any
 
 from ..lines.callsite import is_user_file
-from ..lines.source import dotted_name, function_node, inplace_statement
+from ..lines.source import dotted_name, function_node, inplace_statement, own_statements
 
 # Tensor methods whose result shares the tensor's storage (and version counter)
 _VIEW_METHODS = frozenset({
@@ -46,20 +46,6 @@ class Write:
     line: int
     name: str
     call: tuple[str, int] | None = None
-
-
-def own_statements(scope: ast.AST) -> Iterator[ast.stmt]:
-    """The simple statements of ``scope`` itself (also inside its loops and branches), not of the functions
-    and classes it defines."""
-    stack = list(getattr(scope, "body", []))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue
-        if isinstance(node, ast.stmt) and not any(hasattr(node, f) for f in ("body", "handlers", "cases")):
-            yield node
-        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
-            stack.extend(getattr(node, field, []))
 
 
 def _viewed(value: ast.expr) -> str | None:

@@ -20,7 +20,7 @@ import ast
 import functools
 import linecache
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import CodeType
 
 from ...cells import cell_lines
@@ -83,20 +83,29 @@ def inplace_updates(tree: ast.AST | None) -> list[tuple[int, str]]:
     >>> [name for _, name in inplace_updates(function_node(ema.__code__))]
     ['tp']
     """
-    found = []
-    stack: list = list(getattr(tree, "body", [])) if tree is not None else []
+    outside_no_grad = own_statements(tree, skip=lambda s: isinstance(s, (ast.With, ast.AsyncWith)) and any(
+        is_no_grad(item.context_expr) for item in s.items
+    ))  # fmt: skip
+    return sorted((s.lineno, name) for s in outside_no_grad if (name := inplace_statement(s)) is not None)
+
+
+def own_statements(scope: ast.AST | None, skip: Callable[[ast.stmt], bool] = lambda s: False) -> Iterator[ast.stmt]:
+    """The simple statements of ``scope`` itself (also inside its loops, branches and ``with`` blocks), not of
+    the functions and classes it defines, nor of the blocks ``skip`` says to leave out.
+
+    >>> tree = ast.parse("x = 1\\nfor i in y:\\n    z += i\\ndef f():\\n    w = 2")
+    >>> sorted(s.lineno for s in own_statements(tree))
+    [1, 3]
+    """
+    stack = list(getattr(scope, "body", [])) if scope is not None else []
     while stack:
-        statement = stack.pop()
-        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue  # another code object
-        if isinstance(statement, (ast.With, ast.AsyncWith)) and any(is_no_grad(i.context_expr) for i in statement.items):
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or skip(node):
             continue
-        name = inplace_statement(statement) if isinstance(statement, ast.stmt) else None
-        if name is not None:
-            found.append((statement.lineno, name))
-        for block in ("body", "orelse", "finalbody", "handlers"):  # (an except clause has a body too)
-            stack.extend(getattr(statement, block, None) or [])
-    return sorted(found)
+        if not any(hasattr(node, block) for block in ("body", "handlers", "cases")):
+            yield node
+        for block in ("body", "orelse", "finalbody", "handlers", "cases"):  # (an except clause has a body too)
+            stack.extend(getattr(node, block, None) or [])
 
 
 def _inplace_call(node: ast.expr) -> bool:
