@@ -69,7 +69,8 @@ class _LightFloor:
     the step), wall and CPU time and the loss's weak reference (what an error is explained from); per step
     its wall and CPU time, the autograd nodes made and the resident memory (graphwatch's own
     :class:`ResidentMemory`) every :data:`_RSS_EVERY` steps.  No records, no analysis, no step-end decision
-    beyond a dictionary lookup."""
+    beyond a dictionary lookup, or, in a loop with no optimizer, a backward that follows one with no
+    ``optimizer.step()`` between them ending the step before it (a step per backward)."""
 
     def __init__(self) -> None:
         self._thread = threading.get_ident()
@@ -77,6 +78,7 @@ class _LightFloor:
         self._known: dict[tuple[int, ...], bool] = {}  # loop positions -> whether the event ends the step
         self._losses: dict[int, list[weakref.ref]] = {}
         self._at: tuple[int, ...] = ()
+        self._open = False  # a backward ran since the last step end
         self.backwards: list[tuple[Any, ...]] = []
         self.steps: list[tuple[Any, ...]] = []
         self._resident = ResidentMemory()
@@ -88,6 +90,8 @@ class _LightFloor:
             return run(outputs, *args, **kwargs)
         _, retain_graph, create_graph, _ = parse_engine_args(outputs, args, kwargs)
         at = self._loop.positions(sys._getframe(1))
+        if self._open:  # no optimizer step since the last backward: it ended its step
+            self._end_step()
         number = len(self.backwards)
         self._losses[number] = [weakref.ref(t) for t in outputs if isinstance(t, torch.Tensor)]
         self._losses.pop(number - 64, None)  # (the last 64, as a session remembers them)
@@ -98,17 +102,22 @@ class _LightFloor:
             done = (time.perf_counter() - wall, time.process_time() - cpu)
             self.backwards.append((number, len(self.steps), at, retain_graph, create_graph, *done))
             self._known.setdefault(at, False)
+            self._open = True
 
     def before_step(self, *_: Any) -> None:
         self._at = self._loop.positions(sys._getframe(2))
 
     def after_step(self, *_: Any) -> None:
         if self._known.setdefault(self._at, True):
-            now = (time.perf_counter(), time.process_time(), _next_sequence_nr())
-            if not len(self.steps) % _RSS_EVERY:
-                self._rss = self._resident.bytes()
-            self.steps.append((*(a - b for a, b in zip(now, self._clock)), self._rss, len(self.backwards)))
-            self._clock = now
+            self._end_step()
+
+    def _end_step(self) -> None:
+        now = (time.perf_counter(), time.process_time(), _next_sequence_nr())
+        if not len(self.steps) % _RSS_EVERY:
+            self._rss = self._resident.bytes()
+        self.steps.append((*(a - b for a, b in zip(now, self._clock)), self._rss, len(self.backwards)))
+        self._clock = now
+        self._open = False
 
     def close(self) -> None:
         self._resident.close()

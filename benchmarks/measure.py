@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import os
 import statistics
 import sys
@@ -34,6 +35,11 @@ Log = Callable[[str], None]
 
 def med(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def fmt_x(x: float) -> str:
+    """A ratio as RESULTS.md shows it ("-" if not measured)."""
+    return "-" if math.isnan(x) else f"{x:.2f}x"
 
 
 def quartiles(values: list[float]) -> tuple[float, float]:

@@ -13,12 +13,13 @@ from typing import Any
 
 import torch
 import workloads as W
-from adaptive import STEADY_FROM, KeptWindows, issue_25_rows
+from adaptive import STEADY_FROM, WHOLE_CONFIGS, KeptWindows
 from configs import CONFIGS, GW_CONFIGS
 from deep_graph import scaling
 from longrun import LongRun, mb
-from measure import WorkloadResult, med, quartiles
-from targets import issue_15_rows, targets
+from measure import WorkloadResult, fmt_x, med, quartiles
+from targets import issue_15_rows, small_step_rows, targets
+from whole_process import ProcessResult
 
 import graphwatch
 from graphwatch.capture.steps.detail import SAMPLE_EVERY, SAMPLED_EARLY
@@ -30,10 +31,6 @@ def fmt_ms(x: float) -> str:
     if math.isnan(x):
         return "-"
     return f"{x:.3f}" if x < 10 else f"{x:.1f}" if x < 1000 else f"{x:,.0f}"
-
-
-def fmt_x(x: float) -> str:
-    return "-" if math.isnan(x) else f"{x:.2f}x"
 
 
 def load_average() -> str:
@@ -94,6 +91,7 @@ def write_results(
     steady: dict[str, WorkloadResult] | None = None,
     whole: dict[str, WorkloadResult] | None = None,
     kept: KeptWindows | None = None,
+    process: ProcessResult | None = None,
 ) -> str:
     mode = "quick" if quick else "full"
     lines = [
@@ -121,7 +119,7 @@ def write_results(
         "",
         *(f"- `{name}`: {desc}" for name, (desc, _) in CONFIGS.items()),
         "",
-        *_issue_25_section(steady or {}, whole or {}, kept),
+        *_small_step_section(steady or {}, whole or {}, kept, process),
         "## Targets (issue 5)",
         "",
         "| target | goal | measured | status |",
@@ -157,14 +155,17 @@ def write_results(
     return text
 
 
-def _issue_25_section(
-    steady: dict[str, WorkloadResult], whole: dict[str, WorkloadResult], kept: KeptWindows | None
+def _small_step_section(
+    steady: dict[str, WorkloadResult],
+    whole: dict[str, WorkloadResult],
+    kept: KeptWindows | None,
+    process: ProcessResult | None,
 ) -> list[str]:
-    """Issue 25's goals (adaptive capture), the steady-state table beside them."""
-    if not steady and not whole and kept is None:
+    """Issue 42's goals (small steps) and issue 25's that stand, the steady-state table beside them."""
+    if not steady and not whole and kept is None and process is None:
         return []
     lines = [
-        "## Goals of issue 25 (adaptive capture), beside the Python floor",
+        "## Goals of issue 42 (small steps) and of issue 25 (adaptive capture), beside the Python floors",
         "",
         (
             "The default level sees the first steps, sampled steps and suspicious steps in full detail and the others at "
@@ -172,13 +173,16 @@ def _issue_25_section(
             f"{STEADY_FROM} on of sessions of the listed length, as a median over rounds of the paired ratio to bare; the "
             f"sampled steps ({', '.join(map(str, SAMPLED_EARLY))}, then every {SAMPLE_EVERY}th) are in it. `floor` is the "
             "least a Python tool that knows every saved "
-            "tensor's lifetime costs (see Configurations): what full detail on every step cannot go below; on the light "
-            "level's row it is `light_floor`, what keeping the light level's figures costs with no records or analysis."
+            "tensor's lifetime costs (see Configurations): what full detail on every step cannot go below (a full step); "
+            "`light_floor` is what keeping the light level's figures costs with no records or analysis: what a light step "
+            "(the light level's, and the default level's between its full steps) cannot go below. The step-per-backward "
+            "row runs `benchmarks/workloads.py` as a script in fresh processes, `python` against `python -m graphwatch "
+            "run` (`whole_process.py`): CPU time of the whole process, Python's start and `import torch` included."
         ),
         "",
         "| measure | goal | measured | floor | status |",
         "|---|---|---|---|---|",
-        *issue_25_rows(steady, whole, kept),
+        *small_step_rows(steady, whole, kept, process),
         "",
     ]
     configs = [c for c in CONFIGS if any(c in r.results for r in steady.values())]
@@ -203,13 +207,16 @@ def _issue_25_section(
         lines += [
             "### Whole runs (entering and leaving the session included)",
             "",
-            "| workload | steps x rounds | bare ms | default ms, ratio | light ms, ratio |",
-            "|---|---|---|---|---|",
+            "| workload | steps x rounds | bare ms | default ms, ratio | light ms, ratio | light_floor ms, ratio |",
+            "|---|---|---|---|---|---|",
         ]
         for r in whole.values():
-            ms = {c: med([x.whole_ms for x in r.results[c]]) for c in ("bare", "gw", "light") if c in r.results}
-            cells = [f"{fmt_ms(ms[c])} ms, **{fmt_x(r.whole_ratio(c))}**" if c in ms else "-" for c in ("gw", "light")]
-            bare = fmt_ms(ms.get("bare", math.nan))
+            whole_ms = {c: med([x.whole_ms for x in r.results[c]]) for c in WHOLE_CONFIGS if c in r.results}
+            cells = [
+                f"{fmt_ms(whole_ms[c])} ms, **{fmt_x(r.whole_ratio(c))}**" if c in whole_ms else "-"
+                for c in WHOLE_CONFIGS[1:]
+            ]
+            bare = fmt_ms(whole_ms.get("bare", math.nan))
             lines.append(f"| {r.workload.name} | {r.steps} x {r.rounds} | {bare} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines

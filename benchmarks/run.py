@@ -12,7 +12,9 @@ the *paired* ratio (configuration / bare of the same round).  Also: cost per
 step of 10k vs 100k-node graphs under a low recursion limit
 (``deep_graph.py``); a long run of a tiny loop for graphwatch's own memory
 and trace size (``longrun.py``); a cProfile attribution of the MLP loop
-(``profile_hot_path.py``).  RESULTS.md is written by ``results.py``.
+(``profile_hot_path.py``); a step-per-backward script's whole process,
+``python`` against ``graphwatch run`` (``whole_process.py``).  RESULTS.md is
+written by ``results.py``; the goals it checks are in ``targets.py``.
 Benchmarks are not part of the test suite.
 """
 
@@ -37,8 +39,9 @@ import workloads as W
 from adaptive import KEPT_STEPS, KEPT_WINDOW, measure_kept, measure_steady, measure_whole
 from configs import CONFIGS
 from longrun import long_run
-from measure import Log, Shape, WorkloadResult, measure
-from results import fmt_x, machine, write_results
+from measure import Log, Shape, WorkloadResult, fmt_x, measure
+from results import machine, write_results
+from whole_process import measure_process
 
 warnings.filterwarnings("ignore")  # detect_anomaly warns on every entry; numpy-less torch warns once
 
@@ -59,7 +62,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
         help="steps of the cProfile'd MLP loop for RESULTS.md (default 1000; --quick 300; 0 skips it)",
     )
     add("--headroom", type=int, default=120, help="recursion limit on deep graphs = current depth + this")
-    add("--steady-rounds", type=int, default=None, help="rounds of issue 25's steady-state sessions (0 skips them)")
+    add("--steady-rounds", type=int, default=None, help="rounds of the steady-state sessions (0 skips them)")
+    add(
+        "--process-rounds",
+        type=int,
+        default=None,
+        help=f"rounds of the whole-process runs of a {W.SGD_STEPS}-step script (default 9; --quick 3; 0 skips them)",
+    )
     add("--kept-steps", type=int, default=None, help=f"steps of the kept-graphs run (default {KEPT_STEPS:,}; 0 skips it)")
     add("--out", default=str(HERE / "RESULTS.md"), help="where to write the results")
     return parser, parser.parse_args(argv)
@@ -119,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         steady = measure_steady(only, configs, args.steady_rounds or 0, args.quick, args.headroom, log)
         whole = measure_whole(only, args.steady_rounds or 0, args.quick, args.headroom, log)
         gc.collect()
+    process_rounds = args.process_rounds if args.process_rounds is not None else (3 if args.quick else 9)
+    process = None
+    if process_rounds > 0:
+        log(f"whole processes: {W.SGD_STEPS} steps of manual SGD, python / graphwatch run, {process_rounds} rounds")
+        process = measure_process(process_rounds, W.SGD_STEPS, log)
     kept_steps = args.kept_steps if args.kept_steps is not None else (3000 if args.quick else KEPT_STEPS)
     kept = measure_kept(kept_steps, min(KEPT_WINDOW, kept_steps // 10), log) if kept_steps > 0 else None
     long = None
@@ -141,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         steady=steady,
         whole=whole,
         kept=kept,
+        process=process,
     )
     print()
     print(text)

@@ -22,13 +22,18 @@ The workloads, from the issue-5 brief:
   ``retain_graph=True`` (parameters updated through ``.data`` as in PyTorch's
   word-language-model example): each backward runs through every earlier
   step's graph of the round, so bare torch slows down too.
+- ``manualsgd``: a step per backward and no optimizer (issue 42), the shape of
+  PyTorch's ``examples/regression``: a 4->1 linear fit of a quartic on fresh
+  batches, its parameters updated by hand under ``no_grad``; tiny steps.  Run
+  as a script (``python benchmarks/workloads.py``) it is also the whole-process
+  workload of ``whole_process.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +53,7 @@ class Workload:
     skip_reason: str = ""
     group: str = ""  # workloads of one group are measured together, interleaved (and compared with each other)
     begin: Callable[[], None] | None = None  # before each round: a state carried from step to step starts afresh
+    params: tuple[torch.Tensor, ...] = ()  # the trained parameters, where a run's result is read from them
 
 
 def count_nodes(root: Any) -> int:
@@ -243,6 +249,35 @@ def gru_carried_bug(segments: int = 8) -> Workload:
     return Workload("grubug", description, step, segments, 21, nodes=nodes, begin=begin)
 
 
+SGD_STEPS = 758  # the steps PyTorch's regression example took in issue 42's measurement
+SGD_RATE = 0.05
+
+
+def manual_sgd() -> Workload:
+    """A step per backward, no optimizer: ``Linear(4, 1)`` fitted to a fixed quartic (features x, x^2, x^3, x^4 of
+    32 fresh normal samples a step) with smooth L1 loss, each parameter updated by hand under ``no_grad``."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    params: tuple[torch.Tensor, ...] = tuple(model.parameters())
+    true_weight, true_bias = torch.randn(4, 1), torch.randn(1)
+    powers = torch.arange(1, 5)
+
+    def loss() -> torch.Tensor:
+        features = torch.randn(32, 1) ** powers
+        return F.smooth_l1_loss(model(features), features @ true_weight + true_bias)
+
+    def step() -> None:
+        loss().backward()
+        with torch.no_grad():
+            for p in params:
+                p -= SGD_RATE * cast(torch.Tensor, p.grad)
+                p.grad = None
+
+    description = "Linear(4->1) on a quartic, batch 32, smooth L1, manual SGD under no_grad: a step per backward"
+    nodes = count_nodes(loss().grad_fn)
+    return Workload("manualsgd", description, step, 100, 21, nodes=nodes, params=params)
+
+
 def all_workloads() -> dict[str, Callable[[], Workload]]:
     """Workload builders by name, in the order the benchmark runs them."""
     return {
@@ -254,6 +289,7 @@ def all_workloads() -> dict[str, Callable[[], Workload]]:
         "rnn10k": lambda: unrolled_rnn(10_000),
         "rnn100k": lambda: unrolled_rnn(100_000),
         "grubug": gru_carried_bug,
+        "manualsgd": manual_sgd,
     }
 
 
@@ -284,3 +320,19 @@ def tiny(leak_every: int = LEAK_EVERY) -> Callable[[], None]:
             kept.append(loss)  # the leak: this step's graph stays alive
 
     return step
+
+
+def main() -> None:
+    """The whole-process workload of ``whole_process.py``: :data:`SGD_STEPS` steps of :func:`manual_sgd` (or as many
+    as the first argument says), then the trained parameters' sums."""
+    import sys
+
+    torch.set_num_threads(1)
+    workload = manual_sgd()
+    for _ in range(int(sys.argv[1]) if len(sys.argv) > 1 else SGD_STEPS):
+        workload.step()
+    print(" ".join(f"{p.sum().item():.6f}" for p in workload.params))
+
+
+if __name__ == "__main__":
+    main()

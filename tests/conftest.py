@@ -22,13 +22,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker of `pytest -n` (scripts/te
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """The table of PyTorch's own autograd tests (``test_pytorch_suite.py`` records it on its report, which a
-    ``pytest -n`` worker sends here), whatever the verbosity."""
-    for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
-        for name, text in getattr(report, "user_properties", []):
-            if name == "pytorch_suite_table" and report.when == "call":
-                terminalreporter.write_sep("-", "PyTorch's own autograd tests, bare and inside a session")
-                terminalreporter.write_line(text)
+    """The table of PyTorch's own autograd tests (each shard's test in ``test_pytorch_suite.py`` records its result on
+    its report, which a ``pytest -n`` worker sends here; ``summary`` adds them up), whatever the verbosity."""
+    reports = terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", [])
+    parts = [text for report in reports if report.when == "call"
+             for name, text in getattr(report, "user_properties", []) if name == "pytorch_suite_table"]  # fmt: skip
+    if parts:
+        from test_pytorch_suite import summary
+
+        terminalreporter.write_sep("-", "PyTorch's own autograd tests, bare and inside a session")
+        terminalreporter.write_line(summary(parts))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -584,7 +584,11 @@ def _range_mutations(data: dict) -> Iterator[tuple[str, str, dict]]:
 
 def test_fields_out_of_range_or_of_nested_wrong_shapes_are_named_not_a_traceback(good_trace, tmp_path, capsys):
     data = json.loads(good_trace.read_text())
+    # (only a list's first row is damaged: its other snapshots would be drawn unchanged for every damage)
+    data["snapshots"] = data["snapshots"][:1]
     path = tmp_path / "trace.json"
+    path.write_text(json.dumps(data))
+    assert _report(path, tmp_path / "out", capsys)[0] == 0  # undamaged, it renders
     outcomes = {0: 0, 2: 0}
     for label, field, damaged in _range_mutations(data):
         path.write_text(json.dumps(damaged))  # NaN and Infinity as Python's json writes them

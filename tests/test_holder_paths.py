@@ -9,12 +9,12 @@ what a function returned.  The finding names the path and cites the line that ra
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import warm_python
 from torch import nn
 
 import graphwatch
@@ -190,7 +190,7 @@ def test_a_loss_returned_and_kept_by_the_caller_is_one_finding_at_the_caller_s_l
     script = tmp_path / "char_rnn.py"
     script.write_text(CHAR_RNN)
     env = dict(os.environ, PYTHONPATH=str(Path(graphwatch.__file__).parent.parent), OMP_NUM_THREADS="1")
-    done = subprocess.run(
+    done = warm_python.run(
         [sys.executable, "-m", "graphwatch", "run", "--out", "out", script.name],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )

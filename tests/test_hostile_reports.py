@@ -276,8 +276,8 @@ def test_odd_names_are_drawn_and_under_w_error_a_picture_never_stops_training(na
     bare.write_text(NAMES.format(watch="", context="open(__file__)"))
     watched = tmp_path / "watched.py"
     watched.write_text(NAMES.format(watch=", graphwatch", context="graphwatch.watch(out='out', summary=False)"))
-    runs = [subprocess.run([sys.executable, "-W", "error", str(script), name], cwd=tmp_path,
-                           env={**_env(), "PYTHONWARNINGS": "error"}, capture_output=True, timeout=300, check=False)
+    runs = [warm_python.run([sys.executable, "-W", "error", str(script), name], cwd=tmp_path,
+                            env={**_env(), "PYTHONWARNINGS": "error"}, capture_output=True, timeout=300)
             for script in (bare, watched)]  # fmt: skip
     assert [(r.returncode, r.stdout) for r in runs] == [(0, b"done\n")] * 2, runs[1].stderr.decode()[-3000:]
     assert b"could not draw" not in runs[1].stderr

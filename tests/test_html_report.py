@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import warm_python
 
 import graphwatch
 from graphwatch.model import CallSite, Finding, Snapshot, SourceLines, StepRecord, Trace
@@ -506,9 +507,9 @@ def test_focused_snapshots_fill_their_card_in_chromium(example: str, tmp_path: P
     """In a real browser, an RNN bug's and a kept-alive bug's focused pictures are as wide as their card
     (less its padding), hold at most about 30 node boxes, and their text is readable where it is shown."""
     out = tmp_path / "report"
-    subprocess.run(
+    warm_python.run(
         [sys.executable, "-m", "graphwatch", "run", "--out", str(out), str(EXAMPLES / f"{example}.py")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     page = tmp_path / "measured.html"
     page.write_text(with_test_script((out / "index.html").read_text(), MEASURE))

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import warm_python
 from test_patches import apply_patch, graphwatch_run, needs_patch_tool
 
 import graphwatch
@@ -243,8 +244,8 @@ def patched_prints_as_fixed(tmp_path: Path, finding: Finding, fixed: str) -> Non
     assert finding.patch is not None
     apply_patch(tmp_path, finding.patch)
     (tmp_path / "fixed.py").write_text(fixed)
-    patched, by_hand = (subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True,
-                                       timeout=300) for name in ("bug.py", "fixed.py"))  # fmt: skip
+    patched, by_hand = (warm_python.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True,
+                                        timeout=300) for name in ("bug.py", "fixed.py"))  # fmt: skip
     assert patched.returncode == by_hand.returncode == 0, patched.stderr + by_hand.stderr
     assert patched.stdout == by_hand.stdout and "trained:" in patched.stdout
 

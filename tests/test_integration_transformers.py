@@ -133,3 +133,14 @@ def test_a_state_carried_on_the_trainer_is_named_and_the_next_run_closes_the_fai
     assert (tmp_path / "failed" / "run" / "graphwatch" / "index.html").is_file()
     assert {f.kind for f in failed.session.findings} >= {"backward-through-freed-graph"}
     assert again.session is not None and again.session.findings == []
+
+
+def test_nodes_made_inside_transformers_are_cited_at_the_users_line_that_led_there(tmp_path: Path) -> None:
+    """Every op of GPT-2's forward and loss runs in transformers' files: each node is cited at the user's
+    ``super().compute_loss(...)`` that led there, never at a line inside the installed package."""
+    callback = GraphwatchCallback()
+    train(tmp_path, callback, trainer=KeepsLosses)
+    trace = callback.session.trace  # type: ignore[union-attr]
+    sites = {trace.where(node.site) for node in trace.nodes.values() if node.site is not None}
+    assert line_of(KeepsLosses, "loss = super().compute_loss") in sites
+    assert not [site for site in sites if site.startswith("transformers/")]

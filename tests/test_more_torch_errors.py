@@ -258,7 +258,10 @@ def test_manual_sgd():
     for p in model.parameters():
         p -= 0.1 * p.grad
 """)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")  # (the plugin loads by its entry point)
+    # pytest in a process of its own, as runpytest_subprocess starts it (the plugin loads by its entry point)
+    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--basetemp={pytester.path / 'tmp'}"]
+    done = warm_python.run(args, cwd=pytester.path, capture_output=True, text=True, timeout=300)
+    result = pytest.RunResult(done.returncode, done.stdout.splitlines(), done.stderr.splitlines(), duration=0.0)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "E*RuntimeError: a leaf Variable that requires grad is being used in an in-place operation.",

@@ -11,12 +11,12 @@ import io
 import json
 import os
 import runpy
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import warm_python
 
 import graphwatch
 from graphwatch.model import Finding
@@ -223,8 +223,8 @@ def test_graphwatch_run_shows_the_decorated_function_in_the_terminal_report_and_
     script = tmp_path / "train.py"
     script.write_text(DECORATED)
     env = dict(os.environ, NO_COLOR="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    result = subprocess.run([sys.executable, "-m", "graphwatch", "run", "--out", str(tmp_path / "out"), str(script)],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = warm_python.run([sys.executable, "-m", "graphwatch", "run", "--out", str(tmp_path / "out"), str(script)],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
     def_line = f"train.py:{line(DECORATED, 'cut')}"
     assert f"whose `def` at {def_line} (`def compute_loss(model, x, y):" in result.stderr

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import warm_python
 from rich.console import Console
 
 import graphwatch
@@ -64,7 +65,7 @@ TRAINS_IN_CHILDREN = """\
 def graphwatch_run(folder: Path, script: str, *options: str) -> subprocess.CompletedProcess[str]:
     (folder / "train.py").write_text(textwrap.dedent(script))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NO_COLOR": "1", "COLUMNS": "400"}
-    return subprocess.run(
+    return warm_python.run(
         [sys.executable, "-m", "graphwatch", "run", "--no-progress", "--out", "out", *options, "train.py"],
         cwd=folder, capture_output=True, text=True, timeout=600, env=env,
     )  # fmt: skip

@@ -1,20 +1,21 @@
 """PyTorch's own autograd tests pass inside a session as they pass without one.
 
 Runs ``scripts/pytorch_suite/suite.py`` on ``../shared/pytorch-tests`` (PyTorch's test files, byte-exact,
-kept beside the repository and never copied into it): the files run with pytest once at each level here,
-every test inside ``graphwatch.watch()``, and are compared with the bare run recorded for this torch, this
-Python and these files (``scripts/pytorch_suite/bare/``), or with a bare run beside them where no record
-matches.  A test that passes bare must pass watched, unless it is one of the proven impossibilities
-(``IMPOSSIBLE`` there, explained in ``docs/pytorch-suite.md``).  The table is printed in the terminal
-summary.  The precise level runs from ``bash scripts/pytorch_suite.sh`` (the test command stays under ten
-minutes).  Skipped, with one line saying where the files come from, where the folder is absent.
+kept beside the repository and never copied into it): the files run with pytest at each level here, every
+test inside ``graphwatch.watch()``, in ``SHARDS`` shards per level (one test each, so that pytest-xdist
+spreads them over its workers), and each shard is compared with the same shard of the bare run recorded
+for this torch, this Python and these files (``scripts/pytorch_suite/bare/``), or with a bare run beside it
+where no record matches.  A test that passes bare must pass watched, unless it is one of the proven
+impossibilities (``IMPOSSIBLE`` there, explained in ``docs/pytorch-suite.md``).  The shards' results are
+printed as one table in the terminal summary (``summary``, called by ``conftest.py``).  The precise level
+runs from ``bash scripts/pytorch_suite.sh`` (the test command stays under ten minutes).  Skipped, with one
+line saying where the files come from, where the folder is absent.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 LEVELS = ("default", "light")
-SUMMARY = "pytorch_suite_table"  # the report property conftest.pytest_terminal_summary prints
+SHARDS = 2  # per level: each shard is a pytest process of about a minute on a loaded machine
+SUMMARY = "pytorch_suite_table"  # the report property conftest.pytest_terminal_summary reads (``summary``)
 
 
 def _suite_module() -> Any:
@@ -39,15 +41,27 @@ def _suite_module() -> Any:
 suite = _suite_module()
 
 
-def test_pytorchs_autograd_tests_pass_inside_a_session_as_without_it(record_property):
+def summary(parts: list[str]) -> str:
+    """The one table of the shards' results that the terminal summary prints: ``parts`` are the ``SUMMARY``
+    properties the shards' tests recorded (the folder, then the result as JSON)."""
+    folders, results = zip(*(part.split("\n", 1) for part in parts))
+    merged = sorted(suite.merge([suite.LevelResult.from_json(result) for result in results]),
+                    key=lambda result: LEVELS.index(result.level))  # (in the order of LEVELS, whichever ended first)
+    shards = f"{len(parts)} of {len(LEVELS) * SHARDS} shards" if len(parts) < len(LEVELS) * SHARDS else "all tests"
+    return f"{', '.join(sorted(set(folders)))} ({shards})\n{suite.report(merged)}"
+
+
+@pytest.mark.parametrize("shard", range(SHARDS), ids=lambda shard: f"shard{shard + 1}of{SHARDS}")
+@pytest.mark.parametrize("level", LEVELS)
+def test_pytorchs_autograd_tests_pass_inside_a_session_as_without_it(level, shard, record_property):
     folder = suite.find_folder()
     if folder is None:
         pytest.skip(suite.MISSING)
-    results = suite.run_and_compare(folder, LEVELS)
-    text = suite.report(results)
-    record_property(SUMMARY, f"{folder}\n{text}")  # (conftest prints it in the terminal summary, also from a worker)
-    assert all(r.passed_bare for r in results), f"no test passed bare: is the folder complete?\n{text}"
-    assert not any(r.unexpected for r in results), text
+    [result] = suite.run_and_compare(folder, (level,), shard=(shard, SHARDS))
+    record_property(SUMMARY, f"{folder}\n{result.to_json()}")  # (conftest prints them, also from a worker)
+    text = suite.report([result])
+    assert result.passed_bare, f"no test of this shard passed bare: is the folder complete?\n{text}"
+    assert not result.unexpected, text
 
 
 def _outcomes(**tests: str) -> dict[str, dict[str, str]]:
@@ -77,26 +91,66 @@ def test_an_impossibility_that_passes_fails_the_suite():
     assert result.unexpected
 
 
-def test_a_test_that_crashes_torch_itself_is_left_out_of_every_run():
+@pytest.fixture
+def no_plugin_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs of a tiny test folder load only the plugins they name: entry-point plugins such as hypothesis's
+    take seconds to import, for tests that do not use them."""
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+
+def _fake_tests(folder: Path, source: str) -> Path:
+    """A folder of PyTorch's layout whose ``test_autograd.py`` is ``source`` (the other file is empty)."""
+    (folder / "autograd").mkdir(parents=True)
+    (folder / suite.FILES[0]).write_text(source)
+    (folder / suite.FILES[1]).write_text("")
+    return folder
+
+
+def test_a_test_that_crashes_torch_itself_is_left_out_of_every_run(tmp_path, no_plugin_autoload):
     """``CRASH_TORCH`` lists tests that segfault torch now and then without graphwatch: a run of one of them, bare
     or inside a session, deselects it (a crash would leave no outcomes to compare), and the table says so."""
-    folder = suite.find_folder()
-    if folder is None:
-        pytest.skip(suite.MISSING)
     crashing = next(iter(suite.CRASH_TORCH))
-    copy = suite.writable_copy(folder)
-    try:
-        runs = [suite._start(copy, level, [crashing], level or "bare") for level in ("", "default")]  # (together)
-        for process, outcomes, log in runs:
-            assert process.wait() == 5, log.read_text()  # pytest's "no test ran": the only test was deselected
-            assert "1 deselected" in log.read_text()
-            assert crashing not in (json.loads(outcomes.read_text()) if outcomes.is_file() else {})
-    finally:
-        shutil.rmtree(copy.parent, ignore_errors=True)
+    file, cls, name = crashing.split("::")
+    assert file == suite.FILES[0]
+    folder = _fake_tests(tmp_path / "tests", f"import os\nimport unittest\n\n\nclass {cls}(unittest.TestCase):\n"
+                                              f"    def {name}(self):\n        os.abort()  # a crash, as torch's\n")
+    runs = [suite._start(folder, level, [crashing], level or "bare") for level in ("", "default")]  # (together)
+    for process, outcomes, log in runs:
+        assert process.wait() == 5, log.read_text()  # pytest's "no test ran": the only test was deselected
+        assert "1 deselected" in log.read_text()
+        assert crashing not in (json.loads(outcomes.read_text()) if outcomes.is_file() else {})
     assert f"left out of every run: `{suite._short(crashing)}`" in suite.table([])
 
 
-def test_a_recorded_bare_run_stands_in_only_for_the_same_torch_python_and_files(tmp_path, monkeypatch):
+SHARDED = [f"test_{name}" for name in ("one", "two", "three", "four", "five", "six")]
+
+
+def test_a_shard_runs_only_its_tests_and_is_compared_with_only_its_part_of_the_bare_record(tmp_path, monkeypatch,
+                                                                                           no_plugin_autoload):
+    """Each shard's process deselects the other shards' tests, and its comparison counts only its own tests of the
+    recorded bare run (the others would be missing, so broken); the shards add up to every test."""
+    folder = _fake_tests(tmp_path / "tests", "".join(f"def {test}():\n    pass\n\n\n" for test in SHARDED))
+    tests = [f"{suite.FILES[0]}::{test}" for test in SHARDED]
+    shards = [(index, 2) for index in range(2)]
+    assert all(any(suite.in_shard(test, shard) for test in tests) for shard in shards)  # (neither shard is empty)
+    runs = [suite._start(folder, "", list(suite.FILES), f"bare-{index}", (index, count)) for index, count in shards]
+    ran = []
+    for (process, outcomes, log), shard in zip(runs, shards):
+        assert process.wait() == 0, log.read_text()
+        ran.append(set(json.loads(outcomes.read_text())))
+        assert ran[-1] == {test for test in tests if suite.in_shard(test, shard)}
+    assert ran[0] | ran[1] == set(tests) and not ran[0] & ran[1]
+    monkeypatch.setattr(suite, "BARE_RECORDS", tmp_path / "bare")
+    suite.record_bare(folder, {test: {"outcome": "passed", "detail": ""} for test in tests})
+    [watched] = suite.run_and_compare(folder, ("light",), shard=shards[0])  # inside a session, against the record
+    assert (watched.passed_bare, watched.passed_watched, watched.unexpected) == (len(ran[0]), len(ran[0]), False)
+    other = suite.LevelResult("light", len(ran[1]), len(ran[1]), flaky=[("flaky", "bare failed; run again: both")])
+    [merged] = suite.merge([suite.LevelResult.from_json(watched.to_json()), other])
+    assert (merged.passed_bare, merged.passed_watched, merged.flaky) == (6, 6, other.flaky)
+
+
+def test_a_recorded_bare_run_stands_in_only_for_the_same_torch_python_and_files(tmp_path, monkeypatch,
+                                                                                no_plugin_autoload):
     """The record is keyed by torch's and Python's versions (its file name) and by every byte of the test folder:
     a changed file, or no record, means the bare pass runs again."""
     folder = tmp_path / "tests"
@@ -130,8 +184,8 @@ def test_the_committed_record_matches_the_shared_test_files():
     assert sum(r["outcome"] == "passed" for r in recorded.values()) >= 500
 
 
-def test_an_extension_a_test_builds_is_built_once_in_the_kept_folder_whatever_folder_the_test_names(tmp_path,
-                                                                                                     monkeypatch):
+def test_an_extension_a_test_builds_is_built_once_in_the_kept_folder_whatever_folder_the_test_names(
+        tmp_path, monkeypatch, no_plugin_autoload):
     """PyTorch's tests build C++ extensions in a fresh temporary folder each (minutes of compiling): the runs build
     them in one kept folder per torch and Python instead, so that a second run, or a second level, builds nothing."""
     folder = tmp_path / "tests"
@@ -149,9 +203,21 @@ def test_an_extension_a_test_builds_is_built_once_in_the_kept_folder_whatever_fo
     built = tmp_path / "builds" / suite._versions() / "graphwatch_tiny" / "graphwatch_tiny.so"
 
     def built_after_a_run(name: str) -> int:
-        process, outcomes, log = suite._start(folder, "light", ["test_build.py"], name)
+        process, outcomes, log = suite._start(folder, "", ["test_build.py"], name)
         assert process.wait() == 0, log.read_text()
         assert json.loads(outcomes.read_text())["test_build.py::test_build"]["outcome"] == "passed"
         return built.stat().st_mtime_ns
 
     assert built_after_a_run("first") == built_after_a_run("again")  # the second run loaded the first one's build
+
+
+def test_the_terminal_summary_adds_the_shards_up_into_one_row_per_level():
+    impossible = next(iter(suite.IMPOSSIBLE))
+    shards = [suite.LevelResult("default", 300, 299, impossible=[impossible]), suite.LevelResult("default", 239, 239),
+              suite.LevelResult("light", 270, 270), suite.LevelResult("light", 269, 269)]  # fmt: skip
+    text = summary([f"/tests\n{result.to_json()}" for result in reversed(shards)])  # (light's shards ended first)
+    assert text.startswith("/tests (all tests)\n")
+    rows = [line for line in text.splitlines() if line.startswith(("| default", "| light"))]
+    assert rows == [f"| default | 539 | 538 of 539 | `{suite._short(impossible)}` | 0 |",
+                    "| light | 539 | 539 of 539 | none | 0 |"]  # fmt: skip
+    assert "(1 of 4 shards)" in summary([f"/tests\n{shards[0].to_json()}"])

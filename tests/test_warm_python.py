@@ -40,6 +40,19 @@ def test_a_forked_run_prints_and_ends_as_a_fresh_interpreter(tmp_path: Path, how
     assert "42 typed" in warm.stdout and ("ValueError: raised by the script" in warm.stderr) == (how == "raise")
 
 
+def test_w_options_filter_a_forked_runs_warnings_as_a_fresh_interpreters(tmp_path: Path) -> None:
+    (tmp_path / "warns.py").write_text(
+        "import sys, warnings\nprint(sys.argv, sys.warnoptions)\nwarnings.warn('the script warns')\nprint('after')\n"
+    )
+    args = [sys.executable, "-W", "ignore", "-W", "error::UserWarning", "warns.py", "-W"]
+    env = dict(os.environ, PYTHONWARNINGS="default")
+    warm = warm_python.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    cold = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert (warm.returncode, warm.stdout, warm.stderr) == (cold.returncode, cold.stdout, cold.stderr)
+    assert warm.returncode == 1 and "UserWarning: the script warns" in warm.stderr and "after" not in warm.stdout
+    assert "['warns.py', '-W'] ['default', 'ignore', 'error::UserWarning']" in warm.stdout
+
+
 def test_python_m_graphwatch_runs_forked_as_it_runs_fresh(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("import torch\nx = torch.ones(2, requires_grad=True)\n(x * x).sum().backward()\nprint(x.grad)\n")
@@ -68,5 +81,7 @@ def test_what_python_reads_at_start_up_differing_means_a_fresh_start() -> None:
     assert warm_python._can_fork([sys.executable, "-m", "graphwatch"], {**here, "PYTHONPATH": "/elsewhere"})
     assert not warm_python._can_fork([sys.executable, "train.py"], {**here, "LC_ALL": "C"})
     assert not warm_python._can_fork([sys.executable, "train.py"], {**here, "OMP_NUM_THREADS": "7"})
-    assert not warm_python._can_fork([sys.executable, "-W", "error", "train.py"], here)
+    assert warm_python._can_fork([sys.executable, "-W", "error", "train.py"], here)
+    assert not warm_python._can_fork([sys.executable, "-X", "dev", "train.py"], here)
+    assert not warm_python._can_fork([sys.executable, "-W", "error"], here)
     assert not warm_python._can_fork(["python3", "train.py"], here)

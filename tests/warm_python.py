@@ -1,4 +1,5 @@
-"""``python SCRIPT ARGS`` and ``python -m MODULE ARGS`` for the tests, without paying torch's start-up each time.
+"""``python [-W OPTION]... SCRIPT ARGS`` and ``python [-W OPTION]... -m MODULE ARGS`` for the tests, without paying
+torch's start-up each time.
 
 Most of what a test that starts a script pays is not the script: it is importing torch (about a second of CPU
 on a quiet machine, three on a busy one) and tearing the interpreter down again at the end (about as much:
@@ -12,9 +13,9 @@ except for the module teardown: ``atexit`` handlers run and the streams are flus
 
 Where a fork could differ from a fresh interpreter, the command runs as a real cold start instead (through
 :func:`subprocess.run`): an environment that differs from the server's in what Python, torch or OpenMP read at
-start-up (``PYTHON*``, ``OMP_*``, ``TORCH*``, locale, ``LD_*``, ...), an interpreter other than this one, or
-``GRAPHWATCH_TEST_COLD=1``.  Tests about start-up itself (import cost, the install, locales, signals,
-tracebacks of a bare script) call :func:`subprocess.run` directly.
+start-up (``PYTHON*``, ``OMP_*``, ``TORCH*``, locale, ``LD_*``, ...), an interpreter other than this one, an
+interpreter option other than ``-W``, or ``GRAPHWATCH_TEST_COLD=1``.  Tests about start-up itself (import cost, the
+install, locales, signals, tracebacks of a bare script) call :func:`subprocess.run` directly.
 
 Example::
 
@@ -25,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -49,7 +51,8 @@ _started: dict[str, str] = {}  # the environment the server started with
 def run(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None,
         input: str | bytes | None = None, capture_output: bool = False, text: bool = False,
         timeout: float | None = None, check: bool = False) -> subprocess.CompletedProcess[Any]:
-    """:func:`subprocess.run` for ``[sys.executable, SCRIPT | "-m" MODULE, *ARGS]``, forked off a warm server."""
+    """:func:`subprocess.run` for ``[sys.executable, *("-W", OPTION)..., SCRIPT | "-m" MODULE, *ARGS]``, forked off a
+    warm server."""
     env = dict(os.environ if env is None else env)
     if not _can_fork(args, env):
         return subprocess.run(list(args), cwd=cwd, env=env, input=input, capture_output=capture_output, text=text,
@@ -68,7 +71,8 @@ def run(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None, env: 
 def _can_fork(args: Sequence[str], env: Mapping[str, str]) -> bool:
     if os.environ.get("GRAPHWATCH_TEST_COLD") == "1" or not hasattr(os, "fork") or len(args) < 2:
         return False
-    if args[0] != sys.executable or (args[1].startswith("-") and args[1] != "-m"):
+    _, argv = _warn_options(args[1:])
+    if args[0] != sys.executable or not argv or (argv[0].startswith("-") and argv[0] != "-m"):
         return False
     started = _started or os.environ
     if any(os.path.isfile(os.path.join(folder, name)) for folder in env.get("PYTHONPATH", "").split(os.pathsep)
@@ -88,8 +92,18 @@ def _connection() -> socket.socket:
             cwd=os.path.dirname(os.path.abspath(__file__)), env=_started, pass_fds=[theirs.fileno()],
         )  # fmt: skip
         theirs.close()
+        if _server is None:
+            atexit.register(_stop_server)
         _server = (process, ours)
     return _server[1]
+
+
+def _stop_server() -> None:
+    """End the server at exit and wait for it, so that its CPU time (and its children's) counts as this process's
+    children's, as ``/usr/bin/time`` and ``resource.getrusage(RUSAGE_CHILDREN)`` show it."""
+    if _server is not None:
+        _server[1].close()  # (the server ends when its socket does)
+        _server[0].wait()
 
 
 def _forked(argv: list[str], cwd: str, env: dict[str, str], data: bytes, capture: bool, timeout: float | None,
@@ -217,9 +231,10 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    _as_started(os.environ)
+    options, argv = _warn_options(request["argv"])
+    _as_started(os.environ, options)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    argv, code, interrupted = request["argv"], 0, False
+    code, interrupted = 0, False
     try:
         if argv[0] == "-m":
             sys.argv = ["-m", *argv[2:]]  # (runpy puts the module's file first, as `python -m` does)
@@ -259,14 +274,23 @@ def _without_pythonpath(path: list[str], env: Mapping[str, str]) -> list[str]:
     return [entry for entry in path if os.path.abspath(entry) not in named]
 
 
-def _as_started(env: Mapping[str, str]) -> None:
+def _warn_options(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The options of the ``-W OPTION`` pairs that lead ``argv`` (the interpreter's arguments), and the rest."""
+    options: list[str] = []
+    while len(argv) >= 2 and argv[0] == "-W":
+        options.append(argv[1])
+        argv = argv[2:]
+    return options, list(argv)
+
+
+def _as_started(env: Mapping[str, str], warn_options: Sequence[str]) -> None:
     """``sys.path[1:]`` and the warning filters as the interpreter sets them from ``env``'s PYTHONPATH and
-    PYTHONWARNINGS at start-up, below what importing torch and graphwatch filtered."""
+    PYTHONWARNINGS and the ``-W`` options at start-up, below what importing torch and graphwatch filtered."""
     import warnings
 
     sys.path[1:] = [folder for folder in env.get("PYTHONPATH", "").split(os.pathsep) if folder] + _SETUP["path"]
     added, startup = _SETUP["filters"]
-    sys.warnoptions[:] = [option for option in env.get("PYTHONWARNINGS", "").split(",") if option]
+    sys.warnoptions[:] = [*(option for option in env.get("PYTHONWARNINGS", "").split(",") if option), *warn_options]
     warnings.filters[:] = []
     warnings._processoptions(sys.warnoptions)  # type: ignore[attr-defined]
     warnings.filters[:] = [*added, *warnings.filters, *startup]

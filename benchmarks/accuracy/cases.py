@@ -199,7 +199,3 @@ REAL: list[Case] = [
         cite="fake_loss = adversarial_loss(discriminator(gen_imgs), fake)",
     ),
 ]
-
-from tutorials import TUTORIALS  # (after Case and Source: tutorials.py builds its cases on them)
-
-REAL += TUTORIALS

@@ -1,8 +1,10 @@
 """graphwatch's own fix for a bug case, applied and compared with the known-good fix by what the program prints.
 
-The fix is the patch of the first finding of an expected kind that has one (else of any finding); where no
-finding has a patch, the first remedy that names edits, applied literally (``analysis.codemods``); where none
-does either, there is nothing to apply and the table says so.  "Trains the same" means the fixed program
+The fix is what a user gets: every patch of the run together, as ``graphwatch run --patch-out FILE`` wrote
+them (a patch whose check failed is left out there, as are patches that overlap an earlier one); where no
+finding has a patch, the first remedy that names edits (of a finding of an expected kind first), applied
+literally (``analysis.codemods``); where none does either, or every patch failed its check, there is nothing
+to apply and the table says so.  "Trains the same" means the fixed program
 exits 0 and prints the same numbers as the known-good program (its losses and metrics; seeded runs), each
 within one unit of its last printed digit; numbers that are timings (``ms/batch 12.3``, ``time: 4.1s``) are
 left out.  A fix that silences the error but prints other numbers changes what trains: worse than no fix.
@@ -31,29 +33,41 @@ _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?(?!
 
 @dataclass
 class OwnFix:
-    """What graphwatch offers for a bug: a patch, or a remedy's edits applied as written (``patch`` None)."""
+    """What graphwatch offers for a bug: the run's patches, or a remedy's edits applied as written (``patch`` None)."""
 
-    finding: Finding
-    patch: str | None
-    how: str  # "patch" or "first fix, applied literally"
+    findings: list[Finding]  # the findings it fixes: those whose patches went in, or the one whose edits are applied
+    patch: str | None  # the file --patch-out wrote
+    how: str  # "patch", "N patches together" or "first fix, applied literally"
+
+    @property
+    def check(self) -> str:
+        """What ``--check-fixes`` said of the patches applied: "checked" when each was checked, "failed" when
+        a check failed, "" when none ran (or the fix is no patch)."""
+        checks = [f.check for f in self.findings if f.patch and f.check is not None]
+        return "" if not checks else ("checked" if all(c.checked for c in checks) else "failed")
 
 
-def own_fix(findings: list[Finding], expected: tuple[str, ...]) -> OwnFix | None:
-    """The fix to try (see the module's docstring), or None when graphwatch offers nothing mechanical."""
+def own_fix(findings: list[Finding], expected: tuple[str, ...], patches: str) -> OwnFix | str:
+    """The fix to try (see the module's docstring; ``patches``: what ``--patch-out`` wrote), or why there is none."""
+    applied = list({f.patch: f for f in findings if f.patch and (f.check is None or f.check.checked)}.values())
+    if any(line.startswith("--- ") for line in patches.splitlines()) and applied:
+        how = "patch" if len(applied) == 1 else f"{len(applied)} patches together"
+        return OwnFix(applied, patches, how)
+    if any(f.patch for f in findings):
+        return "no fix: every patch failed its check (--patch-out leaves them out)"
     ranked = [f for f in findings if f.kind in expected] + [f for f in findings if f.kind not in expected]
-    patched = next((f for f in ranked if f.patch), None)
-    if patched is not None:
-        return OwnFix(patched, patched.patch, "patch")
     literal = next((f for f in ranked if any(r.edits for r in f.remedies)), None)
-    return OwnFix(literal, None, "first fix, applied literally") if literal is not None else None
+    if literal is None:
+        return "no fix: its fixes are sentences, with no patch or edits to apply"
+    return OwnFix([literal], None, "first fix, applied literally")
 
 
 def apply_own_fix(fix: OwnFix, folder: Path) -> str | None:
     """Apply ``fix`` to the program in ``folder`` (where it ran); None, or why it could not be applied."""
     if fix.patch is not None:
         failure = apply_patch(fix.patch, folder)
-        return None if failure is None else f"the patch does not apply: {failure}"
-    remedy = next(r for r in fix.finding.remedies if r.edits)
+        return None if failure is None else f"the patches do not apply: {failure}"
+    remedy = next(r for r in fix.findings[0].remedies if r.edits)
     for file in dict.fromkeys(edit.file for edit in remedy.edits):
         path = folder / file
         if not path.is_file():

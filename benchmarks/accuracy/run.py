@@ -13,12 +13,13 @@ Each case runs in a fresh temporary folder as ``python -m graphwatch run --level
 wheel exists here, and nothing can be downloaded).  A real case copies its folder from the corpus and applies its one-line mutation; a
 reproduction is a script of ``repros/`` whose docstring says ``EXPECT: silent`` or ``EXPECT: kind[, kind]``,
 whose ``# HERE`` comment marks the line a finding must cite, and whose ``FIX: old => new`` lines apply the
-known-good fix (``\\n`` in ``new`` starts a new line).  A bug runs with ``--check-fixes``; then its fixed twin
-(the known fix: the unchanged script, or the FIX lines), which must be silent, and graphwatch's own fix
-(``own_fix.py``), which must print what the twin prints.  At the default level the bug (or clean) program also
-runs at ``--level full``, for its diagnosis alone (no fix checks): the table's column "found at level=full" and
-its row "default level finds what full finds" (``results.py``).  The table goes to
-``benchmarks/accuracy/RESULTS.md`` (written by a run of every case at the default level; ``--out`` for any other).
+known-good fix (``\\n`` in ``new`` starts a new line).  A bug runs with ``--check-fixes --patch-out FILE``; then
+its fixed twin (the known fix: the unchanged script, or the FIX lines), which must be silent, and graphwatch's
+own fix (``own_fix.py``: the run's patches together, as FILE has them), which must print what the twin prints.
+At the default level the bug (or clean) program also runs at ``--level full``, for its diagnosis alone (no fix
+checks): the table's column "found at level=full" and its row "default level finds what full finds"
+(``results.py``).  The table goes to ``benchmarks/accuracy/RESULTS.md`` (written by a run of every case at the
+default level; ``--out`` for any other).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pathlib import Path
 from cases import PROBLEM_KINDS, REAL, Case
 from own_fix import apply_own_fix, different, own_fix, printed_numbers
 from results import Outcome, same_diagnosis, table
-from tutorials import TUTORIAL_SETUPS
+from tutorials import TUTORIAL_SETUPS, TUTORIALS
 
 HERE = Path(__file__).resolve().parent
 LEVEL = "default"  # graphwatch's level (--level)
@@ -146,6 +147,7 @@ class Ran:
     findings: list
     stderr: str
     stdout: str = ""
+    patches: str = ""  # what --patch-out wrote (a bug's run: every patch of the run, as a user gets them)
 
 
 def _run(case: Case, script: Path, out: Path, check_fixes: bool = False, level: str | None = None) -> Ran:
@@ -157,7 +159,8 @@ def _run(case: Case, script: Path, out: Path, check_fixes: bool = False, level: 
     env.setdefault("MPLBACKEND", "Agg")
     env.setdefault("OMP_NUM_THREADS", "1")  # one thread a run: the same numbers on any machine, and cases run side by side
     env.setdefault("GW_ACCURACY_SEED", "0")  # shims/sitecustomize.py seeds scripts that seed nothing
-    flags = ["--check-fixes"] if check_fixes else []
+    patch_out = out.parent / f"{out.name}-patches.diff"
+    flags = ["--check-fixes", "--patch-out", str(patch_out)] if check_fixes else []
     command = [sys.executable, "-m", "graphwatch", "run", "--level", level or LEVEL, *flags, "--out", str(out),
                script.name, *case.args]
     try:
@@ -168,7 +171,8 @@ def _run(case: Case, script: Path, out: Path, check_fixes: bool = False, level: 
     if not trace_path.exists():
         return Ran(done.returncode, [], (done.stderr.strip().splitlines() or ["no trace"])[-1], done.stdout)
     findings = [f for f in graphwatch.load(trace_path).findings if f.kind in PROBLEM_KINDS]
-    return Ran(done.returncode, findings, done.stderr, done.stdout)
+    patches = patch_out.read_text() if patch_out.is_file() else ""
+    return Ran(done.returncode, findings, done.stderr, done.stdout, patches)
 
 
 def _cited(findings: list, script: Path, text: str | None, number: int | None = None) -> bool:
@@ -211,7 +215,7 @@ def judge(case: Case, corpus: Path | None, compare_full: bool = False, fixes: bo
         outcome = _diagnose(case, bug, script)
         if fixes and outcome.verdict != "did not run" and not case.clean:
             outcome.twin, twin_out = _try_fix(case, corpus, Path(temp))
-            outcome.own, outcome.check = _try_own_fix(case, corpus, Path(temp), bug.findings, twin_out)
+            outcome.own, outcome.check = _try_own_fix(case, corpus, Path(temp), bug, twin_out)
         if compare_full:
             outcome.full = _diagnose_at_full(case, corpus, Path(temp))
         return outcome
@@ -252,13 +256,13 @@ def _try_fix(case: Case, corpus: Path | None, temp: Path) -> tuple[str, str | No
     return ("silent" if not ran.findings else "finding left"), ran.stdout
 
 
-def _try_own_fix(case: Case, corpus: Path | None, temp: Path, findings: list, known: str | None) -> tuple[str, str]:
-    """Apply graphwatch's own fix to the bug and compare what it prints with the known fix's output:
-    (the verdict, what --check-fixes said of that patch)."""
-    fix = own_fix(findings, case.expect)
-    if fix is None:
-        return "no fix: its fixes are sentences, with no patch or edits to apply", ""
-    check = "" if fix.finding.check is None else ("checked" if fix.finding.check.checked else "failed")
+def _try_own_fix(case: Case, corpus: Path | None, temp: Path, bug: Ran, known: str | None) -> tuple[str, str]:
+    """Apply graphwatch's own fix to the bug (every patch of its run together, as --patch-out wrote them) and
+    compare what it prints with the known fix's output: (the verdict, what --check-fixes said of those patches)."""
+    fix = own_fix(bug.findings, case.expect, bug.patches)
+    if isinstance(fix, str):  # none to apply: every patch failed its check, or no finding has one
+        return fix, "failed" if any(f.patch for f in bug.findings) else ""
+    check = fix.check
     work = temp / "own"
     work.mkdir()
     script = _prepare(case, corpus, work)
@@ -310,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         return outcome
 
     with ThreadPoolExecutor(max_workers=max(1, args.j)) as pool:  # (each case is subprocesses: threads suffice)
-        outcomes = list(pool.map(one, [case for case in [*REAL, *repro_cases()] if args.k in case.name]))
+        outcomes = list(pool.map(one, [case for case in [*REAL, *TUTORIALS, *repro_cases()] if args.k in case.name]))
     # RESULTS.md is the whole corpus at the default level (the levels compared); another table needs --out
     if args.out != HERE / "RESULTS.md" or (not args.k and compare_full and not args.no_fixes):
         args.out.write_text(table(outcomes, LEVEL, fixes=not args.no_fixes))

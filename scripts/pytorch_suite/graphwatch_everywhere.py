@@ -11,11 +11,14 @@ bare and watched, and compare.  Options (environment):
   compile in (``torch.utils.cpp_extension.load_inline``), one subfolder per
   extension, instead of the fresh temporary folder each test names: the build,
   minutes of compiling, is then paid once, and runs started together share it
-  (torch's lock in the folder lets one build while the others wait).
+  (torch's lock in the folder lets one build while the others wait); from the end
+  of collection on, where the test files imported torch;
+* ``GRAPHWATCH_SUITE_SHARD``: ``i/n`` runs only the tests of shard ``i`` of ``n``
+  (``suite.in_shard``: a hash of the test's id) and deselects the others.
 
 Example::
 
-    GRAPHWATCH_SUITE_LEVEL=default GRAPHWATCH_SUITE_OUTCOMES=watched.json \\
+    PYTHONPATH=scripts/pytorch_suite GRAPHWATCH_SUITE_LEVEL=default GRAPHWATCH_SUITE_OUTCOMES=watched.json \\
         python -m pytest -p graphwatch_everywhere test/test_autograd.py
 """
 
@@ -25,19 +28,23 @@ import contextlib
 import functools
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from suite import in_shard  # (this folder is on the path of a run: PYTHONPATH, see the example)
 
 _outcomes: dict[str, dict[str, str]] = {}
 STALE_LOCK_SECONDS = 30 * 60  # a build's lock this old was left by a killed run (a build takes a few minutes)
 
 
-def pytest_configure(config: pytest.Config) -> None:
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build in the kept folder, where the collected tests imported torch (a run of tests without torch, such as
+    graphwatch's own tests of this plugin, does not pay for importing it)."""
     builds = os.environ.get("GRAPHWATCH_SUITE_BUILDS")
-    if builds:
+    if builds and "torch" in sys.modules:
         import torch.utils.cpp_extension as cpp_extension
 
         cpp_extension.load_inline = _built_in(builds, cpp_extension.load_inline)
@@ -57,6 +64,18 @@ def _built_in(builds: str, load_inline: Callable[..., Any]) -> Callable[..., Any
         return load_inline(name, *args, **{**kwargs, "build_directory": folder})
 
     return kept_build
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the tests of the other shards (``GRAPHWATCH_SUITE_SHARD``), as pytest's ``--deselect`` does."""
+    shard = os.environ.get("GRAPHWATCH_SUITE_SHARD")
+    if not shard:
+        return
+    index, count = (int(number) for number in shard.split("/"))
+    others = [item for item in items if not in_shard(item.nodeid, (index, count))]
+    if others:
+        config.hook.pytest_deselected(items=others)
+        items[:] = [item for item in items if in_shard(item.nodeid, (index, count))]
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -14,6 +14,10 @@ this torch, this Python and the test files byte for byte, it stands in for the b
 anyway); a test whose outcome then differs still runs again, bare and watched, before it counts.  The C++
 extension a test compiles is built once per torch and Python, in ``graphwatch-suite-builds`` of the environment
 (``.venv``), and shared by the runs (``BUILDS``): minutes of compiling the first time, none after.
+
+A run can be one shard of the tests (``shard=(i, n)``: the tests whose id hashes to ``i`` modulo ``n``, see
+``in_shard``), compared with the same shard of the bare run: the test command spreads the levels and shards over
+its workers (``tests/test_pytorch_suite.py``) and ``merge`` adds the shards' results up into one row per level.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import stat
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+import zlib
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -105,6 +110,34 @@ class LevelResult:
         """A difference not on the list, or a listed impossibility that passes (the list is then wrong)."""
         return bool(self.broken or self.mended or self.stale)
 
+    def to_json(self) -> str:
+        """The result as JSON, as a shard's test sends it to the terminal summary (``from_json`` reads it)."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> LevelResult:
+        data = json.loads(text)
+        pairs = {name: [(test, what) for test, what in data[name]] for name in ("broken", "flaky")}
+        return cls(**{**data, **pairs})
+
+
+def merge(results: list[LevelResult]) -> list[LevelResult]:
+    """The shards' results added up: one result per level, in the order the levels first appear."""
+    merged: dict[str, LevelResult] = {}
+    for r in results:
+        total = merged.setdefault(r.level, LevelResult(r.level, 0, 0))
+        total.passed_bare += r.passed_bare
+        total.passed_watched += r.passed_watched
+        for name in ("impossible", "broken", "mended", "stale", "flaky"):
+            setattr(total, name, sorted(getattr(total, name) + getattr(r, name)))
+    return list(merged.values())
+
+
+def in_shard(test: str, shard: tuple[int, int] | None) -> bool:
+    """Whether ``test`` (a pytest id) is in shard ``(i, n)``: crc32 of its id is ``i`` modulo ``n`` (every test when
+    ``shard`` is None).  A hash of the id alone, so that the bare record splits as the run does."""
+    return shard is None or zlib.crc32(test.encode()) % shard[1] == shard[0]
+
 
 def find_folder(folder: str | os.PathLike[str] | None = None) -> Path | None:
     """The test folder, or None if absent: ``folder`` if given, else ``shared/pytorch-tests`` beside the
@@ -122,12 +155,15 @@ def writable_copy(folder: Path) -> Path:
     return copy
 
 
-def _start(copy: Path, level: str, tests: list[str], name: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
-    """One pytest process over ``tests`` in ``copy``, bare (``level=""``) or with every test in a session."""
+def _start(copy: Path, level: str, tests: list[str], name: str,
+           shard: tuple[int, int] | None = None) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """One pytest process over ``tests`` in ``copy``, bare (``level=""``) or with every test in a session; only
+    the tests of ``shard`` where one is named."""
     outcomes, log = copy.parent / f"{name}.json", copy.parent / f"{name}.log"
     paths = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": paths, "GRAPHWATCH_SUITE_LEVEL": level, "GRAPHWATCH_SUITE_OUTCOMES": str(outcomes),
            "GRAPHWATCH_SUITE_BUILDS": str(builds_folder()),
+           "GRAPHWATCH_SUITE_SHARD": "/".join(map(str, shard or ())),  # (empty: every test)
            # one torch intra-op thread each (unless set): the runs share the cores, where more would only spin
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # fmt: skip
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "graphwatch_everywhere",
@@ -203,10 +239,12 @@ def record_bare(folder: Path, outcomes: dict[str, dict[str, str]]) -> Path:
 
 
 def run_and_compare(
-    folder: Path, levels: tuple[str, ...], files: tuple[str, ...] = FILES, run_bare: bool = False
+    folder: Path, levels: tuple[str, ...], files: tuple[str, ...] = FILES, run_bare: bool = False,
+    shard: tuple[int, int] | None = None,
 ) -> list[LevelResult]:
     """Run ``files`` at each level (all at once) and compare each level with the bare run: the recorded one
-    where it matches (``recorded_bare``), else a bare run beside the others (always with ``run_bare``).
+    where it matches (``recorded_bare``), else a bare run beside the others (always with ``run_bare``).  With
+    ``shard``, only that shard's tests run and count (``in_shard``).
 
     A test whose outcome differs runs once more, bare and watched: where the two then agree (a test that
     timed out on a loaded machine, say) it is listed as flaky, not as a difference.
@@ -215,9 +253,9 @@ def run_and_compare(
     copy = writable_copy(folder)
     try:
         runs = ("", *levels) if recorded is None else levels
-        outcomes = _outcomes({level: _start(copy, level, list(files), level or "bare") for level in runs})
+        outcomes = _outcomes({level: _start(copy, level, list(files), level or "bare", shard) for level in runs})
         if recorded is not None:
-            outcomes[""] = recorded
+            outcomes[""] = {test: outcome for test, outcome in recorded.items() if in_shard(test, shard)}
         results = [compare(level, outcomes[""], outcomes[level]) for level in levels]
         for result in results:
             differing = [test for test, _ in result.broken] + result.mended

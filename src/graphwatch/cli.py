@@ -56,6 +56,7 @@ from .runner import (
     write_report,
 )
 from .signals import SignalGuard, ignore_signal
+from .warm_start import start_zygote, stop_zygote
 
 
 def error(message: str) -> int:
@@ -117,6 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out).absolute()  # before the script can os.chdir
     if args.check_fixes:
         _check_fixes_may_run(args, out)
+        start_zygote()  # before the script runs: the patched runs fork off it (graphwatch.warm_start)
     options = {"level": args.level}
     show_progress = not (args.quiet or args.no_progress or in_distributed_job())  # ranks share one terminal
     started_in = os.getpid()
@@ -193,6 +195,8 @@ def _check_fixes(run: ScriptRun, args: argparse.Namespace, out: Path, since: flo
         why = "SIGTERM" if guard.terminated else "Ctrl-C"
         say(f"--check-fixes stopped by {why}; the report holds the verdicts of the {done} finding(s) checked so far")
         return True
+    finally:
+        stop_zygote()
     return False
 
 

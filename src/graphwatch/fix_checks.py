@@ -5,9 +5,10 @@ run started in (the script's own folder when the script lies outside it) is
 copied to a scratch folder (:mod:`graphwatch.fix_checks_copy` says what is
 copied and what never is: regular files only, within bounds, no secrets); the
 patch is applied there with ``patch -p0``, as the report tells the user to;
-the script runs again, in a new process of its own session, under ``graphwatch
-run --stop-after N`` for the steps the finding needs
-(:func:`~graphwatch.analysis.patch_checks.steps_to_run`), with the same
+the script runs again, in a new process of its own session (forked off a
+process started before the script ran, else a cold Python:
+:mod:`graphwatch.warm_start`), under ``graphwatch run --stop-after N`` for
+the steps the finding needs (:func:`~graphwatch.analysis.patch_checks.steps_to_run`), with the same
 arguments; and :func:`~graphwatch.analysis.patch_checks.judge` compares the two
 traces.  The user's own files are only read: arguments and environment
 variables naming a path outside the copied folder stop the check unless
@@ -33,9 +34,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -46,6 +45,7 @@ from .errors import TraceFormatError, UsageError
 from .fix_checks_copy import CheckStopped, FolderTooLarge, copy_folder, folder_refusal, survey
 from .fix_checks_paths import moved_args, outside_arguments, outside_environment
 from .model import Finding, PatchCheck, Trace, load_trace
+from .warm_start import PatchedProcess, start_run
 
 MIN_TIMEOUT = 300.0  # seconds a patched run may take at least
 TIMEOUT_VARIABLE = "GRAPHWATCH_CHECK_TIMEOUT"  # seconds a patched run may take, instead (for tests)
@@ -273,54 +273,42 @@ def rerun(
     script: Path, args: Sequence[str], cwd: Path, steps: int, level: str, report: Path, timeout: float,
     stop: Callable[[], bool] = lambda: False,
 ) -> tuple[Trace | None, str]:  # fmt: skip
-    """Run ``script`` under ``graphwatch run --stop-after steps`` in a new process of its own session; (its
-    trace, "") or (None, why).  Every process of that session is killed when it ends or at ``timeout``;
-    raises :class:`CheckStopped` (the processes killed) once ``stop()``."""
+    """Run ``script`` under ``graphwatch run --stop-after steps`` in a new process of its own session (forked
+    off the zygote, or a cold start: :mod:`graphwatch.warm_start`); (its trace, "") or (None, why).  Every
+    process of that session is killed when it ends or at ``timeout``; raises :class:`CheckStopped` (the
+    processes killed) once ``stop()``."""
     package = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package, os.environ.get("PYTHONPATH")])))
-    command = [sys.executable, "-m", "graphwatch", "run", "--quiet", "--no-progress", "--stop-after", str(steps),
-               "--level", level, "--out", str(report), str(script), *args]  # fmt: skip
+    command = ["run", "--quiet", "--no-progress", "--stop-after", str(steps), "--level", level, "--out", str(report),
+               str(script), *args]  # fmt: skip
     errors = report.parent / "patched-run-stderr.txt"
     with open(errors, "wb") as stderr:  # a file, not a pipe: a process the script left running may hold it
-        process = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=stderr, start_new_session=True)  # fmt: skip
+        process = start_run(command, cwd, env, stderr.fileno())
     try:
         ended = _wait(process, timeout, stop)
     finally:
-        end_session(process)
+        process.end()
     if not ended:
         return None, f"it did not end within {timeout:.0f} s"
     try:
         return load_trace(report / "trace.json"), ""
     except (TraceFormatError, UsageError):
         said = [line for line in _tail(errors).splitlines() if line.strip()]
-        return None, f"exit code {process.returncode}" + (f", {said[-1].strip()}" if said else "")
+        code = "unknown (its zygote died)" if process.returncode is None else process.returncode
+        return None, f"exit code {code}" + (f", {said[-1].strip()}" if said else "")
 
 
-def _wait(process: subprocess.Popen[bytes], timeout: float, stop: Callable[[], bool]) -> bool:
-    """Wait for ``process`` to end (left unreaped where the system allows, so that its process group stays
-    its own until :func:`end_session`); False at ``timeout``; :class:`CheckStopped` once ``stop()``."""
+def _wait(process: PatchedProcess, timeout: float, stop: Callable[[], bool]) -> bool:
+    """Wait for ``process`` to end (its process group stays its own until :meth:`~PatchedProcess.end`); False
+    at ``timeout``; :class:`CheckStopped` once ``stop()``."""
     deadline = time.monotonic() + timeout
-    while True:
-        if hasattr(os, "waitid"):
-            if os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                return True
-        elif process.poll() is not None:
-            return True
+    while not process.has_ended():
         if stop():
             raise CheckStopped
         if time.monotonic() >= deadline:
             return False
         time.sleep(POLL_SECONDS)
-
-
-def end_session(process: subprocess.Popen[bytes]) -> None:
-    """Kill every process of ``process``'s group (it leads one: ``start_new_session``), then reap it."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):  # none left
-        pass
-    process.wait()
+    return True
 
 
 def _tail(path: Path) -> str:

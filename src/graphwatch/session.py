@@ -531,9 +531,10 @@ class Session:
         frame = sys._getframe(1)
         positions = self._loop.positions(frame)
         site = recorder.sites.users_own(recorder.sites.at(positions, frame), frame)  # (not a framework's line)
-        record = BackwardRecord(
-            len(self.trace.backwards), recorder.step, site, "backward" if accumulate else "grad", retain_graph, create_graph
-        )
+        record = BackwardRecord(  # (recorder.trace: the session's property makes patches, not needed here)
+            len(recorder.trace.backwards), recorder.step, site, "backward" if accumulate else "grad", retain_graph,
+            create_graph,
+        )  # fmt: skip
         freed: list[NodeRecord] | None = None
         full = self._plan.is_full(recorder.step)
         if full:
@@ -551,8 +552,9 @@ class Session:
         self._backwards.started(record, t_outputs)
         recorder.begin_backward(record)
         parts = self._own.parts
-        parts["around backwards"] += time.perf_counter() - own
-        started, started_cpu = time.perf_counter(), time.process_time()
+        started = time.perf_counter()  # (one clock read ends graphwatch's part and starts the backward's)
+        parts["around backwards"] += started - own
+        started_cpu = time.process_time()
         try:
             result = run(t_outputs, *args, **kwargs)
         except RuntimeError as exc:
@@ -573,15 +575,15 @@ class Session:
                 explain_inplace(recorder, exc, roots, sys._getframe(1))
             raise
         finally:
-            recorder.end_backward(record, time.perf_counter() - started, time.process_time() - started_cpu)
-        own = time.perf_counter()
+            ended = time.perf_counter()  # (and graphwatch's part after the backward starts here)
+            recorder.end_backward(record, ended - started, time.process_time() - started_cpu)
         loop = self._loop
         consumes = accumulate or not (retain_graph or create_graph)  # a freeing autograd.grad counts too
         if consumes and not self._explicit and not loop.in_optimizer_step:
             if loop.ends_step(frame, "backward", frees_graph=not retain_graph, positions=positions):
                 recorder.request_boundary("backward")
                 self._begin_step(recorder.step + 1)
-        parts["around backwards"] += time.perf_counter() - own
+        parts["around backwards"] += time.perf_counter() - ended
         return result
 
 

@@ -31,10 +31,11 @@ Example::
 
 from __future__ import annotations
 
+import ast
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..capture.lines.source import assigned_names
+from ..capture.lines.source import assigned_names, innermost_function
 from ..model import BackwardRecord, CallSite, Edit, NodeRecord, Remedy, Trace
 from .evidence import carried_pattern, carrier_line, site_chain, step_name
 from .kept_fixes import _file_source, parameters_remedy
@@ -127,7 +128,7 @@ def _detach_state(
 ) -> Remedy:
     """The detach of a state the loop carries, placed where each step starts using it; ``sites``: the line as it
     ran (where a step starts is read off it) and the line that keeps the state, as the file spells it."""
-    from .codemods.detach import HELPER_NAME
+    from .codemods.detach import HELPER_NAME, loop_holds_both
 
     ran, site = sites
     value_type = carrier.carried_type or ""
@@ -137,10 +138,19 @@ def _detach_state(
         what = f"`{name}`" if name else "the tensor the step carries over"
         kind = f" (it held {_described(value_type)}: detach each tensor in it)" if value_type == "other" else ""
         return Remedy(f"detach {what} at the start of each step{before}{kind} {_TBPTT}")
-    text = f"`{statement}` at the start of each step{before} {_TBPTT}"
     until = _line_towards(trace, backward, ran)
-    if until is None and not _once_per_step(trace, carrier, ran):
-        return Remedy(text)  # the function holding it runs more than once a step: where a step starts is unknown
+    if until is not None and module is not None and not loop_holds_both(module, site.line, until):
+        until = None  # the backward's function runs once per backward (`self.manual_backward(loss)`, a train_step())
+    text = f"`{statement}` at the start of each step{before} {_TBPTT}"
+    runs = _runs_per_step(trace, carrier, ran) if until is None else 1
+    span = _function_span(module, site.line) if runs == 0 and module is not None else None
+    if runs == 0 and (span is None or _runs_per_step(trace, carrier, ran, span) <= 1):
+        return Remedy(text)  # a plain store made no node: how often it runs, so where a step starts, is unknown
+    if runs != 1:
+        # the function holding it runs more than once a step (a neuron's forward, once per time step)
+        return Remedy(f"`{statement}` once at the start of each step, on the object that holds `{target}`, before "
+                      f"the step's first call of `{site.function}` (not inside it: it stores the state at "
+                      f"{site.where} more than once a step) {_TBPTT}")  # fmt: skip
     edits = [Edit("detach-state", site.file, site.line, target, until=until, value_type=value_type)]
     backward_site = trace.site(backward.site)
     if backward.retain_graph and not backward.graph_reused and backward_site is not None:
@@ -225,15 +235,37 @@ def _line_towards(trace: Trace, backward: BackwardRecord, site: CallSite) -> int
     return next((s.line for s in site_chain(trace, backward.site) if (s.file, s.function) == (site.file, site.function)), None)
 
 
-def _once_per_step(trace: Trace, carrier: NodeRecord, site: CallSite) -> bool:
-    """Whether ``site``'s line ran once in the carrier's step (a ``training_step``'s, not a cell's run once per
-    time step): some op made exactly one node there (an LSTM's one layer node, beside its two stacks)."""
+def use_in_step(trace: Trace, user: NodeRecord | None, backward: BackwardRecord) -> CallSite | None:
+    """The line of the backward's function that leads to ``user`` (the node of this step that used the carried
+    value): ``output, hidden = model(x, hidden)`` in a ``train_step()`` whose ``loss.backward()`` ran into the
+    last step's ``hidden`` inside ``forward``; None when the use is not below that function's lines."""
+    if user is None or user.site is None or trace.site(backward.site) is None:
+        return None
+    inner = site_chain(trace, backward.site)[0]
+    return next((s for s in site_chain(trace, user.site) if (s.file, s.function) == (inner.file, inner.function)), None)
+
+
+def _runs_per_step(trace: Trace, carrier: NodeRecord, site: CallSite, span: tuple[int, int] | None = None) -> int:
+    """How many times ``site``'s line (or, given ``span``, the lines of its function) ran in the carrier's step,
+    as the fewest nodes one op made there: 1 for a ``training_step``'s line (an LSTM's one layer node, beside its
+    two stacks), more for a cell's line run once per time step; 0 when no op made a node there (a plain store)."""
+    def there(s: CallSite) -> bool:
+        return s.file == site.file and span[0] <= s.line <= span[1] if span else s.where == site.where
+
     made: dict[str, int] = {}
     for node in trace.nodes.values():
-        if node.step == carrier.step and node.site is not None:
-            if any(s.where == site.where for s in site_chain(trace, node.site)):
-                made[node.op] = made.get(node.op, 0) + 1
-    return min(made.values(), default=0) == 1
+        if node.step == carrier.step and node.site is not None and any(map(there, site_chain(trace, node.site))):
+            made[node.op] = made.get(node.op, 0) + 1
+    return min(made.values(), default=0)
+
+
+def _function_span(module: cst.Module, line: int) -> tuple[int, int] | None:
+    """The first and last line of the innermost function holding ``line``, or None."""
+    try:
+        function = innermost_function(ast.parse(module.code), line)
+    except SyntaxError:
+        return None
+    return None if function is None else (function.lineno, function.end_lineno or function.lineno)
 
 
 def _described(value_type: str) -> str:

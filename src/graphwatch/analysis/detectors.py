@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 from ..model import BackwardRecord, Edit, Finding, Remedy, StepRecord, Trace
-from .carried_fixes import carried_detach, carried_remedies, carried_shape
+from .carried_fixes import carried_detach, carried_remedies, carried_shape, use_in_step
 from .evidence import (
     backwards_of,
     carrier_line,
@@ -90,7 +90,7 @@ def carried_across_steps(trace: Trace, step: StepRecord) -> list[Finding]:
         shape = carried_shape(trace, carrier, bw) if carrier is not None else "cached"
         evidence = {
             "key": site.where if site else trace.where(bw.site),
-            "sites": list(dict.fromkeys(w.where for w in (site, used, trace.site(bw.site)) if w is not None)),
+            "sites": list(dict.fromkeys(w.where for w in (site, used, use_in_step(trace, user, bw), trace.site(bw.site)) if w)),
             "steps": [bw.step],
             "backward": describe_site(trace, bw.site),
             "carrier": name,

@@ -222,14 +222,26 @@ def carrier_line(trace: Trace, carrier: NodeRecord) -> tuple[CallSite | None, st
         return outermost_assignment(trace, carrier.site) if not carrier.site_inferred else (None, None)
     if carrier.carried_kind == "parameters":  # the line of the in-place update, when the source has one
         return trace.site(carrier.carried_at), name
-    if carrier.carried_at is not None:
-        return trace.sites[carrier.carried_at], name
-    attr = name.rsplit(".", 1)[-1]
+    if carrier.carried_at is not None:  # (the line of a class that stores it spells it `self.target`)
+        site = trace.sites[carrier.carried_at]
+        return site, _spelled(site, name) or name
     for site in site_chain(trace, carrier.site):  # the line that assigns the attribute names it its way
-        spelled = next((n for n in assigned_names(site.source) if "." in name and n.endswith(f".{attr}")), None)
+        spelled = _spelled(site, name)
         if spelled:
             return site, spelled
     return trace.site(carrier.site), name
+
+
+def _spelled(site: CallSite, name: str) -> str | None:
+    """How ``site``'s line spells the attribute ``name`` (dotted) it assigns: ``name`` itself, else the one
+    assigned with the same last attribute (``self.target`` for ``content.target``); None for a plain name."""
+    if "." not in name:
+        return None
+    assigned = assigned_names(site.source)
+    if name in assigned:
+        return name
+    attr = name.rsplit(".", 1)[-1]
+    return next((n for n in assigned if n.endswith(f".{attr}")), None)
 
 
 def carried_pattern(trace: Trace, carrier: NodeRecord, site: CallSite | None, backward: BackwardRecord) -> str:

@@ -97,14 +97,12 @@ def holder_remedy(site: CallSite, spelled: str, holders: list[Holder]) -> Remedy
     or None when the line does neither."""
     from .codemods.expressions import edited_statement
     from .codemods.numbers import kept_expression
-    from .codemods.returned import returned_value
 
     kept = kept_expression(site.source)
     if kept is not None:
-        source = _file_source(site)
-        returned = returned_value(source, site.line) if source is not None else None
+        returned = returned_origin(site)
         found = _returned_remedy(site, spelled, returned, holders) if returned is not None else None
-        return found or _keep_value(site, spelled, kept, holders, source)
+        return found or _keep_value(site, spelled, kept, holders, _file_source(site))
     if holders[0].backwarded or "[" in holders[0].name:
         return None  # a backward ran through the very value: detaching it would change what trains
     edit = Edit("detach-made", site.file, site.line, spelled, value_type="Tensor")
@@ -117,6 +115,17 @@ def holder_remedy(site: CallSite, spelled: str, holders: list[Holder]) -> Remedy
         why=f"no backward ran through `{holders[0].name}`: its graph only grows, one step on top of the last",
         mechanical=True,
     )
+
+
+def returned_origin(site: CallSite) -> Returned | None:
+    """The ``return`` of a function of the same file whose value the holder on ``site`` keeps, directly or
+    through the holders it feeds (:func:`~.codemods.returned.returned_value`); None when it keeps no one
+    function's returned value, or the file is no longer what ran.  Holders fed by one ``return`` are one root
+    cause: one edit there fixes them all."""
+    from .codemods.returned import returned_value
+
+    source = _file_source(site)
+    return returned_value(source, site.line) if source is not None else None
 
 
 def _file_source(site: CallSite) -> str | None:

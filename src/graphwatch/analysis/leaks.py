@@ -31,7 +31,7 @@ from .evidence import (
     stored_part,
 )
 from .findings import make_finding, renderer, same_cause
-from .kept_fixes import GENERIC, evaluation_remedy, holder_remedy, parameters_remedy
+from .kept_fixes import GENERIC, evaluation_remedy, holder_remedy, parameters_remedy, returned_origin
 
 # --------------------------------------------------------------- kept alive
 # A variable reassigned once an iteration holds the previous iteration's graph until it is reassigned:
@@ -199,6 +199,10 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
     never_backwarded = live > 0 and not backwarded and not any(h.nodes for h in holders) and bool(evaluation)
     evaluation_at = [line.where for line in evaluation]
     fixed_at = evaluation_at if never_backwarded else []  # the evaluation's lines, where its fix goes
+    origin = returned_origin(site) if site is not None else None  # the `return` whose value it keeps
+    returned = None if site is None or origin is None else {
+        "function": origin.function, "at": f"{site.file}:{origin.line}", "value": origin.value
+    }  # fmt: skip
     evidence = {
         "key": _finding_key(trace, holders[0]),
         "sites": list(dict.fromkeys(([site.where] if site else []) + fixed_at + graph)),
@@ -212,6 +216,7 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
         "never_backwarded": never_backwarded,
         "evaluation_at": evaluation_at,
         "parameters": name.endswith(".parameters()"),
+        "returned": returned,
     }
     remedies: list[Remedy] = []
     if evidence["parameters"]:
@@ -291,7 +296,7 @@ def _same_holding(old: Finding, new: Finding) -> int:
     += loss``) is that one's cause: fixing the line that feeds the first fixes both (1)."""
     a, b = old.evidence, new.evidence
     if a.get("holder") is not None and b.get("holder") is not None:
-        return 1 if _feeds(a, b) else 0
+        return 1 if _feeds(a, b) or _same_return(a, b) else 0
     if (a.get("holder") is None) == (b.get("holder") is None):
         return 0
     shared = bool(set(a.get("graph_at") or []) & set(b.get("graph_at") or []))
@@ -313,6 +318,20 @@ def _feeds(upstream: dict, downstream: dict) -> bool:
     return True
 
 
+def _same_return(kept: dict, new: dict) -> bool:
+    """Whether both holders keep what one ``return`` gave (the seq2seq tutorial's ``print_loss_total`` and
+    ``plot_loss_total``, both fed by what ``train()`` returns): one root cause, fixed by one edit there.  ``kept``
+    then lists ``new``'s holder and line among those that keep it (``also``)."""
+    returned = kept.get("returned")
+    if returned is None or returned != new.get("returned"):
+        return False
+    also = kept.setdefault("also", [])
+    holder = {"holder": new["holder"], "at": (new.get("sites") or [""])[0]}
+    if holder not in also and holder["holder"] != kept["holder"]:
+        also.append(holder)
+    return True
+
+
 @renderer("graph-kept-alive")
 def _render_kept(ev: dict) -> str:
     kept = ev["kept"]  # one moment: the last step end it was seen at (the picture's caption says the same)
@@ -321,13 +340,18 @@ def _render_kept(ev: dict) -> str:
     if ev["holder"] is None:
         who = "something outside the training loop's frames (a list, an attribute, a global) keeps"
     else:
-        fed = ev.get("fed")  # (its items are the fed holder's then)
-        items = f"through {kept['items']} of its items" if kept.get("items") and not fed else ""
+        fed, also = ev.get("fed"), ev.get("also") or []  # (its items are the fed holder's, or another's, then)
+        items = f"through {kept['items']} of its items" if kept.get("items") and not (fed or also) else ""
         where = "" if ev.get("parameters") else ev["holder_at"]
         detail = ", ".join(part for part in (where, items) if part)
-        path = f", e.g. `{ev['item_path']}`" if ev.get("item_path") and not fed else ""
+        path = f", e.g. `{ev['item_path']}`" if ev.get("item_path") and not (fed or also) else ""
         through = f" and `{fed['holder']}`, fed from it at {fed['at']}," if fed else ""
-        who = f"`{ev['holder']}`" + (f" ({detail}{path})" if detail else "") + through + (" keep" if fed else " keeps")
+        if also:  # holders fed by what one `return` gave (see _same_return)
+            others, returned = ", ".join(f"`{h['holder']}` at {h['at']}" for h in also), ev["returned"]
+            every = "both" if len(also) == 1 else "all"
+            through += f" and {others}, {every} fed by what `{returned['function']}()` returns at {returned['at']},"
+        keep = " keep" if fed or also else " keeps"
+        who = f"`{ev['holder']}`" + (f" ({detail}{path})" if detail else "") + through + keep
     return (
         f"{who} the graphs of {spans_text(kept['spans'])} alive at the end of step {kept['step']}"
         + (f": {size}" if size else "")

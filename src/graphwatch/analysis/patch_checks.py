@@ -155,7 +155,8 @@ def _problems(trace: Trace) -> list[Finding]:
 def _same(before: Finding, after: Finding, lines: LineMap) -> bool:
     """Whether the patched run's finding ``after`` is the original run's ``before``, judged by its root cause:
     the same kind, the same holder (when both name one), and the same own line (the first it cites, where its
-    fix goes), once the patch's line shifts are undone.  A line both merely pass through (a model's forward
+    fix goes), once the patch's line shifts are undone; or one of the holders ``before`` names as one root
+    cause with its own (:func:`_owned`).  A line both merely pass through (a model's forward
     that made the graph two holders keep) does not make them one finding.  A growth is a consequence: the same
     as ``before`` when the findings that explain it are among those that explained ``before``."""
     if before.kind != after.kind:
@@ -165,10 +166,16 @@ def _same(before: Finding, after: Finding, lines: LineMap) -> bool:
         return not (cited or citing)
     if before.kind == "memory-growth":
         return lines.sites_before(citing) <= set(cited)
-    holders = before.evidence.get("holder"), after.evidence.get("holder")
-    if None not in holders and holders[0] != holders[1]:
-        return False
-    return cited[0] in lines.sites_before(citing[:1])
+    holder, own = after.evidence.get("holder"), lines.sites_before(citing[:1])
+    return any(line in own and (None in (holder, kept) or holder == kept) for kept, line in _owned(before))
+
+
+def _owned(finding: Finding) -> list[tuple[str | None, str]]:
+    """(holder, its own line) of ``finding``: its holder and first line; a kept-alive finding's holders fed from
+    it or by the same ``return`` (one root cause: :mod:`.leaks`) with theirs, too."""
+    ev = finding.evidence
+    fed = [ev["fed"]] if ev.get("fed") else []
+    return [(ev.get("holder"), ev["sites"][0])] + [(h["holder"], h["at"]) for h in fed + list(ev.get("also") or [])]
 
 
 def _findings(original: Trace, patched: Trace, targets: Sequence[Finding], lines: LineMap) -> tuple[list, list]:

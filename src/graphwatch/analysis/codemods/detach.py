@@ -185,6 +185,19 @@ def attribute_assignment(module: cst.Module, line: int, attr: str) -> tuple[int,
     return None
 
 
+def loop_holds_both(module: cst.Module, line: int, until: int) -> bool:
+    """Whether a loop holding ``line`` also holds ``until`` (the line leading to the backward): where a
+    ``detach-state`` edit with ``until`` goes.  A ``training_step`` calling ``self.manual_backward(loss)``, or a
+    ``train_step()`` helper, holds both lines in no loop: it runs once per backward.
+
+    >>> loop_holds_both(cst.parse_module("for x in y:\\n    h = f(h)\\n    h.sum().backward()\\n"), 2, 3)
+    True
+    """
+    tree = file_tree(module.code)
+    loops = [*tree.holding(line, cst.For), *tree.holding(line, cst.While)]
+    return any(tree.span(loop).start.line <= until <= tree.span(loop).end.line for loop in loops)
+
+
 def _statement_node(text: str) -> cst.BaseStatement:
     """The statement as code: an ``if ... is not None:`` statement as a block, not on one line."""
     node = cst.parse_statement(text + "\n")

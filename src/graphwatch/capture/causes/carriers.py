@@ -33,7 +33,7 @@ import re
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from types import CodeType, FrameType
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -41,8 +41,10 @@ import torch
 from ..graph.graph_walk import METADATA_KEY
 from ..lines.frames import local_value, named_values, user_frames
 from ..lines.source import assignments, function_node
+from .attribute_stores import store_site
 from .held_values import _of_a_user_class
 from .holders import parameter_update_site
+from .stores import renewing_site
 from .values import runtime_type, set_to_none
 
 if TYPE_CHECKING:
@@ -86,7 +88,7 @@ def find_carrier(
         for name, value, tensor in _named_tensors(frame, attributes=True):
             if "." in name and _made_from(tensor, carrier, recorder.step):
                 statement = detach_statement(name, value, frame.f_globals)
-                site = _renewing_site(recorder, frame, name)
+                site = renewing_site(recorder, frame, name, value)
                 return CarrierName(name, None, site, statement, "recurrent", _value_type(frame, name, value)), tensor
     return _parameters_carrying(recorder, frames, carrier)
 
@@ -113,26 +115,6 @@ def _parameters_carrying(
     return None
 
 
-def _renewing_site(recorder: Recorder, frame: FrameType, name: str) -> int | None:
-    """For ``obj.state`` of an object of the user's own class that is not a module (a module's state is
-    named by the line that made its graph): the line of a method of that class, other than ``__init__``,
-    that assigns ``self.state``."""
-    head, _, attr = name.partition(".")
-    owner = local_value(frame, head) if head in frame.f_code.co_varnames else frame.f_globals.get(head)
-    if "." in attr or isinstance(owner, torch.nn.Module) or not _of_a_user_class(owner):
-        return None
-    for cls in type(owner).__mro__:
-        if cls.__module__ != type(owner).__module__:
-            break
-        for method, function in vars(cls).items():
-            code = getattr(function, "__code__", None)
-            node = function_node(code) if isinstance(code, CodeType) and method != "__init__" else None
-            lines = [line for line, _ in assignments(node, f"self.{attr}")] if node is not None else []
-            if lines and isinstance(code, CodeType):
-                return recorder.sites.from_code(code, max(lines))
-    return None
-
-
 def _found_in_loops(
     recorder: Recorder, frames: list[FrameType], carrier: NodeRecord
 ) -> tuple[CarrierName, torch.Tensor] | None:
@@ -151,6 +133,8 @@ def _found_in_loops(
             if same or renewed:
                 line = _assignment_line(frame, name)
                 site = recorder.sites.from_frame(frame, line) if line is not None else None
+                if site is None and same:  # an attribute kept as stored: its class's line that stored it
+                    site = store_site(recorder.sites, frame, name)
                 kind = "recurrent" if not same else ("cached" if _reaches_trained(tensor, recorder) else "constant")
                 together = _carried_together(frame, name, line, carried) if kind == "recurrent" else [name]
                 statement = detach_statement(name, value, frame.f_globals)

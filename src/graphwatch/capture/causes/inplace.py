@@ -45,7 +45,7 @@ from ..graph.node_types import node_type, saved_data
 from ..hooks.inplace_hints import optimizer_update
 from ..lines.callsite import display_path
 from ..lines.frames import named_values, resolve, user_frames
-from ..lines.source import dotted_name, inplace_statement, module_node, own_statements
+from ..lines.source import dotted_name, innermost_function, inplace_statement, module_node, own_statements
 from .inplace_source import Write, alias_roots, code_of, writes
 from .second_backward import _VIEWS
 
@@ -289,7 +289,7 @@ class InplaceFinder:
         another name (the tensor ``name`` views, or another view of it: ``y = h.view(...)``): made out of place,
         the change would not reach that name."""
         tree = module_node(_filename(site)) if name else None
-        scope = (_innermost_function(tree, site.line) or tree) if tree is not None else None
+        scope = (innermost_function(tree, site.line) or tree) if tree is not None else None
         if scope is None or not name:
             return False
         roots = alias_roots(scope, site.line)
@@ -403,13 +403,6 @@ def _function_at(tree: ast.AST, site: CallSite) -> ast.FunctionDef | ast.AsyncFu
         if function.name == site.function and function.lineno <= site.line <= (function.end_lineno or function.lineno):
             return function
     return None
-
-
-def _innermost_function(tree: ast.AST, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-    """The innermost function whose lines hold ``line`` (a site read from a file has no function name)."""
-    holding = [f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-               and f.lineno <= line <= (f.end_lineno or f.lineno)]  # fmt: skip
-    return max(holding, key=lambda f: f.lineno, default=None)
 
 
 def _chain(trace: Trace, site_id: int | None) -> Iterator[CallSite]:

@@ -34,6 +34,7 @@ _STDLIB_DIR = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 _INTERNAL_PREFIXES = (_TORCH_DIR, _GRAPHWATCH_DIR)
 
 # A site records the innermost user frame and its nearest user caller.
+_PACKAGE, _OWN = 1, 2  # an installed package's code, the user's own (0: torch's, graphwatch's, Python's)
 
 
 def is_user_file(filename: str) -> bool:
@@ -107,7 +108,7 @@ class SiteTable:
         self.sites: list[CallSite] = sites if sites is not None else []
         self._ids: dict[tuple, int] = {}  # ((code, line), ...) -> site id
         self._positions: dict[tuple, int] = {}  # (id(code), f_lasti, ...) -> site id
-        self._user_code: dict[int, bool] = {}  # id(code) -> is user code
+        self._user_code: dict[int, int] = {}  # id(code) -> 0, _PACKAGE or _OWN
         self._codes: list[CodeType] = []  # keeps the codes alive, so that their ids stay theirs
         self._in_packages: set[int] = set()  # ids of the sites whose line is in an installed package's file
 
@@ -149,27 +150,43 @@ class SiteTable:
     def _walk(self, frame: FrameType | None, inner: FrameType | None, line: int | None) -> int | None:
         """The site id of ``inner`` (else of the first user frame from ``frame`` outwards) and of its
         nearest user caller, found from ``frame`` outwards; ``line``: ``inner``'s line, instead of the one
-        it runs now.  The hot loop: per frame, an ``id``, a dict lookup and ``f_back``."""
+        it runs now.  The user's own frames first: a frame of an installed package (transformers' model
+        code, Lightning's loop) is skipped for the user's line that led into it, and counts only when no
+        frame is the user's own (its key then marked, so that a stack with the user's frames never finds it).
+        The hot loop: per frame, an ``id``, a dict lookup and ``f_back``."""
+        found, caller = self._frames(frame, inner, _OWN)
+        marker: tuple[int, ...] = ()
+        if found is None:
+            (found, caller), marker = self._frames(frame, inner, _PACKAGE), (-1,)
+        if found is None:
+            return None
+        at = found.f_lasti if line is None else -line
+        if caller is None:
+            position: tuple[int, ...] = (id(found.f_code), at, *marker)
+        else:
+            position = (id(found.f_code), at, id(caller.f_code), caller.f_lasti, *marker)
+        site_id = self._positions.get(position)
+        if site_id is None:
+            site_id = self._site([found] if caller is None else [found, caller], position, line)
+        return site_id
+
+    def _frames(
+        self, frame: FrameType | None, inner: FrameType | None, least: int
+    ) -> tuple[FrameType | None, FrameType | None]:
+        """(``inner``, else the first frame from ``frame`` outwards whose code is at least ``least``
+        (:data:`_OWN`: the user's own, :data:`_PACKAGE`: an installed package's too), and its nearest such caller)."""
         user_code = self._user_code
         while frame is not None:
             code = frame.f_code
-            is_user = user_code.get(id(code))
-            if is_user or (is_user is None and self._classify(code)):
+            kind = user_code.get(id(code))
+            if kind is None:
+                kind = self._classify(code)
+            if kind >= least:
                 if inner is not None:
-                    break  # ``frame`` is inner's user caller
+                    return inner, frame  # ``frame`` is inner's caller
                 inner = frame
             frame = frame.f_back
-        if inner is None:
-            return None
-        at = inner.f_lasti if line is None else -line
-        if frame is None:
-            position: tuple[int, ...] = (id(inner.f_code), at)
-        else:
-            position = (id(inner.f_code), at, id(frame.f_code), frame.f_lasti)
-        site_id = self._positions.get(position)
-        if site_id is None:
-            site_id = self._site([inner] if frame is None else [inner, frame], position, line)
-        return site_id
+        return inner, None
 
     def _site(self, frames: list[FrameType], position: tuple[int, ...], line: int | None) -> int:
         """The site id of a chain of user frames (innermost first) at a position not seen before: from
@@ -181,10 +198,13 @@ class SiteTable:
         site_id = self._positions[position] = self._intern(chain)
         return site_id
 
-    def _classify(self, code: CodeType) -> bool:
+    def _classify(self, code: CodeType) -> int:
         self._codes.append(code)
-        is_user = self._user_code[id(code)] = is_user_file(code.co_filename)
-        return is_user
+        filename = code.co_filename
+        kind = self._user_code[id(code)] = (
+            (_PACKAGE if in_installed_package(filename) else _OWN) if is_user_file(filename) else 0
+        )
+        return kind
 
     def _intern(self, chain: tuple[tuple[CodeType, int], ...]) -> int:
         caller = self._intern(chain[1:]) if len(chain) > 1 else None

@@ -1,0 +1,65 @@
+"""Where an object keeps a tensor as an attribute: the one line of its class that stores it.
+
+A loss module that keeps its target (``self.target = target`` in ``__init__``) holds a tensor made on
+another line (``content = ContentLoss(features(content_img))``).  The fix belongs at the store, on the
+object, as the class spells it: ``self.target = target.detach()``.  The store is named only when it is
+certain: the one statement of the methods of the object's own classes (its user-code bases too) that assigns
+``self.<attr>``, and it is in ``__init__``, which ran when the object was made.  An attribute that any other
+method assigns, or that several statements assign, has no one store.
+
+Example::
+
+    >>> class Kept:
+    ...     def __init__(self, target):
+    ...         self.target = target
+    >>> store = attribute_store(Kept(1), "target")
+    >>> store is not None and store[0].co_name
+    '__init__'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import CodeType, FrameType
+from typing import Any
+
+from ..lines.callsite import SiteTable, is_user_file
+from ..lines.frames import resolve
+from ..lines.source import assignments, function_node
+
+
+def attribute_store(owner: Any, attr: str) -> tuple[CodeType, int] | None:
+    """(the code of ``__init__``, the line) of the one statement of ``owner``'s classes that assigns
+    ``self.<attr>``; None when no such statement, several, or one outside ``__init__``."""
+    stores = [(code, line) for code in _user_methods(type(owner)) for line in _self_stores(code, attr)]
+    if len(stores) != 1 or stores[0][0].co_name != "__init__":
+        return None
+    return stores[0]
+
+
+def _user_methods(cls: type) -> Iterator[CodeType]:
+    """The code of each function defined by ``cls`` and its bases whose file is the user's."""
+    for klass in cls.__mro__:
+        for function in vars(klass).values():
+            code = getattr(function, "__code__", None)
+            if isinstance(code, CodeType) and is_user_file(code.co_filename):
+                yield code
+
+
+def _self_stores(code: CodeType, attr: str) -> list[int]:
+    """The lines of ``code``'s function that assign ``<its first argument>.<attr>``."""
+    node = function_node(code)
+    if node is None or not code.co_argcount:
+        return []
+    return [line for line, _ in assignments(node, f"{code.co_varnames[0]}.{attr}")]
+
+
+def store_site(sites: SiteTable, frame: FrameType, name: str) -> int | None:
+    """The site of :func:`attribute_store` for ``name`` (``content.target``: ``content`` a variable of
+    ``frame``), or None."""
+    head, _, attr = name.partition(".")
+    if not attr or not head.isidentifier() or not attr.isidentifier():
+        return None
+    owner = resolve(frame, head)
+    store = attribute_store(owner, attr) if owner is not None else None
+    return sites.from_code(*store) if store is not None else None

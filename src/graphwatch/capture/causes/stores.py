@@ -1,0 +1,75 @@
+"""The line that stores a carried state on the object that holds it: ``self.state = ...`` in a method of the
+object's class, where a graph carried from step to step is kept (a user object's running value, a spiking
+neuron's membrane ``self.mem``), found from a frame that names the object.
+
+Example::
+
+    >>> import torch
+    >>> class Neuron(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         self.mem = self.mem * 0.9 + x
+    >>> net = torch.nn.Sequential(Neuron())
+    >>> net[0].mem = torch.zeros(1)
+    >>> import sys
+    >>> _submodule_holding(sys._getframe(), "mem", net[0].mem) is net[0]
+    True
+"""
+
+from __future__ import annotations
+
+from types import CodeType, FrameType
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..lines.frames import local_value, named_values
+from ..lines.source import assignments, function_node
+from .held_values import _of_a_user_class
+
+if TYPE_CHECKING:
+    from ..recorder import Recorder
+
+
+def renewing_site(recorder: Recorder, frame: FrameType, name: str, value: Any) -> int | None:
+    """For ``obj.state`` of an object of the user's own class that is not a module (a module's state is
+    named by the line that made its graph): the line of a method of that class, other than ``__init__``,
+    that assigns ``self.state``.  Also for ``self.state`` of a submodule of a module the frame holds (a
+    spiking neuron's ``self.mem``, stored in its ``forward`` at every time step), whose graph's line may not
+    be known (an op that saves no tensor: ``self.mem = self.beta * self.mem + x``): the store on the object."""
+    head, _, attr = name.partition(".")
+    if "." in attr:
+        return None
+    if head == "self" and head not in frame.f_code.co_varnames:
+        owner = _submodule_holding(frame, attr, value)
+        return _storing_site(recorder, owner, attr) if owner is not None else None
+    owner = local_value(frame, head) if head in frame.f_code.co_varnames else frame.f_globals.get(head)
+    if isinstance(owner, torch.nn.Module) or not _of_a_user_class(owner):
+        return None
+    return _storing_site(recorder, owner, attr)
+
+
+def _submodule_holding(frame: FrameType, attr: str, value: Any) -> torch.nn.Module | None:
+    """The submodule, of a module the frame names, whose attribute ``attr`` is ``value`` (not the module itself:
+    the carriers name its attributes through the frame's name)."""
+    for _, top in named_values(frame):
+        if isinstance(top, torch.nn.Module):
+            held = (m for m in top.modules() if m is not top and vars(m).get(attr) is value)
+            found = next(held, None)
+            if found is not None:
+                return found
+    return None
+
+
+def _storing_site(recorder: Recorder, owner: object, attr: str) -> int | None:
+    """The last line of a method of ``owner``'s class (or of its bases in the same file), other than
+    ``__init__``, that assigns ``self.<attr>``; None when none does."""
+    for cls in type(owner).__mro__:
+        if cls.__module__ != type(owner).__module__:
+            break
+        for method, function in vars(cls).items():
+            code = getattr(function, "__code__", None)
+            node = function_node(code) if isinstance(code, CodeType) and method != "__init__" else None
+            lines = [line for line, _ in assignments(node, f"self.{attr}")] if node is not None else []
+            if lines and isinstance(code, CodeType):
+                return recorder.sites.from_code(code, max(lines))
+    return None

@@ -1,0 +1,151 @@
+"""``--check-fixes`` patched runs forked off a warm zygote (:mod:`graphwatch.warm_start`): real processes, real patches.
+
+A patched run started warm gives the verdict a cold start gives; the zygote and every patched run are gone after
+the run, after a timeout, after SIGTERM and after SIGKILL to graphwatch; a patched run imports the patched copy
+of a module of the script's folder; ``GRAPHWATCH_CHECK_COLD=1`` starts each patched run cold.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import warm_python
+from test_check_fixes import KEPT_LOGITS, write
+from test_check_fixes_safety import (
+    HANGS_IN_THE_COPY,
+    LINUX,
+    environment,
+    graphwatch_command,
+    marker_for,
+    processes_with,
+    wait_for,
+)
+
+import graphwatch
+
+# The patched run (the script started in the copy of its folder) writes how its process was started: its command
+# line, to the file its first argument names.
+RECORDS_ITS_START = """import os, sys
+if "graphwatch-check-" in os.path.abspath(__file__):
+    with open(sys.argv[1], "a") as record:
+        record.write(open("/proc/self/cmdline").read().replace(chr(0), " ") + chr(10))
+""" + KEPT_LOGITS
+
+# A script whose validation lives in a module of its folder; the check's patch edits that module.
+USES_HELPER = KEPT_LOGITS.replace("import torch\n", "import torch\nfrom helper import validate\n", 1).replace(
+    "    val_logits = model(x_val).squeeze(1)\n    val_history.append(val_logits)\n",
+    "    validate(model, x_val, val_history)\n",
+)
+HELPER = "def validate(model, x_val, history):\n    history.append(model(x_val).squeeze(1))\n"
+PATCHED_HELPER = """--- helper.py
++++ helper.py
+@@ -1,2 +1,2 @@
+ def validate(model, x_val, history):
+-    history.append(model(x_val).squeeze(1))
++    history.append(model(x_val).squeeze(1).detach())
+"""
+# Run in a fresh process: the zygote forked first (as `graphwatch run --check-fixes` does), then the script run
+# and its finding's check with PATCHED_HELPER; prints the verdict and how the patched run was started.
+CHECKS_THE_HELPER_PATCH = """import json, sys
+from graphwatch import fix_checks, warm_start
+from graphwatch.analysis.patch_checks import steps_to_run
+from graphwatch.runner import run_script
+
+warm_start.start_zygote()
+started = []
+start_run = fix_checks.start_run
+fix_checks.start_run = lambda *args: started.append(start_run(*args)) or started[-1]
+run = run_script("train.py", [], session_options={"snapshots": "off"}, capture_output=True)
+[finding] = [f for f in run.trace.findings if f.kind == "graph-kept-alive"]
+check = fix_checks.check_patch(run.trace, run.script, [], sys.argv[1], [finding], steps=steps_to_run(run.trace, [finding]))
+warm_start.stop_zygote()
+print(json.dumps({"checked": check.checked, "failed": check.failed, "started": [type(p).__name__ for p in started]}))
+"""
+
+
+def started_checks(tmp_path: Path, name: str, **env: str) -> tuple[graphwatch.model.PatchCheck, str]:
+    """``graphwatch run --check-fixes`` of RECORDS_ITS_START with ``env``: its one check, and how its patched run
+    started (the command line)."""
+    folder = tmp_path / name
+    write(folder, "train.py", RECORDS_ITS_START)
+    record, report = tmp_path / f"{name}-started.txt", tmp_path / f"{name}-report"
+    done = warm_python.run(graphwatch_command("--check-fixes", "--check-allow-path", str(record), "--out", str(report),
+                                              "train.py", str(record)),
+                           cwd=folder, env=environment(tmp_path, **env), capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [check] = {id(f.check): f.check for f in graphwatch.load(report / "trace.json").findings if f.check}.values()
+    return check, record.read_text()
+
+
+@LINUX
+def test_a_patch_checked_warm_gets_the_verdict_and_figures_a_cold_start_gets_and_the_cold_variable_starts_cold(
+    tmp_path: Path,
+) -> None:
+    cold, cold_start = started_checks(tmp_path, "cold", GRAPHWATCH_CHECK_COLD="1")
+    warm, warm_start = started_checks(tmp_path, "warm")
+    assert cold.checked and cold.steps > 0
+    assert (warm.checked, warm.steps, warm.held, warm.failed, warm.skipped) == (
+        cold.checked, cold.steps, cold.held, cold.failed, cold.skipped
+    )  # fmt: skip
+    assert "--stop-after" in cold_start  # a cold `python -m graphwatch run --stop-after N ...`
+    assert "--stop-after" not in warm_start and warm_start.count("\n") == 1  # forked: graphwatch's command line
+
+
+@LINUX
+def test_a_patched_run_imports_the_patched_module_of_its_folder_which_the_zygote_never_imported(tmp_path: Path) -> None:
+    folder = tmp_path / "project"
+    write(folder, "train.py", USES_HELPER)
+    write(folder, "helper.py", HELPER)
+    driver = write(tmp_path, "driver.py", CHECKS_THE_HELPER_PATCH)
+    done = warm_python.run([sys.executable, str(driver), PATCHED_HELPER], cwd=folder, env=environment(tmp_path),
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    verdict = json.loads(done.stdout.splitlines()[-1])
+    assert verdict == {"checked": True, "failed": [], "started": ["WarmProcess"]}, verdict
+
+
+def hanging_check(tmp_path: Path, timeout: str) -> tuple[subprocess.Popen[str], Path, str]:
+    """``graphwatch run --check-fixes`` (a process of its own, so that its command line, which its zygote and
+    patched runs share, names its report folder) whose patched run hangs; returned once it hangs, with the
+    zygote and the patched run seen running."""
+    marker = marker_for(tmp_path)
+    folder = tmp_path / "project"
+    write(folder, "train.py", HANGS_IN_THE_COPY)
+    report = tmp_path / "report"
+    process = subprocess.Popen(graphwatch_command("--check-fixes", "--out", str(report), "train.py", marker),
+                               cwd=folder, env=environment(tmp_path, GRAPHWATCH_CHECK_TIMEOUT=timeout),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_for(lambda: processes_with(f"sleep {marker}"))
+        assert len(processes_with(str(report))) == 3  # graphwatch, its zygote, the patched run forked off it
+    except BaseException:
+        process.kill()
+        raise
+    return process, report, marker
+
+
+@LINUX
+def test_the_zygote_and_the_patched_run_are_gone_after_a_run_whose_check_timed_out(tmp_path: Path) -> None:
+    process, report, marker = hanging_check(tmp_path, timeout="20")
+    stderr = process.communicate(timeout=300)[1]
+    assert process.returncode == 0, stderr
+    assert "it did not end within 20 s" in stderr
+    assert processes_with(str(report)) == [] and processes_with(f"sleep {marker}") == []
+
+
+@LINUX
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_the_zygote_and_the_patched_run_are_gone_after_a_signal_to_graphwatch(tmp_path: Path, signum: int) -> None:
+    process, report, marker = hanging_check(tmp_path, timeout="600")
+    process.send_signal(signum)
+    process.communicate(timeout=60)
+    assert process.returncode == (143 if signum == signal.SIGTERM else -signal.SIGKILL)
+    if signum == signal.SIGTERM:  # ended by graphwatch before it exits
+        assert processes_with(str(report)) == [] and processes_with(f"sleep {marker}") == []
+    else:  # the zygote sees graphwatch gone and ends the patched run's processes
+        wait_for(lambda: processes_with(str(report)) == [] and processes_with(f"sleep {marker}") == [], seconds=30)
