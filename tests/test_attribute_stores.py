@@ -6,6 +6,7 @@ where that is provably safe (one store, in ``__init__``, of a value that reaches
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,36 @@ class SetLater:
 class SetOutsideInit:
     def set(self, value: object) -> None:
         self.value = value
+
+
+class CachedByProperty:
+    """Stores ``self.value`` in ``__init__`` (None) and again in a property that caches it."""
+
+    def __init__(self) -> None:
+        self.value = None
+
+    @property
+    def cached(self) -> int:
+        if self.value is None:
+            self.value = 1
+        return self.value
+
+
+class CachedByCachedProperty:
+    def __init__(self) -> None:
+        self.value = None
+
+    @functools.cached_property
+    def cached(self) -> int:
+        self.value = 1
+        return 1
+
+
+def test_a_store_in_a_property_counts_so_an_init_none_is_not_the_one_store() -> None:
+    """The cached tensor of ``examples/cached_param_tensor_bug.py`` is stored by a property: the ``= None`` of
+    ``__init__`` is not where its graph went in."""
+    assert attribute_store(CachedByProperty(), "value") is None
+    assert attribute_store(CachedByCachedProperty(), "value") is None
 
 
 def test_the_store_is_the_one_init_line_of_the_objects_classes() -> None:

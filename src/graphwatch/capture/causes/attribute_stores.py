@@ -38,12 +38,25 @@ def attribute_store(owner: Any, attr: str) -> tuple[CodeType, int] | None:
 
 
 def _user_methods(cls: type) -> Iterator[CodeType]:
-    """The code of each function defined by ``cls`` and its bases whose file is the user's."""
+    """The code of each function defined by ``cls`` and its bases whose file is the user's: methods, and the
+    functions behind properties (getter, setter, deleter), ``functools.cached_property``, ``staticmethod`` and
+    ``classmethod`` (a property that caches ``self._x`` stores it as surely as a method does)."""
     for klass in cls.__mro__:
-        for function in vars(klass).values():
-            code = getattr(function, "__code__", None)
-            if isinstance(code, CodeType) and is_user_file(code.co_filename):
-                yield code
+        for member in vars(klass).values():
+            for function in _functions_of(member):
+                code = getattr(function, "__code__", None)
+                if isinstance(code, CodeType) and is_user_file(code.co_filename):
+                    yield code
+
+
+def _functions_of(member: Any) -> tuple[Any, ...]:
+    """The functions a class member runs: itself, or what a descriptor wraps."""
+    if isinstance(member, property):
+        return (member.fget, member.fset, member.fdel)
+    if isinstance(member, (staticmethod, classmethod)):
+        return (member.__func__,)
+    wrapped = getattr(member, "func", None)  # functools.cached_property, functools.partialmethod
+    return (member,) if wrapped is None else (member, wrapped)
 
 
 def _self_stores(code: CodeType, attr: str) -> list[int]:
