@@ -31,10 +31,16 @@ from ..lines.source import assignments, function_node
 def attribute_store(owner: Any, attr: str) -> tuple[CodeType, int] | None:
     """(the code of ``__init__``, the line) of the one statement of ``owner``'s classes that assigns
     ``self.<attr>``; None when no such statement, several, or one outside ``__init__``."""
-    stores = [(code, line) for code in _user_methods(type(owner)) for line in _self_stores(code, attr)]
+    stores = self_stores(owner, attr)
     if len(stores) != 1 or stores[0][0].co_name != "__init__":
         return None
     return stores[0]
+
+
+def self_stores(owner: Any, attr: str) -> list[tuple[CodeType, int]]:
+    """(code, line) of every statement of ``owner``'s classes (the user's, bases included, in method order)
+    that assigns ``self.<attr>``."""
+    return [(code, line) for code in _user_methods(type(owner)) for line in _self_stores(code, attr)]
 
 
 def _user_methods(cls: type) -> Iterator[CodeType]:

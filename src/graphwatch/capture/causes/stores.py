@@ -17,13 +17,13 @@ Example::
 
 from __future__ import annotations
 
-from types import CodeType, FrameType
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..lines.frames import local_value, named_values
-from ..lines.source import assignments, function_node
+from .attribute_stores import self_stores
 from .held_values import _of_a_user_class
 
 if TYPE_CHECKING:
@@ -61,15 +61,10 @@ def _submodule_holding(frame: FrameType, attr: str, value: Any) -> torch.nn.Modu
 
 
 def _storing_site(recorder: Recorder, owner: object, attr: str) -> int | None:
-    """The last line of a method of ``owner``'s class (or of its bases in the same file), other than
-    ``__init__``, that assigns ``self.<attr>``; None when none does."""
-    for cls in type(owner).__mro__:
-        if cls.__module__ != type(owner).__module__:
-            break
-        for method, function in vars(cls).items():
-            code = getattr(function, "__code__", None)
-            node = function_node(code) if isinstance(code, CodeType) and method != "__init__" else None
-            lines = [line for line, _ in assignments(node, f"self.{attr}")] if node is not None else []
-            if lines and isinstance(code, CodeType):
-                return recorder.sites.from_code(code, max(lines))
-    return None
+    """The last line of the first method of ``owner``'s classes, other than ``__init__``, that assigns
+    ``self.<attr>``; None when none does."""
+    stores = [(code, line) for code, line in self_stores(owner, attr) if code.co_name != "__init__"]
+    if not stores:
+        return None
+    first = stores[0][0]
+    return recorder.sites.from_code(first, max(line for code, line in stores if code is first))
