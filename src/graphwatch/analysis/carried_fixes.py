@@ -31,11 +31,10 @@ Example::
 
 from __future__ import annotations
 
-import ast
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..capture.lines.source import assigned_names, innermost_function
+from ..capture.lines.source import assigned_names
 from ..model import BackwardRecord, CallSite, Edit, NodeRecord, Remedy, Trace
 from .evidence import carried_pattern, carrier_line, site_chain, step_name
 from .kept_fixes import _file_source, parameters_remedy
@@ -259,13 +258,18 @@ def _runs_per_step(trace: Trace, carrier: NodeRecord, site: CallSite, span: tupl
     return min(made.values(), default=0)
 
 
-def _function_span(module: cst.Module, line: int) -> tuple[int, int] | None:
-    """The first and last line of the innermost function holding ``line``, or None."""
-    try:
-        function = innermost_function(ast.parse(module.code), line)
-    except SyntaxError:
-        return None
-    return None if function is None else (function.lineno, function.end_lineno or function.lineno)
+def _function_span(module: cst.Module, line: int) -> tuple[int, int]:
+    """The first and last line of the innermost function holding ``line`` (the whole file when none does)."""
+    import libcst as cst
+
+    from .codemods import file_tree
+
+    tree = file_tree(module.code)
+    functions = tree.holding(line, cst.FunctionDef)
+    if not functions:
+        return 1, len(module.code.splitlines())
+    span = tree.span(functions[-1])
+    return span.start.line, span.end.line
 
 
 def _described(value_type: str) -> str:
