@@ -506,7 +506,8 @@ def _refcounting_only() -> Iterator[None]:
 
 @pytest.fixture(scope="module", autouse=True)
 def _fast_gc():
-    """gc.collect() scans only what the fuzzing makes (torch's own objects are frozen for the module)."""
+    """gc.collect() scans only what the fuzzing makes (torch's own objects are frozen for the module, and what
+    outlives each program is frozen after it)."""
     x = torch.ones(4, 4, requires_grad=True)  # first uses import torch._dynamo and graphwatch's renderers
     with graphwatch.watch(summary=False):
         checkpoint(_sin_cos, x, use_reentrant=False).sum().backward()
@@ -549,6 +550,7 @@ def _differential(program: dict, level: str, stats: Counter) -> None:
     assert not _outlived(bare_alive, after), f"alive after the session only: {_outlived(bare_alive, after)}"
     assert len(gw.trace.steps) >= 1
     stats.update(bare_stats)
+    gc.freeze()  # what outlived this program (hypothesis's state mostly) is not scanned again by the next's collects
 
 
 def _fuzz(level: str, examples: int) -> Counter:

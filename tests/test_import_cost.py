@@ -3,8 +3,8 @@ that only a report, a patch or a drawing needs load when first used.
 
 A short script, and every pytest run (the plugin registers itself through the
 ``pytest11`` entry point, so it imports graphwatch in every pytest run of a
-user who installed it), would otherwise pay for them.  Each test runs a fresh
-interpreter and reads its ``sys.modules``; no timings (benchmarks/import_cost.py
+user who installed it), would otherwise pay for them.  Each test reads the ``sys.modules``
+of a fresh interpreter (the two import tests share one); no timings (benchmarks/import_cost.py
 measures what this saves).
 """
 
@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import graphwatch
 
 REPO = Path(graphwatch.__file__).resolve().parents[2]
@@ -24,28 +26,39 @@ PATCHES = ("libcst", "graphwatch.analysis.codemods")  # what makes a patch, or a
 DRAWING = ("graphviz", "graphwatch.rendering.dot", "graphwatch.rendering.svg")  # what draws a graph snapshot
 REPORTS = ("rich", "graphwatch.rendering.html", "graphwatch.rendering.terminal")  # the HTML report, the summary
 HEAVY = PATCHES + DRAWING + REPORTS
+PRINT_LOADED = f"import json as _j, sys as _s\nprint(_j.dumps([m for m in {HEAVY!r} if m in _s.modules]))"
 
 
 def loaded_after(code: str, cwd: Path) -> tuple[set[str], str]:
     """Run ``code`` in a fresh interpreter (in ``cwd``); which of :data:`HEAVY` it had loaded at the end, and
     what it printed before that."""
-    report = f"import json as _j, sys as _s\nprint(_j.dumps([m for m in {HEAVY!r} if m in _s.modules]))"
     done = subprocess.run(
-        [sys.executable, "-c", f"{code}\n{report}"], cwd=cwd, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", f"{code}\n{PRINT_LOADED}"], cwd=cwd, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr
     *printed, last = done.stdout.splitlines()
     return set(json.loads(last)), "\n".join(printed)
 
 
-def test_import_graphwatch_loads_no_libcst_codemods_or_renderers(tmp_path: Path) -> None:
-    loaded, _ = loaded_after("import graphwatch", tmp_path)
-    assert loaded == set()
+@pytest.fixture(scope="module")
+def loaded_by_imports(tmp_path_factory: pytest.TempPathFactory) -> tuple[set[str], set[str]]:
+    """One fresh interpreter: what of :data:`HEAVY` ``import graphwatch`` had loaded, then what importing the
+    pytest plugin after it had (the plugin imports graphwatch first, so this is what importing it alone loads)."""
+    loaded_by_plugin, printed = loaded_after(f"import graphwatch\n{PRINT_LOADED}\nimport graphwatch.pytest_plugin",
+                                             tmp_path_factory.mktemp("imports"))  # fmt: skip
+    return set(json.loads(printed)), loaded_by_plugin
 
 
-def test_importing_the_pytest_plugin_loads_no_libcst_codemods_or_renderers(tmp_path: Path) -> None:
-    loaded, _ = loaded_after("import graphwatch.pytest_plugin", tmp_path)
-    assert loaded == set()
+def test_import_graphwatch_loads_no_libcst_codemods_or_renderers(loaded_by_imports: tuple[set[str], set[str]]) -> None:
+    loaded_by_graphwatch, _ = loaded_by_imports
+    assert loaded_by_graphwatch == set()
+
+
+def test_importing_the_pytest_plugin_loads_no_libcst_codemods_or_renderers(
+    loaded_by_imports: tuple[set[str], set[str]],
+) -> None:
+    _, loaded_by_plugin = loaded_by_imports
+    assert loaded_by_plugin == set()
 
 
 def test_the_public_names_that_load_on_first_use_still_work(tmp_path: Path) -> None:
