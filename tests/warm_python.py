@@ -185,12 +185,14 @@ def _read_exactly(conn: socket.socket, size: int, deadline: float | None = None)
 
 # ------------------------------------------------------------------ the server, and the child it forks
 def serve(fd: int) -> None:
-    """The server: import what every test script imports, then fork a child per request, reporting its pid and
-    its exit status (as :attr:`subprocess.Popen.returncode` gives it)."""
+    """The server: import what every test script imports (``torch._dynamo`` too, which a script's first
+    ``torch.optim.Optimizer`` imports), then fork a child per request, reporting its pid and its exit status (as
+    :attr:`subprocess.Popen.returncode` gives it)."""
     import warnings
 
     startup_filters = list(warnings.filters)
-    import torch  # noqa: F401
+    import torch
+    import torch._dynamo  # noqa: F401  # (a script's first optimizer imports it: 2-3 s of CPU in each child)
 
     import graphwatch
     import graphwatch.cli  # noqa: F401
