@@ -66,9 +66,10 @@ def _floor() -> Iterator[None]:
 class _LightFloor:
     """The least the light level must do to keep what it keeps, as plain tuples in lists: per backward its
     loop position (graphwatch's own :meth:`LoopSteps.positions`, the key of its line and of whether it ends
-    the step), wall and CPU time and the loss's weak reference (what an error is explained from); per step
-    its wall and CPU time, the autograd nodes made and the resident memory (graphwatch's own
-    :class:`ResidentMemory`) every :data:`_RSS_EVERY` steps.  No records, no analysis, no step-end decision
+    the step), wall-clock time and the loss's weak reference (what an error is explained from); per step its
+    wall-clock time, the autograd nodes made and the resident memory (graphwatch's own :class:`ResidentMemory`)
+    every :data:`_RSS_EVERY` steps (no CPU time: graphwatch reads that system call on steps seen in full detail
+    only, and the light level sees none so).  No records, no analysis, no step-end decision
     beyond a dictionary lookup, or, in a loop with no optimizer, a backward that follows one with no
     ``optimizer.step()`` between them ending the step before it (a step per backward)."""
 
@@ -83,7 +84,7 @@ class _LightFloor:
         self.steps: list[tuple[Any, ...]] = []
         self._resident = ResidentMemory()
         self._rss = 0
-        self._clock = (time.perf_counter(), time.process_time(), _next_sequence_nr())
+        self._clock = (time.perf_counter(), _next_sequence_nr())
 
     def engine(self, run: Callable[..., Any], outputs: Any, args: tuple, kwargs: dict) -> Any:
         if threading.get_ident() != self._thread:
@@ -95,12 +96,12 @@ class _LightFloor:
         number = len(self.backwards)
         self._losses[number] = [weakref.ref(t) for t in outputs if isinstance(t, torch.Tensor)]
         self._losses.pop(number - 64, None)  # (the last 64, as a session remembers them)
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall = time.perf_counter()
         try:
             return run(outputs, *args, **kwargs)
         finally:
-            done = (time.perf_counter() - wall, time.process_time() - cpu)
-            self.backwards.append((number, len(self.steps), at, retain_graph, create_graph, *done))
+            done = time.perf_counter() - wall
+            self.backwards.append((number, len(self.steps), at, retain_graph, create_graph, done))
             self._known.setdefault(at, False)
             self._open = True
 
@@ -112,7 +113,7 @@ class _LightFloor:
             self._end_step()
 
     def _end_step(self) -> None:
-        now = (time.perf_counter(), time.process_time(), _next_sequence_nr())
+        now = (time.perf_counter(), _next_sequence_nr())
         if not len(self.steps) % _RSS_EVERY:
             self._rss = self._resident.bytes()
         self.steps.append((*(a - b for a, b in zip(now, self._clock)), self._rss, len(self.backwards)))
@@ -165,7 +166,7 @@ CONFIGS: dict[str, tuple[str, Callable[[], Any]]] = {
     ),
     "light_floor": (
         "the Python floor of the light level: an engine wrapper and optimizer hooks that keep what the light "
-        "level keeps (each backward's loop position, times and loss, each step's times, nodes made and resident "
+        "level keeps (each backward's loop position, wall-clock time and loss, each step's wall-clock time, nodes made and resident "
         "memory) as tuples in lists, with no records and no analysis (no graphwatch session)",
         _light_floor,
     ),

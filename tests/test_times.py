@@ -6,14 +6,18 @@ anything is: speed is measured in benchmarks/.)"""
 from __future__ import annotations
 
 import io
+import re
 import time
+from pathlib import Path
 
 import torch
 
 import graphwatch
+from graphwatch.analysis.growth import live_counts_measured
 from graphwatch.capture.hooks.own_time import saved_hook_cost
 from graphwatch.model import Trace
 from graphwatch.model.records import OWN_ESTIMATED
+from graphwatch.rendering.html import write_report
 from graphwatch.rendering.terminal import make_console, print_summary
 from graphwatch.rendering.wording import time_text
 
@@ -120,3 +124,35 @@ def test_measuring_the_hooks_cost_never_calls_the_users_own_saved_tensor_hooks()
         with graphwatch.watch(summary=False) as gw:
             train()
     assert packed == bare == [(3,)] and gw.trace.own_seconds[OWN_ESTIMATED] > 0
+
+
+def test_a_step_seen_light_reads_no_cpu_clock_and_shows_its_backward_cpu_as_not_measured(tmp_path: Path) -> None:
+    """The process's CPU clock is a system call (1-2 us, more on a loaded machine): a step seen light and its backward
+    record their wall-clock time only, and both tables say its CPU time was not measured, where a step seen in full
+    detail shows it."""
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with graphwatch.watch(summary=False, snapshots="off") as gw:  # the default level: steps 0-2 in full detail
+        for _ in range(6):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).sum().backward()
+            opt.step()
+    trace, measured = gw.trace, live_counts_measured(gw.trace)
+    light = {s.index for s in trace.steps if s.backwards and not measured(s.index)}
+    full = {s.index for s in trace.steps if s.backwards and measured(s.index)}
+    assert light and full
+    for backward in trace.backwards:
+        assert backward.seconds > 0 and (backward.cpu_seconds > 0) is (backward.step in full), backward
+    for step in trace.steps:  # (the step's own span too: its CPU time is read where a step seen in full detail ends)
+        assert step.seconds > 0 and (step.cpu_seconds > 0) is (step.index in full), step
+    assert 0 < trace.cpu_seconds  # (the session's whole CPU time: read at its start and end)
+    out = io.StringIO()
+    print_summary(trace, console=make_console(out))  # (not wrapped: no terminal)
+    rows = {int(m[1]): m[0] for m in re.finditer(r"^\s+(\d+)\s+[\d,]+\s.*$", out.getvalue(), re.MULTILINE)}
+    for index in light | full:  # step, nodes made, "1 · wall", then the CPU column
+        cpu = rows[index].split(" · ", 1)[1].split()[2]
+        assert (cpu == "–") is (index in light), rows[index]
+    table = write_report(trace, tmp_path).read_text().split('<table class="steps">', 1)[1].split("</table>", 1)[0]
+    column = re.findall(r"<th>(.*?)</th>", table).index("backward CPU")
+    cells = {int(c[0]): c[column] for c in (re.findall(r"<td>(.*?)</td>", row) for row in table.split("<tr")) if c}
+    assert all((cells[index] == "–") is (index in light) for index in light | full), cells

@@ -453,7 +453,9 @@ class Session:
         if hooks is not None and hooks.on != full and hooks.set(full) != full:  # a user's hooks are on top: wait
             full, reason = hooks.on, "saved-tensor hooks the user entered stayed on top of graphwatch's"
         plan.begin(index, full, reason)
-        if not full:
+        if full:
+            self._recorder.cpu_clock_from_here()  # (a step seen light reads no CPU clock: a system call)
+        else:
             self._recorder.clock.note_unknown()  # no pack hook runs: the nodes made from here have no line
 
     def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -514,6 +516,7 @@ class Session:
             return
         if recorder.made_nothing_yet() and hooks.set(True):
             self._plan.upgrade(step, reason)
+            recorder.cpu_clock_from_here()
         self._plan.suspect(step, reason)  # (and the steps that judge what it keeps)
 
     # -------------------------------------------------------------- backward
@@ -554,7 +557,8 @@ class Session:
         parts = self._own.parts
         started = time.perf_counter()  # (one clock read ends graphwatch's part and starts the backward's)
         parts["around backwards"] += started - own
-        started_cpu = time.process_time()
+        # the CPU clock is a system call (1-2 us, more on a loaded machine): read on steps seen in full detail only
+        started_cpu = time.process_time() if full else 0.0
         try:
             result = run(t_outputs, *args, **kwargs)
         except RuntimeError as exc:
@@ -576,7 +580,7 @@ class Session:
             raise
         finally:
             ended = time.perf_counter()  # (and graphwatch's part after the backward starts here)
-            recorder.end_backward(record, ended - started, time.process_time() - started_cpu)
+            recorder.end_backward(record, ended - started, time.process_time() - started_cpu if full else 0.0)
         loop = self._loop
         consumes = accumulate or not (retain_graph or create_graph)  # a freeing autograd.grad counts too
         if consumes and not self._explicit and not loop.in_optimizer_step:

@@ -41,9 +41,9 @@ Value = TypeVar("Value")
 
 
 def live_counts_measured(trace: Trace) -> Callable[[int], bool]:
-    """Whether the live counts of step ``index`` (saved bytes and nodes alive at its end) were measured: every
-    step's at ``level="full"`` and ``"precise"`` (and in a trace that names no level), none at ``"light"``, and at
-    the default level those of the steps seen in full detail (``trace.full_detail``).
+    """Whether the live counts of step ``index`` (saved bytes and nodes alive at its end) and its backwards' CPU
+    time were measured: every step's at ``level="full"`` and ``"precise"`` (and in a trace that names no level),
+    none at ``"light"``, and at the default level those of the steps seen in full detail (``trace.full_detail``).
 
     >>> from graphwatch.model import DetailSpan
     >>> measured = live_counts_measured(Trace(options={"level": "default"}, full_detail=[DetailSpan(0, 3, "first steps")]))

@@ -73,7 +73,9 @@ class Recorder:
         self.step = 0
         self.current = StepRecord(index=0, source="explicit")
         self.step_started = time.perf_counter()
-        self.step_started_cpu = time.process_time()
+        # the process's CPU time when the current step started; None where it was not read (a system call of 1-2 us:
+        # read where a step seen in full detail begins or ends, :meth:`cpu_clock_from_here`)
+        self.step_started_cpu: float | None = time.process_time()
         self.step_seq = self.clock.mark()
         self.backward: BackwardRecord | None = None  # the backward running now, if any
         self.backward_starts = PackedArray("q")  # per backward id: the next node sequence number when it started
@@ -320,6 +322,11 @@ class Recorder:
             self._pending_seq = self.clock.mark()
         self.pending_source = source
 
+    def cpu_clock_from_here(self) -> None:
+        """The current step is seen in full detail: its CPU time counts from now, unless its start was read."""
+        if self.step_started_cpu is None:
+            self.step_started_cpu = time.process_time()
+
     def made_since_boundary(self, roots: list) -> bool:
         """Whether any of these nodes was made after the pending step boundary."""
         return any(root._sequence_nr() >= self._pending_seq for root in roots)
@@ -340,9 +347,14 @@ class Recorder:
         """Close the current step with its totals and open the next one."""
         record = self.current
         record.source = source
-        now, now_cpu = time.perf_counter(), time.process_time()  # (this step's end is the next one's start)
+        now = time.perf_counter()  # (this step's end is the next one's start)
         record.seconds = now - self.step_started
-        record.cpu_seconds = now_cpu - self.step_started_cpu
+        full = self.is_full_step(record.index)
+        now_cpu = None  # the CPU time, where a step seen in full detail ends or (already begun) starts: measured there
+        if full or (self.boundary_pending and self.is_full_step(record.index + 1)):
+            now_cpu = time.process_time()
+            if full and self.step_started_cpu is not None:
+                record.cpu_seconds = now_cpu - self.step_started_cpu
         if self.boundary_pending:
             self.boundary_pending = False
             seq = self._pending_seq
@@ -350,7 +362,7 @@ class Recorder:
             seq = self.clock.mark()
         record.nodes_created = max(0, seq - self.step_seq)
         if self.step_ops:  # (collected for the templates of full steps only)
-            if self.is_full_step(record.index) and self.templates is not None:
+            if full and self.templates is not None:
                 self.templates.keep_step(self.clock, self.step_seq, seq, self.step_ops)
             self.step_ops = []
         if self._fresh:

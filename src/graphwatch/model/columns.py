@@ -171,7 +171,9 @@ class RecordList(Sequence, Generic[R]):
 
     def freeze_many(self, indices: Iterable[int]) -> list[int]:
         """:meth:`freeze` the records at ``indices`` (kept as objects) a column at a time; returns those stored."""
-        records = [(i, r) for i in indices if (r := self._objects.get(i)) is not None and self._numbers_only(r)]
+        objects = self._objects
+        found = [(i, r) for i in indices if (r := objects.get(i)) is not None]
+        records = [pair for pair, storable in zip(found, self._numbers_only([r for _, r in found])) if storable]
         if not records:
             return []
         arrays, columns = self._arrays, self.columns
@@ -187,23 +189,19 @@ class RecordList(Sequence, Generic[R]):
         row = len(self._number_arrays[0][0]) - len(records)
         frozen = [index for index, _ in records]
         self._row.assign(frozen, range(row, row + len(frozen)))
-        objects = self._objects
         for index in frozen:
             del objects[index]
         return frozen
 
-    def _numbers_only(self, record: R) -> bool:
-        """Whether a record carries nothing but what the columns store (numbers, choices, consecutive ranges)."""
-        if self._default_fields(record) != self._default_values:
-            return False
+    def _numbers_only(self, records: list[R]) -> list[bool]:
+        """Whether each of ``records`` carries nothing but what the columns store (numbers, choices, consecutive
+        ranges): a check at a time over all of them (a step's end freezes hundreds at once)."""
+        defaults = self._default_values
+        checks = [[fields == defaults for fields in map(self._default_fields, records)]]
         for name in self.columns.ranges:
-            values = getattr(record, name)
-            if len(values) > 1 and values != list(range(values[0], values[0] + len(values))):
-                return False
-        for field, allowed in self._choices:  # (a loop, not all() over a generator: once per record frozen)
-            if field(record) not in allowed:
-                return False
-        return True
+            checks.append([len(v) < 2 or v == list(range(v[0], v[0] + len(v))) for v in map(attrgetter(name), records)])
+        checks.extend([value in allowed for value in map(field, records)] for field, allowed in self._choices)
+        return list(map(all, zip(*checks)))
 
     def _thaw(self, row: int) -> R:
         arrays, columns = self._arrays, self.columns

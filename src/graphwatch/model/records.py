@@ -127,7 +127,9 @@ class BackwardRecord:
     saved_freed: int = 0
     bytes_freed: int = 0
     seconds: float = 0.0  # wall-clock time of the engine call
-    cpu_seconds: float = 0.0  # CPU time of the process (all its threads) meanwhile: what load elsewhere cannot inflate
+    # CPU time of the process (all its threads) meanwhile: what load elsewhere cannot inflate (0: not measured, on a
+    # step seen light, where the clock's system call would cost more than the figure is worth)
+    cpu_seconds: float = 0.0
     error: str | None = None
     roots: list[int] = field(default_factory=list)  # NodeRecord ids of the graph's roots
     # For retain_graph=True: did a later backward of the same step run through this graph,
@@ -337,9 +339,9 @@ class StepRecord:
     saved_alive_by_step: Mapping[int, int] = field(default_factory=dict)  # live activation bytes
     backwards: list[int] = field(default_factory=list)
     backward_seconds: float = 0.0  # wall clock
-    backward_cpu_seconds: float = 0.0  # CPU time of the process during them
+    backward_cpu_seconds: float = 0.0  # CPU time of the process during them (measured on steps seen in full detail)
     seconds: float = 0.0  # wall clock, from the previous step's end
-    cpu_seconds: float = 0.0  # CPU time of the process (all its threads) in the same span
+    cpu_seconds: float = 0.0  # CPU time of the process (all its threads) in the same span (steps seen in full detail)
     rss_bytes: int = 0
     cuda_allocated: int | None = None
     cuda_reserved: int | None = None

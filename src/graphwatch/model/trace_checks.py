@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -48,21 +49,21 @@ def check_fields(record: Any, what: str) -> None:
 
 def _is_a(value: Any, hint: Any) -> bool:
     """Whether ``value`` (as JSON loads it) fits the field type ``hint``; ints pass for floats, bools not for ints."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return True
-    if origin is typing.Union or origin is types.UnionType:
-        return any(_is_a(value, h) for h in args)
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
+    if hint is int:  # (the plain types first: a trace's fields are mostly these, checked millions of times)
         return isinstance(value, int) and not isinstance(value, bool)
     if hint is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is str:
         return isinstance(value, str)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    origin, args = _origin_and_args(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_is_a(value, h) for h in args)
     if hint in (list, tuple) or origin in (list, tuple, collections.abc.Sequence):
         if not isinstance(value, (list, tuple, RecordList)):
             return False
@@ -75,6 +76,12 @@ def _is_a(value: Any, hint: Any) -> bool:
     if isinstance(hint, type):
         return isinstance(value, hint)
     return True
+
+
+@functools.cache
+def _origin_and_args(hint: Any) -> tuple[Any, tuple[Any, ...]]:
+    """``typing.get_origin(hint), typing.get_args(hint)``, read once per hint."""
+    return typing.get_origin(hint), typing.get_args(hint)
 
 
 def _type_name(hint: Any) -> str:

@@ -204,7 +204,7 @@ _COLUMNS: tuple[_Column, ...] = (
     ("nodes alive", lambda s: f"{s.live_nodes:,}"),
     ("RSS", lambda s: human_bytes(s.rss_bytes) if s.rss_bytes else "–"),
 )
-_LIVE_COLUMNS = ("live saved", "nodes alive")  # measured on the steps seen in full detail only
+_MEASURED_IN_FULL = ("backward CPU", "live saved", "nodes alive")  # on the steps seen in full detail only
 _CUDA_COLUMN: _Column = (
     "CUDA allocated", lambda s: "–" if s.cuda_allocated is None else human_bytes(s.cuda_allocated)
 )
@@ -214,14 +214,14 @@ def _table_html(trace: Trace) -> str:
     marks = marked_steps(trace)
     columns = tuple(c for c in _COLUMNS if trace.seconds or c[0] != "backward CPU")  # (older traces: no CPU times)
     columns += (_CUDA_COLUMN,) if any(v is not None for v in step_values(trace.steps, "cuda_allocated")) else ()
-    measured = live_counts_measured(trace)  # (a step seen light measured no live count: "–", never 0)
+    measured = live_counts_measured(trace)  # (a step seen light measured no live count, no CPU time: "–")
     body = []
     for row in sample_steps(trace.steps, marks, head=10, tail=10, most=60):
         if isinstance(row, int):
             omitted = f"⋯ {row:,} step{'' if row == 1 else 's'} omitted"
             body.append(f'<tr class="gap"><td colspan="{len(columns) + 1}">{omitted}</td></tr>')
             continue
-        cells = [value(row) if measured(row.index) or name not in _LIVE_COLUMNS else "–" for name, value in columns]
+        cells = [value(row) if measured(row.index) or name not in _MEASURED_IN_FULL else "–" for name, value in columns]
         cells.append(marks.get(row.index, ""))
         body.append(
             ('<tr class="marked">' if row.index in marks else "<tr>")

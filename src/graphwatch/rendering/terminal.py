@@ -203,13 +203,13 @@ class Summary:
         for name in names:
             table.add_column(name, justify="right", no_wrap=True)
         table.add_column("first seen", style="red", overflow="fold")
-        measured = live_counts_measured(self.trace)  # (a step seen light measured no live count: "–", never 0)
+        measured = live_counts_measured(self.trace)  # (a step seen light measured no live count, no CPU time: "–")
         for row in rows:
             if isinstance(row, int):
                 table.add_row("⋯", *[""] * (len(names) - 1), f"{counted(row, 'step')} omitted", style="dim")
                 continue
             backward = f"{len(row.backwards)} · {seconds_text(row.backward_seconds)}" if row.backwards else "–"
-            backward_cpu = seconds_text(row.backward_cpu_seconds) if row.backwards else "–"
+            backward_cpu = seconds_text(row.backward_cpu_seconds) if row.backwards and measured(row.index) else "–"
             table.add_row(
                 str(row.index),
                 f"{row.nodes_created:,}",

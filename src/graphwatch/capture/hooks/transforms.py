@@ -51,13 +51,27 @@ def hide_from_compiler() -> None:
         return
     loaded = {
         name: module
-        for name, module in list(sys.modules.items())
+        for name in _modules_since_last_call()
         if (name == "graphwatch" or name.startswith("graphwatch.")) and name not in _hidden
-    }
+        and (module := sys.modules.get(name)) is not None
+    }  # fmt: skip
     skip = _strategy(_action.SKIP, _action.DEFAULT)
     for code in _graphwatch_code(loaded.values()):
         _set_strategy(code, skip)
     _hidden.update(loaded)
+
+
+def _modules_since_last_call() -> list[str]:
+    """The names ``sys.modules`` gained since the last call (all of them the first time, or when a module listed
+    before was removed): a dict keeps its order, so a new module comes after every name seen.  A session starts
+    with this: reading all of them (thousands with torch) costs milliseconds, mostly in the garbage collections
+    their copies set off."""
+    global _seen_modules
+    names = list(sys.modules)  # (a copy of the names only: another thread may import meanwhile)
+    count, last = _seen_modules
+    unchanged = 0 < count <= len(names) and names[count - 1] == last  # (a removal before it would shift it)
+    _seen_modules = (len(names), names[-1] if names else "")
+    return names[count:] if unchanged else names
 
 
 def _graphwatch_code(modules: Iterable[types.ModuleType]) -> Iterator[types.CodeType]:
@@ -102,6 +116,7 @@ try:
 except ImportError:  # torch without frame strategies: nothing to hide from
     _set_strategy = None  # type: ignore[assignment]
 _hidden: set[str] = set()  # the graphwatch modules whose code Dynamo skips
+_seen_modules = (0, "")  # how many names sys.modules had at the last scan, and the last of them
 
 
 def transforming() -> bool:
