@@ -340,32 +340,44 @@ ERRORS: dict[str, tuple[Callable[[int], None], type[Exception]]] = {
 }
 
 
-def error_of(level: str, loop: Callable[[int], None], late: int, kind: type[Exception]) -> tuple[str, graphwatch.Session]:
-    with pytest.raises(kind) as info, watch(level) as gw:
-        loop(late)
-    return str(info.value), gw
+LATE = 777  # the step each error is first raised on: a light one (the last sampled step before it is 768)
+_ERROR_RUNS: dict[tuple[str, str], tuple[str, graphwatch.Session]] = {}  # (error, level): its message and session
+# (the three tests below read the same ten runs: under `pytest -n auto --dist loadgroup` they share one worker)
+shares_the_error_runs = pytest.mark.xdist_group("adaptive-error-runs")
 
 
+def error_of(level: str, name: str) -> tuple[str, graphwatch.Session]:
+    """The message of the error ``ERRORS[name]`` raises at step :data:`LATE` when watched at ``level``, and the
+    session: each loop runs once per level in this process, whichever test asks first."""
+    if (name, level) not in _ERROR_RUNS:
+        loop, kind = ERRORS[name]
+        with pytest.raises(kind) as info, watch(level) as gw:
+            loop(LATE)
+        _ERROR_RUNS[name, level] = (str(info.value), gw)
+    return _ERROR_RUNS[name, level]
+
+
+@shares_the_error_runs
 @pytest.mark.parametrize("name", list(ERRORS))
 def test_an_error_first_raised_on_a_late_light_step_is_explained_as_on_a_full_step(name: str) -> None:
-    loop, kind = ERRORS[name]
-    light, gw = error_of("default", loop, 777, kind)
-    full, _ = error_of("full", loop, 777, kind)
-    assert 777 not in full_steps(gw)[:-1] and not gw.trace.steps[776].saved_packed  # it ran light
+    light, gw = error_of("default", name)
+    full, _ = error_of("full", name)
+    assert LATE not in full_steps(gw)[:-1] and not gw.trace.steps[LATE - 1].saved_packed  # it ran light
     assert "graphwatch: " in light and light == full
 
 
+@shares_the_error_runs
 def test_each_error_names_its_lines() -> None:
-    same, _ = error_of("default", backward_twice_at, 777, graphwatch.BackwardTwiceError)
-    assert f"created at {at('twice-loss')}" in same and "`loss` is backwarded twice in step 777" in same
-    hidden, _ = error_of("default", hidden_not_detached_from, 777, graphwatch.BackwardTwiceError)
+    same, _ = error_of("default", "same tensor twice")
+    assert f"created at {at('twice-loss')}" in same and f"`loss` is backwarded twice in step {LATE}" in same
+    hidden, _ = error_of("default", "hidden not detached")
     assert f"produced at {at('hidden')}" in hidden and "h = h.detach()" in hidden
-    gan, _ = error_of("default", gan_not_detached_at, 777, graphwatch.BackwardTwiceError)
+    gan, _ = error_of("default", "gan handoff")
     assert at("gan-g") in gan and at("gan-d") in gan and "fake.detach()" in gan
-    inplace, _ = error_of("default", inplace_at, 777, RuntimeError)
+    inplace, _ = error_of("default", "in-place")
     assert inplace.startswith("one of the variables needed for gradient computation has been modified")
-    assert f"graphwatch: the tensor was saved at {at('inplace-exp')} (" in inplace and "(step 777)" in inplace
-    no_grad, gw = error_of("default", no_grad_at, 777, graphwatch.LossWithoutGraphError)
+    assert f"graphwatch: the tensor was saved at {at('inplace-exp')} (" in inplace and f"(step {LATE})" in inplace
+    no_grad, gw = error_of("default", "no_grad")
     assert f"made under the `with torch.no_grad():` block at {at('no-grad-block')}" in no_grad
     [remedy] = only(gw.findings, "loss-without-graph").remedies  # the statements to run with grad enabled
     assert [(e.kind, e.where, e.until) for e in remedy.edits] == [
@@ -373,14 +385,14 @@ def test_each_error_names_its_lines() -> None:
     ]
 
 
+@shares_the_error_runs
 def test_a_late_error_leaves_the_same_findings_as_at_the_full_level() -> None:
-    for loop, kind in ERRORS.values():
+    for name in ERRORS:
         found = []
         for level in ("default", "full"):
-            with pytest.raises(kind), watch(level) as gw:
-                loop(777)
+            _, gw = error_of(level, name)
             found.append(sorted((f.kind, f.fix, f.patch or "") for f in gw.findings))  # with the remedies' patches
-        assert found[0] == found[1], loop.__name__
+        assert found[0] == found[1], name
 
 
 def test_a_holder_of_light_steps_graphs_knows_whether_a_backward_ran_through_it() -> None:

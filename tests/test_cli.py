@@ -11,13 +11,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import warm_python
 from rich.console import Console
+from warm_child import SAY_READY, InBackground, run_and_signal, standard_streams
 
 import graphwatch
 from graphwatch.cli import main, trace_labels
@@ -123,7 +123,7 @@ def test_run_stopped_by_a_signal_writes_the_report_marked_ended_early(
 ) -> None:
     # No sleep: the signal lands anywhere, often inside graphwatch's hooks or a __del__ (where
     # a raised exception would be dropped); the run must stop all the same.
-    train = script(tmp_path, """\
+    train = script(tmp_path, f"""\
         import torch
 
         model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
@@ -133,24 +133,13 @@ def test_run_stopped_by_a_signal_writes_the_report_marked_ended_early(
             model(torch.randn(8, 32)).pow(2).mean().backward()
             opt.step()
             if step == 3:
-                print("ready", flush=True)
+                {SAY_READY}
         """)
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "graphwatch", "run", "--out", str(out), str(train)],
-        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # background jobs inherit Ctrl-C ignored
-    )
-    try:
-        ready = threading.Event()
-        threading.Thread(target=lambda: proc.stdout.readline() == "ready\n" and ready.set(), daemon=True).start()
-        assert ready.wait(TIMEOUT), "the script never printed 'ready'"
-        time.sleep(0.5)
-        proc.send_signal(signum)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == code, stderr
+    done = run_and_signal([sys.executable, "-m", "graphwatch", "run", "--out", str(out), str(train)], signum,
+                          cwd=tmp_path, env=_env(), timeout=TIMEOUT)  # fmt: skip
+    stderr = done.stderr
+    assert done.returncode == code, stderr
     assert "Exception ignored" not in stderr
     if signum == signal.SIGTERM:
         assert "stopped by SIGTERM" in stderr and "Traceback" not in stderr
@@ -197,35 +186,36 @@ def run_on_terminal(args: list[str], cwd: Path, stdout_too: bool) -> tuple[int, 
     """Run ``graphwatch ARGS`` with stderr (and stdout, if ``stdout_too``) on a pseudo-terminal.
 
     Returns the exit code, what went to a stdout pipe (empty if on the terminal) and what the terminal showed.
+    The run is forked off the warm server (tests/warm_python.py) with this process's standard streams, as
+    :func:`subprocess.run` gives a child that captures nothing: for the run, they are the terminal and the pipe.
     """
     import pty
     import select
 
-    main_fd, child_fd = pty.openpty()
     env = dict(_env(), COLUMNS="120", LINES="40", TERM="xterm")
     env.pop("NO_COLOR")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "graphwatch", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-        stdout=child_fd if stdout_too else subprocess.PIPE, stderr=child_fd, text=False,
-    )
-    os.close(child_fd)
-    shown = b""
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([main_fd], [], [], 1.0)
-        if ready:
-            try:
-                chunk = os.read(main_fd, 65536)
-            except OSError:  # the child closed the terminal
+    command = [sys.executable, "-m", "graphwatch", *args]
+    main_fd, child_fd = pty.openpty()
+    stdout_r, stdout_w = os.pipe()
+    shown = {main_fd: b"", stdout_r: b""}
+    with standard_streams(child_fd if stdout_too else stdout_w, child_fd, env):
+        for fd in (child_fd, stdout_w):
+            os.close(fd)
+        run = InBackground(command, cwd=cwd, env=env, timeout=TIMEOUT)
+        deadline = time.monotonic() + TIMEOUT
+        reading = list(shown)
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select(reading, [], [], 0.1)
+            for fd in ready:
+                chunk = os.read(fd, 65536)
+                shown[fd] += chunk
+                if not chunk:  # (the pipe, when the terminal stands for stdout too: nothing writes to it)
+                    reading.remove(fd)
+            if not ready and not run.running():  # (all it wrote is read)
                 break
-            if not chunk:
-                break
-            shown += chunk
-        elif proc.poll() is not None:
-            break
-    os.close(main_fd)
-    stdout = proc.stdout.read().decode() if proc.stdout else ""
-    return proc.wait(timeout=TIMEOUT), stdout, shown.decode(errors="replace")
+    for fd in (main_fd, stdout_r):
+        os.close(fd)
+    return run.result(TIMEOUT).returncode, shown[stdout_r].decode(), shown[main_fd].decode(errors="replace")
 
 
 def test_progress_line_on_a_terminal_leaves_stdout_clean(tmp_path: Path) -> None:

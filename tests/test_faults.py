@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import random
@@ -28,16 +29,17 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn as nn
+from warm_child import SAY_READY, run_and_signal
 
 import graphwatch
 from graphwatch.cli import main
+from graphwatch.rendering import svg
 
 pytestmark = pytest.mark.usefixtures("no_session_left")
 
@@ -215,7 +217,7 @@ def test_keyboard_interrupt_inside_graphwatchs_own_bookkeeping(point, monkeypatc
 
 
 # ------------------------------------------------------------ graphwatch run + signals
-SLEEPER = """\
+SLEEPER = f"""\
 import time
 import torch
 
@@ -226,7 +228,7 @@ for step in range(5):
     opt.zero_grad()
     model(torch.randn(4, 8)).pow(2).mean().backward()
     opt.step()
-print("trained", flush=True)
+{SAY_READY}
 while True:  # waits to be stopped
     time.sleep(0.05)
 """
@@ -247,19 +249,10 @@ def test_graphwatch_run_stopped_by_a_signal_writes_the_report_marked_ended_early
     script = tmp_path / "train.py"
     script.write_text(SLEEPER)
     out = tmp_path / "report"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "graphwatch", "run", "--out", str(out), str(script)],
-        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        ready = threading.Event()
-        threading.Thread(target=lambda: proc.stdout.readline() == "trained\n" and ready.set(), daemon=True).start()
-        assert ready.wait(TIMEOUT), "the script never printed 'trained'"
-        proc.send_signal(signum)
-        _, stderr = proc.communicate(timeout=TIMEOUT)
-    finally:
-        proc.kill()
-    assert proc.returncode == exit_code, stderr
+    done = run_and_signal([sys.executable, "-m", "graphwatch", "run", "--out", str(out), str(script)], signum,
+                          cwd=tmp_path, env=_env(), timeout=TIMEOUT)  # fmt: skip
+    stderr = done.stderr
+    assert done.returncode == exit_code, stderr
     assert "Exception ignored" not in stderr
     trace = graphwatch.load(out / "trace.json")
     assert reason in trace.ended_early
@@ -582,7 +575,12 @@ def _range_mutations(data: dict) -> Iterator[tuple[str, str, dict]]:
                         yield f"{field}[0].{name}.{key}={bad!r}", name, {**data, field: [row, *value[1:]]}
 
 
-def test_fields_out_of_range_or_of_nested_wrong_shapes_are_named_not_a_traceback(good_trace, tmp_path, capsys):
+def test_fields_out_of_range_or_of_nested_wrong_shapes_are_named_not_a_traceback(good_trace, tmp_path, capsys,
+                                                                                   monkeypatch):
+    # Each trace that renders draws its snapshot: the same DOT text, unless the damage is in the snapshot, drawn
+    # by `dot` for real once per distinct text (a drawing depends on its DOT text alone; what `dot` refuses raises
+    # each time)
+    monkeypatch.setattr(svg, "render_svg", functools.lru_cache(maxsize=None)(svg.render_svg))
     data = json.loads(good_trace.read_text())
     # (only a list's first row is damaged: its other snapshots would be drawn unchanged for every damage)
     data["snapshots"] = data["snapshots"][:1]

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import warm_python
+from warm_child import SAY_READY, run_and_signal
 
 import graphwatch
 
@@ -130,7 +131,7 @@ def _stop_when_ready(proc: subprocess.Popen, send) -> str:
         proc.kill()
 
 
-SWALLOWS = """\
+SWALLOWS = f"""\
     import torch
     w = torch.ones(3, requires_grad=True)
     opt = torch.optim.SGD([w], lr=0.1)
@@ -138,7 +139,7 @@ SWALLOWS = """\
         try:  # "skip a bad batch"
             opt.zero_grad(); (w * w).exp().sum().backward(); opt.step()
             if step == 3:
-                print("ready", flush=True)
+                {SAY_READY}
         except:  # noqa: E722
             pass
 """
@@ -148,10 +149,9 @@ SWALLOWS = """\
 def test_a_bare_except_does_not_swallow_sigterm(tmp_path, how):
     script = _script(tmp_path, SWALLOWS)
     args = [str(script)] if how == "bare" else ["-m", "graphwatch", "run", "--out", "out", str(script)]
-    proc = subprocess.Popen([sys.executable, *args], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    stderr = _stop_when_ready(proc, lambda: proc.send_signal(signal.SIGTERM))
-    assert proc.returncode == (-signal.SIGTERM if how == "bare" else 143), stderr
+    done = run_and_signal([sys.executable, *args], signal.SIGTERM, cwd=tmp_path, env=_env(), timeout=TIMEOUT)
+    stderr = done.stderr
+    assert done.returncode == (-signal.SIGTERM if how == "bare" else 143), stderr
     if how == "watched":
         assert graphwatch.load(tmp_path / "out" / "trace.json").ended_early.startswith("Terminated")
         assert "marked as ended early" in stderr
@@ -203,8 +203,7 @@ PENDING_CHILD_SIGNAL = """\
 def test_a_child_signal_pending_when_sigterm_shields_the_children_runs_no_handler_and_raises_nothing(tmp_path):
     """(It raised "OSError: Signal 17 ignored due to race condition" wherever the script was: the shield set
     SIGCHLD to SIG_DFL, and CPython refuses a pending signal whose handler became SIG_DFL.)"""
-    done = subprocess.run([sys.executable, str(_script(tmp_path, PENDING_CHILD_SIGNAL))], env=_env(),
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = _run([str(_script(tmp_path, PENDING_CHILD_SIGNAL))], tmp_path)
     assert done.returncode == 0 and done.stdout == "terminated\n", done.stdout + done.stderr
     assert "race condition" not in done.stderr and "Traceback" not in done.stderr, done.stderr
 
@@ -224,7 +223,7 @@ CTRL_C_IN_REPORT = """\
 
 
 def test_one_ctrl_c_while_the_report_is_written_keeps_the_report(tmp_path):
-    done = _watched(_script(tmp_path, CTRL_C_IN_REPORT), "out", cold=True)
+    done = _watched(_script(tmp_path, CTRL_C_IN_REPORT), "out")
     assert done.returncode == 130, done.stderr
     assert len(graphwatch.load(tmp_path / "out" / "trace.json").steps) == 3
     assert (tmp_path / "out" / "index.html").is_file()

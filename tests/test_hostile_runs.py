@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import warm_python
+from warm_child import SAY_READY, InBackground, run_and_signal, standard_streams
 
 import graphwatch
 from graphwatch.model import BackwardRecord, StepRecord, Trace, trace_to_dict
@@ -223,17 +225,21 @@ def test_a_reader_that_goes_away_keeps_the_scripts_exit_code(tmp_path, how, stre
     """``graphwatch run train.py 2>&1 | head -1``: the summary meets a closed pipe; the exit code stays 5."""
     script = _script(tmp_path, WAITS_FOR_THE_READER_TO_GO)
     args = [str(script)] if how == "bare" else ["-m", "graphwatch", "run", "--out", "out", str(script)]
-    stderr = subprocess.STDOUT if streams == "stdout and stderr" else subprocess.PIPE
-    child = subprocess.Popen([sys.executable, *args], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=stderr)
-    assert child.stdout is not None
-    assert child.stdout.readline() == b"line one\n"
-    child.stdout.close()  # `head -1` has its line and exits
-    (tmp_path / "reader-gone").touch()
-    child.wait(timeout=TIMEOUT)
-    assert child.returncode == 5
-    if stderr is subprocess.PIPE:
-        assert child.stderr is not None
-        err = child.stderr.read().decode()
+    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+    with standard_streams(out_w, out_w if streams == "stdout and stderr" else err_w, _env()):
+        os.close(out_w)
+        os.close(err_w)
+        child = InBackground([sys.executable, *args], cwd=tmp_path, env=_env(), timeout=TIMEOUT)
+        with os.fdopen(out_r, "rb") as reader:
+            while not select.select([reader], [], [], 0.1)[0]:  # (this process holds the pipe open too)
+                assert child.running(), f"the script wrote no line: {child.result(TIMEOUT)}"
+            assert reader.readline() == b"line one\n"
+        # (closed: `head -1` has its line and exits)
+        (tmp_path / "reader-gone").touch()
+        assert child.result(TIMEOUT).returncode == 5
+    with os.fdopen(err_r, "rb") as errors:  # (all the child wrote there, this process's stderr given back)
+        err = errors.read().decode()
+    if streams == "stdout":
         assert "Traceback" not in err and "Exception ignored" not in err, err
     if how == "watched":
         assert (tmp_path / "out" / "trace.json").is_file()
@@ -286,7 +292,7 @@ STOPPED = """\
         for i in range(10**7):
             opt.zero_grad(); (w * w).exp().sum().backward(); opt.step()
             if i == 3:
-                print("training", flush=True)
+                {ready}
     print("never")
 """
 
@@ -296,13 +302,11 @@ def test_watch_out_stopped_by_sigterm_writes_the_summary_and_the_report_then_end
     watched = how == "watched"
     script = _script(tmp_path, STOPPED.format(
         watch=", graphwatch" if watched else "", context="graphwatch.watch(out='out')" if watched else "open(__file__)",
+        ready=SAY_READY,
     ))  # fmt: skip
-    child = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    assert child.stdout is not None and child.stdout.readline() == "training\n"
-    child.send_signal(signal.SIGTERM)
-    out, err = child.communicate(timeout=TIMEOUT)
-    assert child.returncode == -signal.SIGTERM and "never" not in out
+    done = run_and_signal([sys.executable, str(script)], signal.SIGTERM, cwd=tmp_path, env=_env(), timeout=TIMEOUT)
+    out, err = done.stdout, done.stderr
+    assert done.returncode == -signal.SIGTERM and "never" not in out
     if watched:
         assert "graphwatch: " in err and "the run ended early: Terminated: received SIGTERM" in err  # the summary
         assert graphwatch.load(tmp_path / "out" / "trace.json").ended_early == "Terminated: received SIGTERM"
