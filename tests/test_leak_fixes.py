@@ -7,6 +7,7 @@ its printed losses are compared with a known-good fix written by hand: a fix mus
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -203,8 +204,10 @@ with warnings.catch_warnings():
 """
 
 
+# (looked up, not imported: importing Lightning here sets PYTORCH_NVML_BASED_CUDA_CHECK and TORCHINDUCTOR_CACHE_DIR
+# in this process's environment, and warm_python then starts every later script cold, 3-5 s of CPU each)
+@pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="needs lightning")
 def test_under_lightning_a_state_kept_on_the_module_is_detached_without_crashing_at_step_0(tmp_path: Path) -> None:
-    pytest.importorskip("lightning")
     carried = finding_of(diagnose(tmp_path, LIGHTNING), "graph-carried-across-steps")
     assert carried.fix.startswith("`if self.hidden is not None: self.hidden = tuple(h.detach() for h in self.hidden)`")
     patch = carried.patch or ""
