@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,26 @@ for step in range(8):
 print(f"mean logit {torch.stack(val_history).mean().item():.6f}")
 """
 
+# Run in a fresh process from the folder of train.py: the zygote forked first (as `graphwatch run --check-fixes` does),
+# then train.py run under graphwatch and each patch of sys.argv[2:] checked against its one finding of kind sys.argv[1];
+# prints the checks and how each patched run was started.
+CHECKS_PATCHES = """import dataclasses, json, sys
+from graphwatch import fix_checks, warm_start
+from graphwatch.analysis.patch_checks import steps_to_run
+from graphwatch.runner import run_script
+
+warm_start.start_zygote()
+started = []
+start_run = fix_checks.start_run
+fix_checks.start_run = lambda *args: started.append(start_run(*args)) or started[-1]
+run = run_script("train.py", [], session_options={"snapshots": "off"}, capture_output=True)
+[finding] = [f for f in run.trace.findings if f.kind == sys.argv[1]]
+steps = steps_to_run(run.trace, [finding])
+checks = [fix_checks.check_patch(run.trace, run.script, [], patch, [finding], steps=steps) for patch in sys.argv[2:]]
+warm_start.stop_zygote()
+print(json.dumps({"checks": [dataclasses.asdict(c) for c in checks], "started": [type(p).__name__ for p in started]}))
+"""
+
 
 def write(folder: Path, name: str, text: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
@@ -81,6 +102,20 @@ def found(folder: Path, text: str, kind: str, monkeypatch: pytest.MonkeyPatch) -
 
 def checked(trace: graphwatch.Trace, script: Path, patch: str, finding: graphwatch.Finding, args: tuple[str, ...] = ()) -> PatchCheck:
     return check_patch(trace, script, list(args), patch, [finding], steps=steps_to_run(trace, [finding]))
+
+
+def checked_warm(
+    script: Path, kind: str, *patches: str, env: Mapping[str, str] | None = None
+) -> tuple[list[PatchCheck], list[str]]:
+    """``script`` (a train.py) run under graphwatch in a process of its own (forked off the tests' warm Python) and
+    each patch checked against its one finding of ``kind``, the patched runs started as ``graphwatch run
+    --check-fixes`` starts them: the checks, and the kind of process each patched run was."""
+    driver = write(script.parent.parent, f"checks-{script.parent.name}.py", CHECKS_PATCHES)
+    done = warm_python.run([sys.executable, str(driver), kind, *patches], cwd=script.parent, env=env, capture_output=True,
+                           text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    return [PatchCheck(**check) for check in result["checks"]], result["started"]
 
 
 def folder_digest(folder: Path) -> dict[str, str]:
@@ -139,21 +174,26 @@ def test_old_traces_load_without_what_trained_and_new_ones_keep_it(tmp_path: Pat
 
 
 # ------------------------------------------------------------------ right and wrong patches
-def test_the_right_detach_for_a_gan_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    script, trace, error = found(tmp_path / "gan", GAN, "backward-through-freed-graph", monkeypatch)
-    check = checked(trace, script, diff(script, "D(fake), zeros", "D(fake.detach()), zeros"), error)  # D's step
+@pytest.fixture(scope="module")
+def gan_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, PatchCheck]:
+    """The GAN's error, from one run, checked against the right detach (on D's step) and the wrong one (on G's)."""
+    script = write(tmp_path_factory.mktemp("gan"), "train.py", GAN)
+    right = diff(script, "D(fake), zeros", "D(fake.detach()), zeros")
+    wrong = diff(script, "g_loss = bce(D(fake), ones)", "g_loss = bce(D(fake.detach()), ones)")  # silences the error
+    checks, _ = checked_warm(script, "backward-through-freed-graph", right, wrong)
+    return dict(zip(("right", "wrong"), checks, strict=True))
+
+
+def test_the_right_detach_for_a_gan_is_checked(gan_checks: dict[str, PatchCheck]) -> None:
+    check = gan_checks["right"]
     assert check.checked, check.failed
     assert "the 4 parameters that got gradients before still get them, stepped by the same optimizers" in check.held
     assert "opt_g (Adam), which never stepped before the error, now steps and gives every parameter it owns a gradient" \
         in check.held
 
 
-def test_a_detach_on_the_generator_step_is_caught_the_generator_stops_learning(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    script, trace, error = found(tmp_path / "gan", GAN, "backward-through-freed-graph", monkeypatch)
-    wrong = diff(script, "g_loss = bce(D(fake), ones)", "g_loss = bce(D(fake.detach()), ones)")  # silences the error
-    check = checked(trace, script, wrong, error)
+def test_a_detach_on_the_generator_step_is_caught_the_generator_stops_learning(gan_checks: dict[str, PatchCheck]) -> None:
+    check = gan_checks["wrong"]
     assert not check.checked
     assert "the finding is gone" in check.held  # the error is silenced ...
     assert check.failed == [  # ... but G no longer learns
@@ -162,16 +202,17 @@ def test_a_detach_on_the_generator_step_is_caught_the_generator_stops_learning(
     ]
 
 
-def test_item_on_a_kept_tensor_of_32_elements_is_caught_it_crashes_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    script, trace, kept = found(tmp_path / "val", KEPT_LOGITS, "graph-kept-alive", monkeypatch)
-    check = checked(trace, script, diff(script, "val_history.append(val_logits)", "val_history.append(val_logits.item())"), kept)
+def test_item_on_a_kept_tensor_of_32_elements_is_caught_it_crashes_training(tmp_path: Path) -> None:
+    script = write(tmp_path / "val", "train.py", KEPT_LOGITS)
+    wrong = diff(script, "val_history.append(val_logits)", "val_history.append(val_logits.item())")
+    right = diff(script, "val_history.append(val_logits)", "val_history.append(val_logits.detach())")
+    [check, right_check], _ = checked_warm(script, "graph-kept-alive", wrong, right)
     assert not check.checked
     assert check.failed == [
         "cannot tell whether the finding is gone: the patched run ended before step 4, where it showed",
         "the patched run raised a new error: RuntimeError: a Tensor with 32 elements cannot be converted to Scalar",
     ]
-    right = diff(script, "val_history.append(val_logits)", "val_history.append(val_logits.detach())")
-    assert checked(trace, script, right, kept).checked
+    assert right_check.checked
 
 
 def test_a_patch_that_does_not_apply_and_an_argument_outside_the_folder_are_said(

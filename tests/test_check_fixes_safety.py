@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import warm_python
@@ -184,32 +185,49 @@ def test_an_argument_or_variable_naming_a_path_outside_the_folder_stops_the_chec
     assert not (folder / "ran.txt").exists()
 
 
-def test_an_allowed_path_lets_the_check_run_and_write_there(tmp_path: Path) -> None:
+class CheckedRun(NamedTuple):
+    """A ``graphwatch run --check-fixes`` of a script in ``folder``, which writes to ``log``."""
+
+    done: subprocess.CompletedProcess[str]
+    folder: Path
+    log: Path
+    before: dict[str, str]  # the folder's digest before the run
+
+
+@pytest.fixture(scope="module")
+def run_with_secrets_and_an_allowed_path(tmp_path_factory: pytest.TempPathFactory) -> CheckedRun:
+    """``graphwatch run --check-fixes --check-allow-path OUTSIDE`` of a script that appends to a log in OUTSIDE
+    (named by $RUN_LOG) and fails in the copy if a secret of its folder was copied: its run."""
+    tmp_path = tmp_path_factory.mktemp("secrets")
     outside = tmp_path / "outside"
     log = write(outside, "log.txt", "")
     folder = tmp_path / "project"
-    write(folder, "train.py", "import os\nopen(os.environ['RUN_LOG'], 'a').write('ran\\n')\n" + KEPT_LOGITS)
+    guard = "import os\nassert not any(os.path.exists(n) for n in ('.env', 'id_rsa', 'server.key')) " \
+        "or 'graphwatch-check-' not in os.path.abspath(__file__), 'a secret was copied'\n"
+    write(folder, "train.py", guard + "open(os.environ['RUN_LOG'], 'a').write('ran\\n')\n" + KEPT_LOGITS)
+    for name in (".env", "id_rsa", "server.key"):
+        write(folder, name, "secret\n")
+    before = folder_digest(folder)
     done = warm_python.run(graphwatch_command("--check-fixes", "--check-allow-path", str(outside), "--out",
                                               str(tmp_path / "report"), "train.py"),
                            cwd=folder, env=environment(tmp_path, RUN_LOG=str(log)), capture_output=True, text=True,
                            timeout=300)  # fmt: skip
+    return CheckedRun(done, folder, log, before)
+
+
+def test_an_allowed_path_lets_the_check_run_and_write_there(run_with_secrets_and_an_allowed_path: CheckedRun) -> None:
+    done, _, log, _ = run_with_secrets_and_an_allowed_path
     assert done.returncode == 0, done.stderr
     assert "check: checked" in done.stderr
     assert log.read_text() == "ran\nran\n"  # the run and the patched run, as allowed
 
 
-def test_the_patched_run_gets_no_secret_and_the_user_hears_what_was_left_out(tmp_path: Path) -> None:
-    folder = tmp_path / "project"
-    guard = "import os\nassert not any(os.path.exists(n) for n in ('.env', 'id_rsa', 'server.key')) " \
-        "or 'graphwatch-check-' not in os.path.abspath(__file__), 'a secret was copied'\n"
-    write(folder, "train.py", guard + KEPT_LOGITS)
-    for name in (".env", "id_rsa", "server.key"):
-        write(folder, name, "secret\n")
-    before = folder_digest(folder)
-    done = warm_python.run(graphwatch_command("--check-fixes", "--out", str(tmp_path / "report"), "train.py"),
-                           cwd=folder, env=environment(tmp_path), capture_output=True, text=True, timeout=300)  # fmt: skip
+def test_the_patched_run_gets_no_secret_and_the_user_hears_what_was_left_out(
+    run_with_secrets_and_an_allowed_path: CheckedRun,
+) -> None:
+    done, folder, _, before = run_with_secrets_and_an_allowed_path
     assert done.returncode == 0, done.stderr
-    assert "check: checked in " in done.stderr
+    assert "check: checked in " in done.stderr  # (the script's guard raises in a copy that holds a secret)
     assert "(not copied: .env (holds secrets by convention), id_rsa (holds secrets by convention), server.key (holds " \
         "secrets by convention))" in done.stderr
     assert folder_digest(folder) == before

@@ -7,15 +7,13 @@ of a module of the script's folder; ``GRAPHWATCH_CHECK_COLD=1`` starts each patc
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import warm_python
-from test_check_fixes import KEPT_LOGITS, write
+from test_check_fixes import KEPT_LOGITS, checked_warm, write
 from test_check_fixes_safety import (
     HANGS_IN_THE_COPY,
     LINUX,
@@ -48,23 +46,6 @@ PATCHED_HELPER = """--- helper.py
  def validate(model, x_val, history):
 -    history.append(model(x_val).squeeze(1))
 +    history.append(model(x_val).squeeze(1).detach())
-"""
-# Run in a fresh process: the zygote forked first (as `graphwatch run --check-fixes` does), then the script run
-# and its finding's check with PATCHED_HELPER; prints the verdict and how the patched run was started.
-CHECKS_THE_HELPER_PATCH = """import json, sys
-from graphwatch import fix_checks, warm_start
-from graphwatch.analysis.patch_checks import steps_to_run
-from graphwatch.runner import run_script
-
-warm_start.start_zygote()
-started = []
-start_run = fix_checks.start_run
-fix_checks.start_run = lambda *args: started.append(start_run(*args)) or started[-1]
-run = run_script("train.py", [], session_options={"snapshots": "off"}, capture_output=True)
-[finding] = [f for f in run.trace.findings if f.kind == "graph-kept-alive"]
-check = fix_checks.check_patch(run.trace, run.script, [], sys.argv[1], [finding], steps=steps_to_run(run.trace, [finding]))
-warm_start.stop_zygote()
-print(json.dumps({"checked": check.checked, "failed": check.failed, "started": [type(p).__name__ for p in started]}))
 """
 
 
@@ -101,12 +82,8 @@ def test_a_patched_run_imports_the_patched_module_of_its_folder_which_the_zygote
     folder = tmp_path / "project"
     write(folder, "train.py", USES_HELPER)
     write(folder, "helper.py", HELPER)
-    driver = write(tmp_path, "driver.py", CHECKS_THE_HELPER_PATCH)
-    done = warm_python.run([sys.executable, str(driver), PATCHED_HELPER], cwd=folder, env=environment(tmp_path),
-                           capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    verdict = json.loads(done.stdout.splitlines()[-1])
-    assert verdict == {"checked": True, "failed": [], "started": ["WarmProcess"]}, verdict
+    [check], started = checked_warm(folder / "train.py", "graph-kept-alive", PATCHED_HELPER, env=environment(tmp_path))
+    assert (check.checked, check.failed, started) == (True, [], ["WarmProcess"]), check
 
 
 def hanging_check(tmp_path: Path, timeout: str) -> tuple[subprocess.Popen[str], Path, str]:
@@ -131,10 +108,10 @@ def hanging_check(tmp_path: Path, timeout: str) -> tuple[subprocess.Popen[str], 
 
 @LINUX
 def test_the_zygote_and_the_patched_run_are_gone_after_a_run_whose_check_timed_out(tmp_path: Path) -> None:
-    process, report, marker = hanging_check(tmp_path, timeout="20")
+    process, report, marker = hanging_check(tmp_path, timeout="10")
     stderr = process.communicate(timeout=300)[1]
     assert process.returncode == 0, stderr
-    assert "it did not end within 20 s" in stderr
+    assert "it did not end within 10 s" in stderr
     assert processes_with(str(report)) == [] and processes_with(f"sleep {marker}") == []
 
 

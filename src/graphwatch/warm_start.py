@@ -3,15 +3,16 @@
 A patched run is ``python -m graphwatch run --stop-after N ...`` in a session of its own.  Started cold, it pays
 Python's, torch's and graphwatch's imports again (2-3 s of CPU a check).  So ``graphwatch run --check-fixes``
 calls :func:`start_zygote` before the script runs (torch and graphwatch imported, no torch op run, so no
-intra-op thread a fork would lose): it forks a small process that waits on a socket and never sees the
-script's state.  :func:`start_run` asks it for each patched run, and it forks a grandchild that does what the
-cold process does: a new session (``os.setsid``), the run's folder and environment (``os.environ`` replaced,
-``sys.path`` set from it as ``python -m`` sets it), standard input from ``/dev/null``, the output the caller
-gives, the signal dispositions graphwatch started with (Python's own, before graphwatch's guard), the same
-``python -m graphwatch ARGS`` entry in-process, and an exit as Python's: threads joined, ``atexit`` handlers
-run, streams flushed, the exit code reported as :attr:`subprocess.Popen.returncode` gives it.  The grandchild
-stays unreaped until the caller has ended its process group (:meth:`PatchedProcess.end`), so its group's id
-is never another's.
+intra-op thread a fork would lose): it forks a small process that waits on a socket and never sees the script's
+state.  The zygote then imports ``torch._dynamo`` (it starts no thread), which a script's first optimizer would
+import in each patched run (another 2-3 s of CPU a check), while the script runs.  :func:`start_run` asks it for
+each patched run, and it forks a grandchild that does what the cold process does: a new session (``os.setsid``),
+the run's folder and environment (``os.environ`` replaced, ``sys.path`` set from it as ``python -m`` sets it),
+standard input from ``/dev/null``, the output the caller gives, the signal dispositions graphwatch started with
+(Python's own, before graphwatch's guard), the same ``python -m graphwatch ARGS`` entry in-process, and an exit
+as Python's: threads joined, ``atexit`` handlers run, streams flushed, the exit code reported as
+:attr:`subprocess.Popen.returncode` gives it.  The grandchild stays unreaped until the caller has ended its
+process group (:meth:`PatchedProcess.end`), so its group's id is never another's.
 
 The zygote is no child of graphwatch (a script that waits for all its children never waits for it) and no
 member of its terminal's process group (Ctrl-C never reaches it).  It ends when :func:`stop_zygote` says so
@@ -259,6 +260,7 @@ def _serve(sock: socket.socket, graphwatch: int) -> None:
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
+    _import_what_runs_import()
     watched = _pidfd(graphwatch)
     base = [entry for entry in sys.path[1:] if entry not in {os.path.abspath(f) for f in _pythonpath(os.environ)}]
     while _wait_for(sock, watched, graphwatch, None):
@@ -286,6 +288,15 @@ def _serve(sock: socket.socket, graphwatch: int) -> None:
         os.waitpid(pid, 0)
         if not told:
             return
+
+
+def _import_what_runs_import() -> None:
+    """Import, once for every patched run, what a training script imports through torch on first use and no thread
+    starts for: ``torch._dynamo`` (``torch.optim.Optimizer.__init__`` imports it)."""
+    try:
+        import torch._dynamo  # noqa: F401
+    except ImportError:  # (a torch without it: a patched run goes without it as well)
+        pass
 
 
 def _wait_for(sock: socket.socket, watched: int | None, graphwatch: int, run: int | None) -> bool:
