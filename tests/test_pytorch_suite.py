@@ -25,7 +25,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 LEVELS = ("default", "light")
-SHARDS = 2  # per level: each shard is a pytest process of about a minute on a loaded machine
+SHARDS = 2  # per level, dealt by recorded seconds (a third shard per level costs one more ~17 s start and collection)
 SUMMARY = "pytorch_suite_table"  # the report property conftest.pytest_terminal_summary reads (``summary``)
 
 
@@ -149,6 +149,43 @@ def test_a_shard_runs_only_its_tests_and_is_compared_with_only_its_part_of_the_b
     assert (merged.passed_bare, merged.passed_watched, merged.flaky) == (6, 6, other.flaky)
 
 
+def test_the_shards_are_dealt_by_recorded_seconds_longest_first_and_unrecorded_tests_by_hash(tmp_path, monkeypatch,
+                                                                                          no_plugin_autoload):
+    """With each test's seconds recorded, a long test fills a shard of its own and the short ones share the other
+    (the shards take about the same time); a test missing from the record goes by the hash of its id.  The runs
+    deselect by the same rule, and each test's outcome carries its seconds (which the bare record leaves out)."""
+    folder = _fake_tests(tmp_path / "tests", "".join(f"def {test}():\n    pass\n\n\n" for test in SHARDED))
+    tests = [f"{suite.FILES[0]}::{test}" for test in SHARDED]
+    recorded, unrecorded = tests[:-1], tests[-1]
+    monkeypatch.setattr(suite, "SECONDS", tmp_path / "seconds.json")
+    suite.SECONDS.write_text(json.dumps({recorded[2]: 9.0, **{test: 1.0 for test in recorded if test != recorded[2]}}))
+    shards = [(index, 2) for index in range(2)]
+    runs = [suite._start(folder, "", list(suite.FILES), f"bare-{index}", (index, count)) for index, count in shards]
+    ran = []
+    for process, outcomes, log in runs:
+        assert process.wait() == 0, log.read_text()
+        ran.append(json.loads(outcomes.read_text()))
+    by_hash = {test for test in [unrecorded] if suite.zlib.crc32(test.encode()) % 2 == 1}
+    assert set(ran[0]) == {recorded[2]} | ({unrecorded} - by_hash)  # the long one, alone but for the hashed one
+    assert set(ran[1]) == (set(recorded) - {recorded[2]}) | by_hash
+    assert all(isinstance(outcome["seconds"], float) for outcome in ran[0].values())
+    monkeypatch.setattr(suite, "BARE_RECORDS", tmp_path / "bare")
+    suite.record_bare(folder, ran[0])
+    assert all("seconds" not in outcome for outcome in json.loads(suite.bare_record(folder).read_text())["outcomes"]
+               .values())  # fmt: skip
+
+
+def test_recording_seconds_runs_each_level_and_adds_each_tests_seconds_up(tmp_path, monkeypatch, no_plugin_autoload):
+    """``--record-seconds`` runs every test at each level named and records its seconds over them added up: the
+    record the shards are dealt by (a slow test weighs more than a quick one)."""
+    folder = _fake_tests(tmp_path / "tests", "import time\n\n\ndef test_slow():\n    time.sleep(0.3)\n\n\n"
+                                              "def test_quick():\n    pass\n")
+    monkeypatch.setattr(suite, "SECONDS", tmp_path / "seconds.json")
+    seconds = suite.read_seconds(suite.record_seconds(folder, ("", "light")))
+    assert sorted(seconds) == [f"{suite.FILES[0]}::test_{name}" for name in ("quick", "slow")]
+    assert seconds[f"{suite.FILES[0]}::test_slow"] >= 0.6  # (at least its 0.3 s of sleep at each of the two levels)
+
+
 def test_a_recorded_bare_run_stands_in_only_for_the_same_torch_python_and_files(tmp_path, monkeypatch,
                                                                                 no_plugin_autoload):
     """The record is keyed by torch's and Python's versions (its file name) and by every byte of the test folder:
@@ -215,9 +252,10 @@ def test_the_terminal_summary_adds_the_shards_up_into_one_row_per_level():
     impossible = next(iter(suite.IMPOSSIBLE))
     shards = [suite.LevelResult("default", 300, 299, impossible=[impossible]), suite.LevelResult("default", 239, 239),
               suite.LevelResult("light", 270, 270), suite.LevelResult("light", 269, 269)]  # fmt: skip
+    shards += [suite.LevelResult(level, 0, 0) for level in LEVELS for _ in range(SHARDS - 2)]  # (the other shards)
     text = summary([f"/tests\n{result.to_json()}" for result in reversed(shards)])  # (light's shards ended first)
     assert text.startswith("/tests (all tests)\n")
     rows = [line for line in text.splitlines() if line.startswith(("| default", "| light"))]
     assert rows == [f"| default | 539 | 538 of 539 | `{suite._short(impossible)}` | 0 |",
                     "| light | 539 | 539 of 539 | none | 0 |"]  # fmt: skip
-    assert "(1 of 4 shards)" in summary([f"/tests\n{shards[0].to_json()}"])
+    assert f"(1 of {len(LEVELS) * SHARDS} shards)" in summary([f"/tests\n{shards[0].to_json()}"])

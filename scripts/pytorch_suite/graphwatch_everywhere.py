@@ -14,7 +14,10 @@ bare and watched, and compare.  Options (environment):
   (torch's lock in the folder lets one build while the others wait); from the end
   of collection on, where the test files imported torch;
 * ``GRAPHWATCH_SUITE_SHARD``: ``i/n`` runs only the tests of shard ``i`` of ``n``
-  (``suite.in_shard``: a hash of the test's id) and deselects the others.
+  (``suite.in_shard``: as dealt by the seconds recorded in the JSON file
+  ``GRAPHWATCH_SUITE_SECONDS``, else by a hash of the test's id) and deselects the others.
+
+Each test's outcome also has its ``seconds`` (setup, call and teardown).
 
 Example::
 
@@ -31,12 +34,14 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from suite import in_shard  # (this folder is on the path of a run: PYTHONPATH, see the example)
+from suite import deal, in_shard, read_seconds  # (this folder is on the path of a run: PYTHONPATH, see the example)
 
 _outcomes: dict[str, dict[str, str]] = {}
+_seconds: dict[str, float] = {}  # each test's setup, call and teardown
 STALE_LOCK_SECONDS = 30 * 60  # a build's lock this old was left by a killed run (a build takes a few minutes)
 
 
@@ -72,10 +77,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not shard:
         return
     index, count = (int(number) for number in shard.split("/"))
-    others = [item for item in items if not in_shard(item.nodeid, (index, count))]
+    dealt = deal(read_seconds(Path(os.environ.get("GRAPHWATCH_SUITE_SECONDS", ""))), count)
+    others = [item for item in items if not in_shard(item.nodeid, (index, count), dealt)]
     if others:
         config.hook.pytest_deselected(items=others)
-        items[:] = [item for item in items if in_shard(item.nodeid, (index, count))]
+        items[:] = [item for item in items if in_shard(item.nodeid, (index, count), dealt)]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -92,6 +98,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 def pytest_runtest_logreport(report: Any) -> None:
+    _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
     if report.when == "call" or report.outcome != "passed":
         failed = report.outcome == "failed"
         outcome = ("failed" if report.when == "call" else "error") if failed else report.outcome
@@ -103,5 +110,6 @@ def pytest_runtest_logreport(report: Any) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     path = os.environ.get("GRAPHWATCH_SUITE_OUTCOMES")
     if path:
+        timed = {test: {**outcome, "seconds": round(_seconds.get(test, 0.0), 3)} for test, outcome in _outcomes.items()}
         with open(path, "w") as f:
-            json.dump(_outcomes, f, indent=1, sort_keys=True)
+            json.dump(timed, f, indent=1, sort_keys=True)

@@ -15,9 +15,11 @@ anyway); a test whose outcome then differs still runs again, bare and watched, b
 extension a test compiles is built once per torch and Python, in ``graphwatch-suite-builds`` of the environment
 (``.venv``), and shared by the runs (``BUILDS``): minutes of compiling the first time, none after.
 
-A run can be one shard of the tests (``shard=(i, n)``: the tests whose id hashes to ``i`` modulo ``n``, see
-``in_shard``), compared with the same shard of the bare run: the test command spreads the levels and shards over
-its workers (``tests/test_pytorch_suite.py``) and ``merge`` adds the shards' results up into one row per level.
+A run can be one shard of the tests (``shard=(i, n)``, see ``in_shard``: the tests recorded in ``bare/seconds.json``
+dealt longest first into ``n`` shards of about the same time, any other test by a hash of its id), compared with
+the same shard of the bare run: the test command spreads the levels and shards over its workers
+(``tests/test_pytorch_suite.py``) and ``merge`` adds the shards' results up into one row per level.
+``--record-seconds`` records each test's seconds inside a session, added up over the levels run.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ CRASH_TORCH: dict[str, str] = {
 }
 DOC_BEGIN, DOC_END = "<!-- suite table: begin -->", "<!-- suite table: end -->"
 BARE_RECORDS = HERE / "bare"  # the bare run's outcomes, one file per torch and Python version
+SECONDS = BARE_RECORDS / "seconds.json"  # each test's seconds inside a session, the levels added up (in_shard)
 # Where the runs build the C++ extensions PyTorch's tests compile (graphwatch_everywhere.py): kept, so that a build
 # is paid once per machine and torch, and shared by the runs started together (one builds, the others wait).
 BUILDS = Path(sys.prefix if os.access(sys.prefix, os.W_OK) else tempfile.gettempdir()) / "graphwatch-suite-builds"
@@ -133,10 +136,26 @@ def merge(results: list[LevelResult]) -> list[LevelResult]:
     return list(merged.values())
 
 
-def in_shard(test: str, shard: tuple[int, int] | None) -> bool:
-    """Whether ``test`` (a pytest id) is in shard ``(i, n)``: crc32 of its id is ``i`` modulo ``n`` (every test when
-    ``shard`` is None).  A hash of the id alone, so that the bare record splits as the run does."""
-    return shard is None or zlib.crc32(test.encode()) % shard[1] == shard[0]
+def read_seconds(path: Path) -> dict[str, float]:
+    """The recorded seconds of each test (``SECONDS``), or none where there is no record."""
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def deal(seconds: dict[str, float], count: int) -> dict[str, int]:
+    """The shard of ``count`` of each test of ``seconds``: longest first, each to the shard with the fewest seconds
+    so far (the lowest index of equals), so that the shards take about the same time."""
+    totals, dealt = [0.0] * count, {}
+    for test, took in sorted(seconds.items(), key=lambda item: (-item[1], item[0])):
+        dealt[test] = totals.index(min(totals))
+        totals[dealt[test]] += took
+    return dealt
+
+
+def in_shard(test: str, shard: tuple[int, int] | None, dealt: dict[str, int] | None = None) -> bool:
+    """Whether ``test`` (a pytest id) is in shard ``(i, n)`` (every test when ``shard`` is None): its shard in
+    ``dealt`` (``deal`` of the recorded seconds), else where crc32 of its id is ``i`` modulo ``n``.  The id and the
+    record alone decide, so that the bare record splits as the run does."""
+    return shard is None or (dealt or {}).get(test, zlib.crc32(test.encode()) % shard[1]) == shard[0]
 
 
 def find_folder(folder: str | os.PathLike[str] | None = None) -> Path | None:
@@ -164,6 +183,7 @@ def _start(copy: Path, level: str, tests: list[str], name: str,
     env = {**os.environ, "PYTHONPATH": paths, "GRAPHWATCH_SUITE_LEVEL": level, "GRAPHWATCH_SUITE_OUTCOMES": str(outcomes),
            "GRAPHWATCH_SUITE_BUILDS": str(builds_folder()),
            "GRAPHWATCH_SUITE_SHARD": "/".join(map(str, shard or ())),  # (empty: every test)
+           "GRAPHWATCH_SUITE_SECONDS": str(SECONDS),  # (how the shards are dealt)
            # one torch intra-op thread each (unless set): the runs share the cores, where more would only spin
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # fmt: skip
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "graphwatch_everywhere",
@@ -234,8 +254,27 @@ def record_bare(folder: Path, outcomes: dict[str, dict[str, str]]) -> Path:
     """Record ``outcomes`` of a bare run of ``folder`` for this torch and Python; the record's path."""
     record = bare_record(folder)
     record.parent.mkdir(exist_ok=True)
-    record.write_text(json.dumps({"files": _fingerprint(folder), "outcomes": outcomes}, indent=1, sort_keys=True) + "\n")
+    kept = {test: {"outcome": result["outcome"], "detail": result["detail"]} for test, result in outcomes.items()}
+    record.write_text(json.dumps({"files": _fingerprint(folder), "outcomes": kept}, indent=1, sort_keys=True) + "\n")
     return record
+
+
+def run_once(folder: Path, level: str) -> dict[str, dict]:
+    """The outcomes of one run of every test of ``folder``, bare (``level=""``) or at ``level``."""
+    copy = writable_copy(folder)
+    try:
+        return _outcomes({level: _start(copy, level, list(FILES), level or "bare")})[level]
+    finally:
+        shutil.rmtree(copy.parent, ignore_errors=True)
+
+
+def record_seconds(folder: Path, levels: tuple[str, ...]) -> Path:
+    """Run every test at each of ``levels`` in turn and record its seconds, added up over them (``SECONDS``)."""
+    runs = [run_once(folder, level) for level in levels]
+    tests = sorted({test for outcomes in runs for test in outcomes})
+    SECONDS.write_text(json.dumps({test: round(sum(run.get(test, {}).get("seconds", 0.0) for run in runs), 2)
+                                   for test in tests}, indent=1) + "\n")  # fmt: skip
+    return SECONDS
 
 
 def run_and_compare(
@@ -255,7 +294,8 @@ def run_and_compare(
         runs = ("", *levels) if recorded is None else levels
         outcomes = _outcomes({level: _start(copy, level, list(files), level or "bare", shard) for level in runs})
         if recorded is not None:
-            outcomes[""] = {test: outcome for test, outcome in recorded.items() if in_shard(test, shard)}
+            dealt = deal(read_seconds(SECONDS), shard[1]) if shard else None
+            outcomes[""] = {test: outcome for test, outcome in recorded.items() if in_shard(test, shard, dealt)}
         results = [compare(level, outcomes[""], outcomes[level]) for level in levels]
         for result in results:
             differing = [test for test, _ in result.broken] + result.mended
@@ -350,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-bare", action="store_true", help="run the bare pass even where a record matches")
     parser.add_argument("--record-bare", action="store_true",
                         help="run the bare pass alone first and record its outcomes for this torch and Python")  # fmt: skip
+    parser.add_argument("--record-seconds", action="store_true",
+                        help="run each level alone first and record each test's seconds (the shards' balance)")  # fmt: skip
     args = parser.parse_args(argv)
     unknown = sorted(set(args.levels) - set(LEVELS))
     if unknown:
@@ -361,12 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     levels = tuple(args.levels) or LEVELS
     print(f"pytorch suite: {', '.join(FILES)} from {folder}, bare and at {', '.join(levels)}", flush=True)
     if args.record_bare:
-        copy = writable_copy(folder)
-        try:
-            bare = _outcomes({"": _start(copy, "", list(FILES), "bare")})[""]
-        finally:
-            shutil.rmtree(copy.parent, ignore_errors=True)
-        print(f"pytorch suite: the bare run's outcomes recorded in {record_bare(folder, bare).relative_to(ROOT)}")
+        record = record_bare(folder, run_once(folder, ""))
+        print(f"pytorch suite: the bare run's outcomes recorded in {record.relative_to(ROOT)}")
+    if args.record_seconds:
+        print(f"pytorch suite: each test's seconds recorded in {record_seconds(folder, levels).relative_to(ROOT)}")
     results = run_and_compare(folder, levels, run_bare=args.run_bare)
     print(report(results))
     if args.write_doc:
