@@ -85,3 +85,20 @@ def test_what_python_reads_at_start_up_differing_means_a_fresh_start() -> None:
     assert not warm_python._can_fork([sys.executable, "-X", "dev", "train.py"], here)
     assert not warm_python._can_fork([sys.executable, "-W", "error"], here)
     assert not warm_python._can_fork(["python3", "train.py"], here)
+
+
+def test_a_change_to_this_processs_own_start_up_variables_starts_the_server_again(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An import in the test process that sets a variable torch reads at start-up (Lightning sets two) would make
+    every later run a cold start: the server starts again with the new environment instead, once."""
+    script = tmp_path / "parent.py"
+    script.write_text("import os\nprint(os.getppid(), os.environ.get('TORCH_GRAPHWATCH_PROBE'))\n")
+    args = [sys.executable, str(script)]
+    before = warm_python.run(args, capture_output=True, text=True, timeout=300).stdout.split()
+    server = warm_python._server
+    assert server is not None and before == [str(server[0].pid), "None"]  # forked off the server
+    monkeypatch.setenv("TORCH_GRAPHWATCH_PROBE", "1")
+    after = [warm_python.run(args, capture_output=True, text=True, timeout=300).stdout.split() for _ in range(2)]
+    again = warm_python._server
+    assert again is not None and again[0].pid != server[0].pid
+    assert after == [[str(again[0].pid), "1"]] * 2  # forked off the new server, both times

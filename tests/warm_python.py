@@ -56,6 +56,8 @@ def run(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None, env: 
     """:func:`subprocess.run` for ``[sys.executable, *("-W", OPTION)..., SCRIPT | "-m" MODULE, *ARGS]``, forked off a
     warm server."""
     env = dict(os.environ if env is None else env)
+    if _started and not _can_fork(args, env) and _can_fork(args, env, started=os.environ):
+        _start_again()  # this process's own start-up variables changed (an import set TORCH_...): not every run cold
     if not _can_fork(args, env):
         return subprocess.run(list(args), cwd=cwd, env=env, input=input, capture_output=capture_output, text=text,
                               timeout=timeout, check=check)  # fmt: skip
@@ -70,13 +72,14 @@ def run(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None, env: 
     return done
 
 
-def _can_fork(args: Sequence[str], env: Mapping[str, str]) -> bool:
+def _can_fork(args: Sequence[str], env: Mapping[str, str], started: Mapping[str, str] | None = None) -> bool:
+    """Whether ``args`` run with ``env`` can be forked off a server started with ``started`` (the running one's)."""
     if os.environ.get("GRAPHWATCH_TEST_COLD") == "1" or not hasattr(os, "fork") or len(args) < 2:
         return False
     _, argv = _warn_options(args[1:])
     if args[0] != sys.executable or not argv or (argv[0].startswith("-") and argv[0] != "-m"):
         return False
-    started = _started or os.environ
+    started = started or _started or os.environ
     if any(os.path.isfile(os.path.join(folder, name)) for folder in env.get("PYTHONPATH", "").split(os.pathsep)
            if folder for name in ("sitecustomize.py", "usercustomize.py")):  # fmt: skip
         return False
@@ -98,6 +101,13 @@ def _connection() -> socket.socket:
             atexit.register(_stop_server)
         _server = (process, ours)
     return _server[1]
+
+
+def _start_again() -> None:
+    """End the server; the next run starts one with this process's environment as it is now."""
+    global _started
+    _stop_server()
+    _started = dict(os.environ)
 
 
 def _stop_server() -> None:
