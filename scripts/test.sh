@@ -17,6 +17,7 @@ echo "test: mypy" >&2
 .venv/bin/python -m compileall -q src tests
 # On every core (pytest-xdist; GRAPHWATCH_TEST_WORKERS=0 runs in this process, as `-n 0` after your arguments),
 # with one torch intra-op thread per process (yours if OMP_NUM_THREADS is set): the workers and the processes
-# the tests start already fill the cores, where torch's own threads would only spin waiting for one.
+# the tests start already fill the cores, where torch's own threads would only spin waiting for one. Tests marked
+# with one `xdist_group` run on one worker (`--dist loadgroup`), so that the runs they share are made once.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec .venv/bin/python -m pytest -n "${GRAPHWATCH_TEST_WORKERS:-auto}" "$@"
+exec .venv/bin/python -m pytest -n "${GRAPHWATCH_TEST_WORKERS:-auto}" --dist loadgroup "$@"

@@ -184,6 +184,7 @@ def gan_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, PatchCheck
     return dict(zip(("right", "wrong"), checks, strict=True))
 
 
+@pytest.mark.xdist_group("gan-checks")  # (one worker makes the shared run)
 def test_the_right_detach_for_a_gan_is_checked(gan_checks: dict[str, PatchCheck]) -> None:
     check = gan_checks["right"]
     assert check.checked, check.failed
@@ -192,6 +193,7 @@ def test_the_right_detach_for_a_gan_is_checked(gan_checks: dict[str, PatchCheck]
         in check.held
 
 
+@pytest.mark.xdist_group("gan-checks")
 def test_a_detach_on_the_generator_step_is_caught_the_generator_stops_learning(gan_checks: dict[str, PatchCheck]) -> None:
     check = gan_checks["wrong"]
     assert not check.checked

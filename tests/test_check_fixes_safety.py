@@ -215,6 +215,7 @@ def run_with_secrets_and_an_allowed_path(tmp_path_factory: pytest.TempPathFactor
     return CheckedRun(done, folder, log, before)
 
 
+@pytest.mark.xdist_group("secrets-and-allowed-path")  # (one worker makes the shared run)
 def test_an_allowed_path_lets_the_check_run_and_write_there(run_with_secrets_and_an_allowed_path: CheckedRun) -> None:
     done, _, log, _ = run_with_secrets_and_an_allowed_path
     assert done.returncode == 0, done.stderr
@@ -222,6 +223,7 @@ def test_an_allowed_path_lets_the_check_run_and_write_there(run_with_secrets_and
     assert log.read_text() == "ran\nran\n"  # the run and the patched run, as allowed
 
 
+@pytest.mark.xdist_group("secrets-and-allowed-path")
 def test_the_patched_run_gets_no_secret_and_the_user_hears_what_was_left_out(
     run_with_secrets_and_an_allowed_path: CheckedRun,
 ) -> None:
