@@ -207,6 +207,27 @@ def test_a_child_signal_pending_when_sigterm_shields_the_children_runs_no_handle
     assert done.returncode == 0 and done.stdout == "terminated\n", done.stdout + done.stderr
     assert "race condition" not in done.stderr and "Traceback" not in done.stderr, done.stderr
 
+# A thread's error after SIGTERM arrived (the resource sharer of a DataLoader's killed workers): without graphwatch
+# SIGTERM ends the process first, so it is not printed; after the guard, a thread's error is printed as always
+THREAD_ERROR_AFTER_SIGTERM = """\
+    import os, signal, threading
+    from graphwatch.signals import SignalGuard
+    def fails():
+        raise RuntimeError("a thread's error")
+    with SignalGuard(signals=(signal.SIGTERM,)) as guard:
+        os.kill(os.getpid(), signal.SIGTERM)  # (not armed: noted, as while the report is written)
+        thread = threading.Thread(target=fails); thread.start(); thread.join()
+        print("terminated" if guard.terminated else "not terminated")
+    thread = threading.Thread(target=fails); thread.start(); thread.join()
+"""
+
+
+def test_an_error_in_another_thread_after_sigterm_arrived_is_not_printed_and_after_the_guard_it_is(tmp_path):
+    done = _run([str(_script(tmp_path, THREAD_ERROR_AFTER_SIGTERM))], tmp_path)
+    assert done.returncode == 0 and done.stdout == "terminated\n", done.stdout + done.stderr
+    assert done.stderr.count("RuntimeError: a thread's error") == 1, done.stderr  # (the one after the guard)
+
+
 CTRL_C_IN_REPORT = """\
     import os, signal, torch
     import graphwatch.rendering.html as html

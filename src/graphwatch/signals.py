@@ -67,6 +67,7 @@ class SignalGuard:
         self._armed = False
         self._script_done = False
         self._sigchld: Any = None
+        self._thread_errors: Any = None  # threading.excepthook before SIGTERM arrived
         self._active = sys.platform != "win32" and threading.current_thread() is threading.main_thread()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -108,12 +109,24 @@ class SignalGuard:
                 signal.signal(signum, handler)
 
     def _shield_children(self, on: bool) -> None:
-        """While the report is written, a child's death (SIGCHLD) runs none of the script's handlers.
+        """While the report is written, a child's death (SIGCHLD) runs none of the script's handlers, and an error
+        in another thread is not printed.
 
         torch's DataLoader raises "worker ... killed by signal" from its SIGCHLD handler: after a
-        SIGTERM to the whole process group, that would cut the report short.
+        SIGTERM to the whole process group, that would cut the report short.  And a thread of the script's that
+        talks to the killed workers (multiprocessing's resource sharer, mid-handshake) fails: without graphwatch
+        SIGTERM would have ended the process before any other thread could say so.
         """
-        if not self._active or not hasattr(signal, "SIGCHLD"):
+        if not self._active:
+            return
+        if on and self._thread_errors is None:
+            self._thread_errors = threading.excepthook
+            threading.excepthook = _ended_by_sigterm
+        elif not on and self._thread_errors is not None:
+            if threading.excepthook is _ended_by_sigterm:  # (a hook set meanwhile stays)
+                threading.excepthook = self._thread_errors
+            self._thread_errors = None
+        if not hasattr(signal, "SIGCHLD"):
             return
         if on and self._sigchld is None:
             self._sigchld = signal.signal(signal.SIGCHLD, ignore_signal)
@@ -141,6 +154,11 @@ class SignalGuard:
             yield
         finally:
             self.disarm()
+
+
+def _ended_by_sigterm(args: threading.ExceptHookArgs) -> None:
+    """``threading.excepthook`` once SIGTERM arrived: an error in another thread is not printed (SIGTERM's default
+    action would have ended the process first)."""
 
 
 def ignore_signal(signum: int, frame: FrameType | None) -> None:
