@@ -56,9 +56,11 @@ def run(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None, env: 
     """:func:`subprocess.run` for ``[sys.executable, *("-W", OPTION)..., SCRIPT | "-m" MODULE, *ARGS]``, forked off a
     warm server."""
     env = dict(os.environ if env is None else env)
-    if _started and not _can_fork(args, env) and _can_fork(args, env, started=os.environ):
+    forks = _can_fork(args, env)
+    if not forks and _started and _can_fork(args, env, started=os.environ):
         _start_again()  # this process's own start-up variables changed (an import set TORCH_...): not every run cold
-    if not _can_fork(args, env):
+        forks = True
+    if not forks:
         return subprocess.run(list(args), cwd=cwd, env=env, input=input, capture_output=capture_output, text=text,
                               timeout=timeout, check=check)  # fmt: skip
     data = input.encode() if isinstance(input, str) else input

@@ -367,7 +367,7 @@ class Recorder:
             self.step_ops = []
         if self._fresh:
             self._keep_outliving()
-        self._snapshot_live(record)
+        self._snapshot_live(record, full)
         self.trace.steps.append(record)
         step = self.step = self.step + 1
         live = self.live
@@ -393,14 +393,14 @@ class Recorder:
             if handle is not None and handle.record is None:
                 self.saved_record(handle)
 
-    def _snapshot_live(self, record: StepRecord) -> None:
+    def _snapshot_live(self, record: StepRecord, full: bool) -> None:
         self.groups.recount(self.step)  # (at once when there is no group: a step that walked no graph)
         live = self.live
         record.nodes_alive_by_step, record.saved_alive_by_step = live.snapshot()
         record.live_activation_bytes = live.activation_total
         record.live_leaf_bytes = self._live_leaf
         record.live_nodes = live.nodes_total
-        if not record.index % RSS_EVERY or self.is_full_step(record.index):  # (the cheap test first)
+        if full or not record.index % RSS_EVERY:
             self._rss_read = self._rss.bytes()
         record.rss_bytes = self._rss_read  # (a step seen light repeats the last reading, taken every few steps)
         if self.cuda_seen and torch.cuda.is_available():
