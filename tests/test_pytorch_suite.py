@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -259,3 +260,16 @@ def test_the_terminal_summary_adds_the_shards_up_into_one_row_per_level():
     assert rows == [f"| default | 539 | 538 of 539 | `{suite._short(impossible)}` | 0 |",
                     "| light | 539 | 539 of 539 | none | 0 |"]  # fmt: skip
     assert f"(1 of {len(LEVELS) * SHARDS} shards)" in summary([f"/tests\n{shards[0].to_json()}"])
+
+
+def test_the_builds_are_kept_outside_the_repository_and_its_environment_and_fall_back_to_the_temporary_folder(
+        tmp_path, monkeypatch):
+    """A fresh clone makes a new ``.venv``: builds kept there were compiled again (about a minute of the compiler)
+    by every fresh clone's test command. They live in the user's cache folder; where that cannot be written, in
+    the temporary folder."""
+    assert not suite.BUILDS.is_relative_to(suite.ROOT) and not suite.BUILDS.is_relative_to(sys.prefix)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setattr(suite, "BUILDS", blocked / "builds")  # (a folder inside a file cannot be made)
+    folder = suite.builds_folder()
+    assert folder.is_dir() and folder.is_relative_to(tempfile.gettempdir()) and folder.name == suite._versions()

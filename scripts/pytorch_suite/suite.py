@@ -12,8 +12,9 @@ The tests run inside a session through the pytest plugin ``graphwatch_everywhere
 run's outcomes are recorded per torch and Python version (``bare/``, ``--record-bare``): where a record matches
 this torch, this Python and the test files byte for byte, it stands in for the bare run (``--run-bare`` runs it
 anyway); a test whose outcome then differs still runs again, bare and watched, before it counts.  The C++
-extension a test compiles is built once per torch and Python, in ``graphwatch-suite-builds`` of the environment
-(``.venv``), and shared by the runs (``BUILDS``): minutes of compiling the first time, none after.
+extension a test compiles is built once per machine, torch and Python, in the user's cache folder
+(``$XDG_CACHE_HOME/graphwatch/pytorch-suite-builds``, by default under ``~/.cache``), and shared by the runs
+(``BUILDS``): a minute of compiling the first time, none after, also for a fresh clone with a new ``.venv``.
 
 A run can be one shard of the tests (``shard=(i, n)``, see ``in_shard``: the tests recorded in ``bare/seconds.json``
 dealt longest first into ``n`` shards of about the same time, any other test by a hash of its id), compared with
@@ -67,9 +68,12 @@ CRASH_TORCH: dict[str, str] = {
 DOC_BEGIN, DOC_END = "<!-- suite table: begin -->", "<!-- suite table: end -->"
 BARE_RECORDS = HERE / "bare"  # the bare run's outcomes, one file per torch and Python version
 SECONDS = BARE_RECORDS / "seconds.json"  # each test's seconds inside a session, the levels added up (in_shard)
-# Where the runs build the C++ extensions PyTorch's tests compile (graphwatch_everywhere.py): kept, so that a build
-# is paid once per machine and torch, and shared by the runs started together (one builds, the others wait).
-BUILDS = Path(sys.prefix if os.access(sys.prefix, os.W_OK) else tempfile.gettempdir()) / "graphwatch-suite-builds"
+
+
+# Where the runs build the C++ extensions PyTorch's tests compile (graphwatch_everywhere.py): kept outside the
+# repository and its environment, so that a build (a minute of the compiler's CPU) is paid once per machine, torch
+# and Python, and shared by the runs started together (one builds, the others wait) and by later clones.
+BUILDS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "graphwatch" / "pytorch-suite-builds"
 MISSING = (
     "PyTorch's autograd tests not run: no shared/pytorch-tests beside the repository. They are PyTorch's own test "
     "files (test/test_autograd.py and test/autograd/ of the pytorch/pytorch repository), never part of graphwatch: "
@@ -202,8 +206,17 @@ def _versions() -> str:
 
 
 def builds_folder() -> Path:
-    """The folder the runs build PyTorch's test extensions in, one per torch and Python version."""
-    return BUILDS / _versions()
+    """The folder the runs build PyTorch's test extensions in, one per torch and Python version (created): in
+    ``BUILDS``, or in the temporary folder where that cannot be written."""
+    for base in (BUILDS, Path(tempfile.gettempdir()) / "graphwatch-suite-builds"):
+        folder = base / _versions()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(folder, os.W_OK):
+            return folder
+    raise RuntimeError(f"no writable folder to build PyTorch's test extensions in: {BUILDS} nor the temporary one")
 
 
 def _outcomes(runs: dict[str, tuple[subprocess.Popen[bytes], Path, Path]]) -> dict[str, dict[str, dict[str, str]]]:
