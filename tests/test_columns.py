@@ -64,3 +64,25 @@ def test_a_loaded_trace_reads_the_same_and_keeps_its_settled_steps_in_columns(tm
         original, back = getattr(trace, name), getattr(loaded, name)
         assert list(back) == list(original), name
         assert isinstance(back, RecordList) and back.frozen() >= original.frozen() > 0, name
+
+
+def test_indexing_reads_as_a_list_does_across_frozen_records_and_those_appended_since() -> None:
+    """Records appended after a freeze (no row written for them yet) read, slice, thaw and count as in a list; an
+    index past either end raises IndexError, as a list's does."""
+    from graphwatch.model import StepRecord
+
+    made = [StepRecord(index=i, source="optimizer", seconds=i / 8, backwards=[i], detail=False) for i in range(7)]
+    steps = RecordList(STEP_COLUMNS, made[:4])
+    assert steps.freeze_many([0, 2]) == [0, 2]
+    steps.extend(made[4:])  # appended after the freeze
+    assert list(steps) == made and steps[-1] == made[6] and steps[2:6] == made[2:6] and steps.frozen() == 2
+    for index in (7, -8):
+        try:
+            steps[index]
+        except IndexError:
+            continue
+        raise AssertionError(f"index {index} of 7 records read a record")
+    assert steps.freeze_many([5, 6]) == [5, 6] and steps.frozen() == 4 and list(steps) == made
+    steps.thaw(5)
+    assert steps.object_at(5) == made[5] and steps.frozen() == 3
+    assert field_values(steps, "seconds") == [r.seconds for r in made]

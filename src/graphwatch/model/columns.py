@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from operator import attrgetter, itemgetter
 from typing import Any, Generic, TypeVar, overload
 
@@ -110,7 +111,12 @@ class RecordList(Sequence, Generic[R]):
         # a record's fields that must hold their defaults to be frozen, read in one call (a tuple, even of one)
         self._default_fields = attrgetter(*self._defaults, "__class__")
         self._default_values = (*self._defaults.values(), columns.cls)
-        self._choices = [(attrgetter(name), allowed) for name, allowed in columns.choices.items()]
+        # each choice field: (its name, its getter, its values' codes: the index of each allowed value)
+        self._choice_codes = [
+            (name, attrgetter(name), {value: code for code, value in enumerate(allowed)})
+            for name, allowed in columns.choices.items()
+        ]
+        self._range_getters = [(name, attrgetter(name)) for name in columns.ranges]
         typecodes = {name: "q" if code == "n" else code for name, code in columns.numbers.items()}
         typecodes.update({name: "b" for name in columns.choices})
         typecodes.update({f"{name}.{part}": "q" for name in columns.ranges for part in ("first", "count")})
@@ -120,15 +126,16 @@ class RecordList(Sequence, Generic[R]):
         }
         self._numbers = attrgetter(*columns.numbers)
         self._number_arrays = [(self._arrays[name], code == "n") for name, code in columns.numbers.items()]
-        self._row = PackedArray("q")  # per index: its row in the arrays, or -1 while it is an object
-        self._length = 0  # len(self._row), kept (appends are the hot path of a session's step ends)
+        # per index: its row in the arrays, or -1 while it is an object; the records appended since the last
+        # freeze have no entry yet (objects all: :meth:`_rows` fills theirs in when it is needed)
+        self._row = PackedArray("q")
+        self._length = 0  # how many records (appends are the hot path of a session's step ends)
         self._objects: dict[int, R] = {}
         self.extend(records)
 
     # ------------------------------------------------------------ the list
     def append(self, record: R) -> None:
         self._objects[self._length] = record
-        self._row.append(-1)
         self._length += 1
 
     def extend(self, records: Iterable[R]) -> None:
@@ -148,11 +155,20 @@ class RecordList(Sequence, Generic[R]):
     def __getitem__(self, index: slice) -> list[R]: ...
     def __getitem__(self, index: int | slice) -> R | list[R]:
         if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self._row)))]
+            return [self[i] for i in range(*index.indices(self._length))]
         if index < 0:
-            index += len(self._row)
-        row = self._row[index]  # IndexError as a list gives it
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError("record index out of range")  # (as a list says it)
+        row = self._row[index] if index < len(self._row) else -1
         return self._objects[index] if row < 0 else self._thaw(row)
+
+    def _rows(self) -> PackedArray:
+        """The row of every index (-1 for the records kept as objects), complete up to the last appended."""
+        rows = self._row
+        if len(rows) < self._length:
+            rows.extend([-1] * (self._length - len(rows)))
+        return rows
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (RecordList, list)):
@@ -170,25 +186,33 @@ class RecordList(Sequence, Generic[R]):
         return bool(self.freeze_many([index]))
 
     def freeze_many(self, indices: Iterable[int]) -> list[int]:
-        """:meth:`freeze` the records at ``indices`` (kept as objects) a column at a time; returns those stored."""
+        """:meth:`freeze` the records at ``indices`` (kept as objects) a column at a time; returns those stored.
+        Each column is read and written by C-level maps over the batch (a session's step ends freeze hundreds of
+        records at once, on the light path)."""
         objects = self._objects
-        found = [(i, r) for i in indices if (r := objects.get(i)) is not None]
-        records = [pair for pair, storable in zip(found, self._numbers_only([r for _, r in found])) if storable]
+        found = [i for i in indices if i in objects]
+        candidates = list(map(objects.__getitem__, found))
+        storable = self._numbers_only(candidates)
+        if all(storable):
+            frozen, records = found, candidates
+        else:
+            frozen = list(compress(found, storable))
+            records = list(compress(candidates, storable))
         if not records:
             return []
-        arrays, columns = self._arrays, self.columns
-        rows = [self._numbers(record) for _, record in records]
-        for (column, nullable), values in zip(self._number_arrays, zip(*rows)):  # (zip(*rows): a column a time)
-            column.extend([NONE_CODE if value is None else value for value in values] if nullable else values)
-        for name, allowed in columns.choices.items():
-            arrays[name].extend([allowed.index(getattr(record, name)) for _, record in records])
-        for name in columns.ranges:
-            spans = [getattr(record, name) for _, record in records]
+        arrays = self._arrays
+        for (column, nullable), values in zip(self._number_arrays, zip(*map(self._numbers, records))):  # a column a time
+            if nullable and None in values:
+                values = tuple(NONE_CODE if value is None else value for value in values)
+            column.extend(values)
+        for name, getter, codes in self._choice_codes:
+            arrays[name].extend(list(map(codes.__getitem__, map(getter, records))))
+        for name, getter in self._range_getters:
+            spans = list(map(getter, records))
             arrays[f"{name}.first"].extend([values[0] if values else 0 for values in spans])
-            arrays[f"{name}.count"].extend([len(values) for values in spans])
+            arrays[f"{name}.count"].extend(list(map(len, spans)))
         row = len(self._number_arrays[0][0]) - len(records)
-        frozen = [index for index, _ in records]
-        self._row.assign(frozen, range(row, row + len(frozen)))
+        self._rows().assign(frozen, range(row, row + len(frozen)))
         for index in frozen:
             del objects[index]
         return frozen
@@ -196,11 +220,10 @@ class RecordList(Sequence, Generic[R]):
     def _numbers_only(self, records: list[R]) -> list[bool]:
         """Whether each of ``records`` carries nothing but what the columns store (numbers, choices, consecutive
         ranges): a check at a time over all of them (a step's end freezes hundreds at once)."""
-        defaults = self._default_values
-        checks = [[fields == defaults for fields in map(self._default_fields, records)]]
-        for name in self.columns.ranges:
-            checks.append([len(v) < 2 or v == list(range(v[0], v[0] + len(v))) for v in map(attrgetter(name), records)])
-        checks.extend([value in allowed for value in map(field, records)] for field, allowed in self._choices)
+        checks = [list(map(self._default_values.__eq__, map(self._default_fields, records)))]
+        for _, getter in self._range_getters:
+            checks.append([len(v) < 2 or v == list(range(v[0], v[0] + len(v))) for v in map(getter, records)])
+        checks.extend(list(map(codes.__contains__, map(getter, records))) for _, getter, codes in self._choice_codes)
         return list(map(all, zip(*checks)))
 
     def _thaw(self, row: int) -> R:
@@ -218,7 +241,7 @@ class RecordList(Sequence, Generic[R]):
 
     def frozen(self) -> int:
         """How many records are stored in columns."""
-        return len(self._row) - len(self._objects)
+        return self._length - len(self._objects)
 
     def averaged(self) -> tuple[int, int]:
         """(first, stop): frozen records ``first`` to ``stop - 1`` read the mean of their span for the
@@ -254,10 +277,11 @@ class RecordList(Sequence, Generic[R]):
 
     def thaw(self, index: int) -> None:
         """Keep record ``index`` as an object again (its row stays in the columns, unused)."""
-        row = self._row[index]
+        rows = self._rows()
+        row = rows[index]
         if row >= 0:
             self._objects[index] = self._thaw(row)
-            self._row[index] = -1
+            rows[index] = -1
 
     def loose(self) -> list[tuple[int, R]]:
         """(index, record) of the records kept as objects, in order."""
@@ -283,7 +307,7 @@ class RecordList(Sequence, Generic[R]):
         else:
             default = self._defaults[name]  # a frozen record holds its default there
             values = [default] * self.frozen()
-        rows = self._row
+        rows = self._rows()
         return [getattr(objects[i], name) if row < 0 else values[row] for i, row in enumerate(rows)]
 
 
