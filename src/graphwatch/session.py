@@ -499,7 +499,7 @@ class Session:
             if ends:
                 self._end_step("optimizer", outer_frame(2))
         finally:  # the gradients as this step leaves them, for a step seen in full detail to compare with
-            if full or self._plan.is_full(recorder.step):
+            if full or (ends and self._plan.is_full(recorder.step)):  # (the step it ended, or the next one)
                 self._grads.after_step(optimizer)
 
     def _on_evaluation(self, module: torch.nn.Module) -> None:

@@ -75,7 +75,7 @@ class StepEnds:
         if looks:
             current.holders = self._holders.at_step_end(recorder, frame, census, script if final else None)
         before = self._last_look  # (what growth is judged against: the step before, unless it was seen light)
-        record = recorder.end_step(source)
+        record = recorder.end_step(source, full=not light)
         if looks:
             self._last_look = replace(record)  # (a copy: the record loses its holders when it leaves the window)
         if light:

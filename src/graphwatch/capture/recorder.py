@@ -343,13 +343,15 @@ class Recorder:
         """End the pending step (called from the pack hook of the next forward op)."""
         self.boundary_hook(self.pending_source)
 
-    def end_step(self, source: str) -> StepRecord:
-        """Close the current step with its totals and open the next one."""
+    def end_step(self, source: str, full: bool | None = None) -> StepRecord:
+        """Close the current step with its totals and open the next one; ``full``: whether it was seen in full
+        detail, where the caller knows (else :attr:`is_full_step` is asked)."""
         record = self.current
         record.source = source
         now = time.perf_counter()  # (this step's end is the next one's start)
         record.seconds = now - self.step_started
-        full = self.is_full_step(record.index)
+        if full is None:
+            full = self.is_full_step(record.index)
         now_cpu = None  # the CPU time, where a step seen in full detail ends or (already begun) starts: measured there
         if full or (self.boundary_pending and self.is_full_step(record.index + 1)):
             now_cpu = time.process_time()
