@@ -33,6 +33,7 @@ import inspect
 import sys
 import weakref
 from collections.abc import Callable
+from operator import itemgetter
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -45,6 +46,7 @@ from ..lines.callsite import in_installed_package
 from ..lines.frames import local_value, user_frames
 from .holders import parameter_names
 
+_PARAMS = itemgetter("params")  # a param group's parameters
 _NAMING_FRAMES = 8  # the innermost user frames whose variables name an optimizer or a parameter
 
 
@@ -124,7 +126,7 @@ class ParameterLedger:
         record.steps += 1
         if record.first_step is None:
             record.first_step = step
-        count = sum(len(group["params"]) for group in optimizer.param_groups)
+        count = sum(map(len, map(_PARAMS, optimizer.param_groups)))  # (C-level maps: every step of every run)
         if count != seen.count:  # first step, or add_param_group since
             named = {p.key: p for p in seen.params}
             seen.params = [named.get(p.key, p) for p in _parameter_records(optimizer, record.index, sys._getframe(1))]
