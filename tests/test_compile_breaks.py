@@ -32,9 +32,12 @@ pytestmark = pytest.mark.usefixtures("no_session_left")
 LEVELS = ("light", "default", "precise")
 
 
+@functools.cache
 def compile_stats(program: Callable[[], list[torch.Tensor]], level: str | None) -> dict[str, Any]:
     """Run ``program`` from a fresh Dynamo state, bare (``level=None``) or in a session; return what
-    Dynamo counted, the warnings raised and the tensors the program returned."""
+    Dynamo counted, the warnings raised and the tensors the program returned.  Once per program and level
+    (compiling takes seconds; the bare run is the same for every level, and tests that assert different
+    things of one run share it)."""
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
@@ -53,12 +56,6 @@ def compile_stats(program: Callable[[], list[torch.Tensor]], level: str | None) 
     }
     torch._dynamo.reset()
     return stats
-
-
-@functools.cache
-def bare_stats(program: Callable[[], list[torch.Tensor]]) -> dict[str, Any]:
-    """``compile_stats(program, None)``, once per program (the same for every level; compiling takes seconds)."""
-    return compile_stats(program, None)
 
 
 def train_step_with_backward_inside() -> list[torch.Tensor]:
@@ -111,7 +108,7 @@ def carried_then_detached(
     for carry in (True, False):
         state = start
         for _ in range(3):
-            loss, state = step(torch.randn(4, 5, 8), state)
+            loss, state = step(torch.randn(4, 3, 8), state)
             loss.backward(retain_graph=carry)
             tensors += [p.grad.clone() for p in model.parameters() if p.grad is not None]
             if not carry:
@@ -125,7 +122,7 @@ def carried_then_detached(
 
 
 def compiled_lstm_over_a_sequence() -> list[torch.Tensor]:
-    """An LSTM cell unrolled over five time steps inside one compiled function (nn.LSTM itself is a graph break
+    """An LSTM cell unrolled over three time steps inside one compiled function (nn.LSTM itself is a graph break
     in Dynamo), its (h, c) state carried, then detached."""
     cell, head = nn.LSTMCell(8, 16), nn.Linear(16, 1)
 
@@ -156,10 +153,15 @@ PROGRAMS = [train_step_with_backward_inside, compiled_gru_cell_loop, compiled_ls
             compiled_transformer_block]  # fmt: skip
 
 
-@pytest.mark.parametrize("program", PROGRAMS)
+def shares_the_runs_of(program: Callable[[], list[torch.Tensor]]) -> pytest.MarkDecorator:
+    """The tests of one program run on one worker (``--dist loadgroup``): its bare run is made once."""
+    return pytest.mark.xdist_group(f"compile-{program.__name__}")
+
+
+@pytest.mark.parametrize("program", [pytest.param(p, marks=shares_the_runs_of(p), id=p.__name__) for p in PROGRAMS])
 @pytest.mark.parametrize("level", LEVELS)
 def test_compiling_inside_a_session_breaks_and_warns_as_bare_torch(program, level, same_tensors):
-    bare = bare_stats(program)
+    bare = compile_stats(program, None)
     watched = compile_stats(program, level)
     assert sum(watched["breaks"].values()) == sum(bare["breaks"].values()), (bare["breaks"], watched["breaks"])
     assert watched["graphs"] == bare["graphs"]
@@ -167,9 +169,10 @@ def test_compiling_inside_a_session_breaks_and_warns_as_bare_torch(program, leve
     same_tensors(dict(enumerate(bare["tensors"])), dict(enumerate(watched["tensors"])))
 
 
+@shares_the_runs_of(train_step_with_backward_inside)
 def test_default_level_breaks_graphs_for_the_same_reasons_as_bare_torch():
     """Not just as many breaks: the same ones (the precise level's mode reroutes Tensor.backward through
     ``torch.autograd.backward``, so only the count is compared there)."""
-    bare = bare_stats(train_step_with_backward_inside)
+    bare = compile_stats(train_step_with_backward_inside, None)
     watched = compile_stats(train_step_with_backward_inside, "default")
     assert watched["breaks"] == bare["breaks"]

@@ -82,28 +82,44 @@ def train(tmp_path: Path, callback: GraphwatchCallback | None, trainer: type[Tra
     return run
 
 
-def test_a_plain_trainer_run_reports_nothing_and_steps_are_optimizer_steps(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, GraphwatchCallback, Trainer]:
+    """One plain run under the callback, 2 micro-batches a step: its folder, its callback and its trainer."""
+    folder, callback = tmp_path_factory.mktemp("plain"), GraphwatchCallback()
+    return folder, callback, train(folder, callback, accumulation=2)
+
+
+@pytest.fixture(scope="module")
+def keeps_losses_run(tmp_path_factory: pytest.TempPathFactory) -> GraphwatchCallback:
+    """One run of ``KeepsLosses`` under the callback; its callback."""
     callback = GraphwatchCallback()
-    train(tmp_path, callback, accumulation=2)
+    train(tmp_path_factory.mktemp("keeps"), callback, trainer=KeepsLosses)
+    return callback
+
+
+@pytest.mark.xdist_group("transformers-plain-run")  # (one worker makes the shared run)
+def test_a_plain_trainer_run_reports_nothing_and_steps_are_optimizer_steps(
+    plain_run: tuple[Path, GraphwatchCallback, Trainer],
+) -> None:
+    folder, callback, _ = plain_run
     assert callback.session is not None and not callback.session.active
     assert callback.session.findings == []
     assert len(callback.session.trace.steps) == 4  # max_steps optimizer steps of 2 micro-batches each
     assert all(len(step.backwards) == 2 for step in callback.session.trace.steps)
-    assert (tmp_path / "run" / "graphwatch" / "index.html").is_file()
+    assert (folder / "run" / "graphwatch" / "index.html").is_file()
 
 
-def test_losses_kept_on_the_trainer_are_named_with_their_line(tmp_path: Path) -> None:
-    callback = GraphwatchCallback()
-    train(tmp_path, callback, trainer=KeepsLosses)
-    kept = next(f for f in callback.session.findings if f.kind == "graph-kept-alive")  # type: ignore[union-attr]
+@pytest.mark.xdist_group("transformers-keeps-losses-run")  # (one worker makes the shared run)
+def test_losses_kept_on_the_trainer_are_named_with_their_line(keeps_losses_run: GraphwatchCallback) -> None:
+    kept = next(f for f in keeps_losses_run.session.findings if f.kind == "graph-kept-alive")  # type: ignore[union-attr]
     assert kept.evidence["holder"].endswith("losses")
     assert line_of(KeepsLosses, "# the kept losses") in kept.evidence["sites"]
 
 
-def test_the_callback_changes_no_parameter(tmp_path: Path) -> None:
-    bare = train(tmp_path / "bare", None)
-    watched = train(tmp_path / "watched", GraphwatchCallback())
-    pairs = zip(bare.model.parameters(), watched.model.parameters())
+@pytest.mark.xdist_group("transformers-plain-run")  # (one worker makes the shared run)
+def test_the_callback_changes_no_parameter(tmp_path: Path, plain_run: tuple[Path, GraphwatchCallback, Trainer]) -> None:
+    bare = train(tmp_path / "bare", None, accumulation=2)
+    pairs = zip(bare.model.parameters(), plain_run[2].model.parameters())
     assert all(torch.equal(a.detach(), b.detach()) for a, b in pairs)
 
 
@@ -135,12 +151,13 @@ def test_a_state_carried_on_the_trainer_is_named_and_the_next_run_closes_the_fai
     assert again.session is not None and again.session.findings == []
 
 
-def test_nodes_made_inside_transformers_are_cited_at_the_users_line_that_led_there(tmp_path: Path) -> None:
+@pytest.mark.xdist_group("transformers-keeps-losses-run")  # (one worker makes the shared run)
+def test_nodes_made_inside_transformers_are_cited_at_the_users_line_that_led_there(
+    keeps_losses_run: GraphwatchCallback,
+) -> None:
     """Every op of GPT-2's forward and loss runs in transformers' files: each node is cited at the user's
     ``super().compute_loss(...)`` that led there, never at a line inside the installed package."""
-    callback = GraphwatchCallback()
-    train(tmp_path, callback, trainer=KeepsLosses)
-    trace = callback.session.trace  # type: ignore[union-attr]
+    trace = keeps_losses_run.session.trace  # type: ignore[union-attr]
     sites = {trace.where(node.site) for node in trace.nodes.values() if node.site is not None}
     assert line_of(KeepsLosses, "loss = super().compute_loss") in sites
     assert not [site for site in sites if site.startswith("transformers/")]
