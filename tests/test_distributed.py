@@ -20,7 +20,7 @@ import io
 import json
 import os
 import re
-import signal
+import shutil
 import socket
 import subprocess
 import sys
@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import warm_python
 from rich.console import Console
 
 import graphwatch
@@ -131,7 +132,11 @@ def _free_port() -> int:
 
 
 def launch(tmp: Path, *command: str | Path) -> Job:
-    """``python -m torch.distributed.run --nproc-per-node 2 COMMAND...`` on loopback, bounded by JOB_TIMEOUT."""
+    """``python -m torch.distributed.run --nproc-per-node 2 COMMAND...`` on loopback, bounded by JOB_TIMEOUT.
+
+    The launcher is forked off the warm server of :mod:`warm_python` (it imports torch, 3-4 s of CPU when cold); it
+    starts each rank as torchrun does, a fresh interpreter of its own.
+    """
     logs, out = tmp / "logs", tmp / "out"
     env = dict(os.environ, NO_COLOR="1", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
@@ -143,22 +148,17 @@ def launch(tmp: Path, *command: str | Path) -> Job:
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
         "--master-port", str(_free_port()), "--log-dir", str(logs), "--redirects", "3", *map(str, command),
     ]
-    process = subprocess.Popen(
-        args, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        launcher, _ = process.communicate(timeout=JOB_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # the launcher and the two ranks it started
-        launcher, _ = process.communicate()
-        pytest.fail(f"the two-process job did not finish in {JOB_TIMEOUT} s:\n{launcher[-3000:]}")
 
     def read(rank: int, stream: str) -> str:
         return "".join(p.read_text(errors="replace") for p in logs.glob(f"*/attempt_*/{rank}/{stream}.log"))
 
-    return Job(
-        process.returncode, out, launcher, {r: read(r, "stdout") for r in (0, 1)}, {r: read(r, "stderr") for r in (0, 1)}
-    )
+    try:
+        done = warm_python.run(args, cwd=tmp, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    except subprocess.TimeoutExpired:  # (the launcher is killed; its output is lost, each rank's log is kept)
+        ranks = Job(-9, out, "", {}, {r: read(r, "stderr") for r in (0, 1)})
+        pytest.fail(f"the two-process job did not finish in {JOB_TIMEOUT} s:\n{ranks.explain()}")
+    stdout, stderr = ({r: read(r, stream) for r in (0, 1)} for stream in ("stdout", "stderr"))
+    return Job(done.returncode, out, done.stdout + done.stderr, stdout, stderr)
 
 
 @pytest.fixture(scope="module")
@@ -309,6 +309,50 @@ def test_rank_0_gathers_the_ranks_written_during_its_run_and_ignores_stale_ones(
     assert "graphwatch: 1 problem in 2 ranks, 3 steps each (only on rank 1)" in err
     assert re.search(r"graph-kept-alive\s+only on rank 1", err)
     assert "only on rank 1" in (tmp_path / "out" / "index.html").read_text()
+
+
+# As a rank, a short loop; as rank 0 (with two arguments), rank 1's trace arrives while it runs.
+TWIN_SCRIPT = """\
+import shutil, sys
+import torch
+
+w = torch.ones(3, requires_grad=True)
+opt = torch.optim.SGD([w], lr=0.1)
+for _ in range(3):
+    opt.zero_grad(); (w * w).sum().backward(); opt.step()
+if len(sys.argv) > 2:
+    shutil.copy(sys.argv[1], sys.argv[2])
+"""
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
+def test_rank_0_lays_out_each_graph_once_for_its_own_report_and_the_joint_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 writes its own report, then the job's with every rank: a graph it laid out for its own, or the same
+    graph of another rank, goes to ``dot`` once.  Counted by a ``dot`` first on the PATH that notes each call and
+    runs Graphviz's."""
+    calls, wrapper = tmp_path / "dot-calls", tmp_path / "bin" / "dot"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\necho >> "{calls}"\nexec "{shutil.which("dot")}" "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(runner, "RANK_WAIT_SECONDS", 5)
+    (tmp_path / "train.py").write_text(TWIN_SCRIPT)
+    out, rank1 = tmp_path / "out", tmp_path / "rank1.json"
+    _as_rank(monkeypatch, 1)
+    assert main(["run", "--quiet", "--out", str(out), str(tmp_path / "train.py")]) == 0
+    (out / "rank1" / "trace.json").rename(rank1)
+    calls.unlink()
+
+    _as_rank(monkeypatch, 0)
+    script = [str(tmp_path / "train.py"), str(rank1), str(out / "rank1" / "trace.json")]
+    assert main(["run", "--quiet", "--out", str(out), *script]) == 0
+    traces = [graphwatch.load(out / f"rank{r}" / "trace.json") for r in (0, 1)]
+    graphs = {graph for trace in traces for snap in trace.snapshots for graph in (snap.dot, snap.focus) if graph}
+    assert graphs and len(calls.read_text().splitlines()) == len(graphs)
+    page = (out / "index.html").read_text()
+    assert page.count("<svg") == 2 * (out / "rank0" / "index.html").read_text().count("<svg") > 0
 
 
 def _trace(rank: int, *findings: Finding, steps: int = 3) -> Trace:

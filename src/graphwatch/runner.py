@@ -189,16 +189,19 @@ def check_out_dir(out: str | os.PathLike[str]) -> Path:
 
 
 def write_report(
-    traces: Trace | list[tuple[str, Trace]], out: Path, headline: tuple[str, bool] | None = None
+    traces: Trace | list[tuple[str, Trace]], out: Path, headline: tuple[str, bool] | None = None,
+    drawn: dict[str, str] | None = None,
 ) -> Path:
     """Write the HTML report (with trace.json and SVGs) to ``out``; return the index.html path.
 
+    ``drawn``: the pictures already laid out for an earlier report of these traces (DOT source to SVG), as
+    :func:`graphwatch.rendering.html.write_report` takes them.
     An OS error while writing becomes a :class:`~graphwatch.UsageError` naming the folder.
     """
     from .rendering.html import write_report as render
 
     try:
-        return Path(render(traces, out, headline))
+        return Path(render(traces, out, headline, drawn))
     except OSError as exc:
         raise _unwritable(out, exc) from None
 
@@ -237,12 +240,13 @@ def finish_report(
 
     trace = run.trace
     folder = rank_folder(out, trace)
-    own = write_report(trace, folder)
+    drawn: dict[str, str] = {}  # (rank 0's pictures, laid out once for its own report and the joint one)
+    own = write_report(trace, folder, drawn=drawn)
     if trace.rank:  # rank 1, 2, ...: rank 0 speaks for the job
         return own
     traces = _other_ranks(trace, out, since, stop) if folder != out else []
     if traces:
-        combined = write_report([(f"rank {t.rank}", t) for t in [trace, *traces]], out)
+        combined = write_report([(f"rank {t.rank}", t) for t in [trace, *traces]], out, drawn=drawn)
         if summary:
             console = make_console()
             print_blocks(console, RankSummary([trace, *traces], report=combined).blocks(console.width))

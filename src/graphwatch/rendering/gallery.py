@@ -50,23 +50,40 @@ MAX_PICTURES = 48  # snapshots drawn per run (a session takes 12 at most, beside
 MAX_SHOWN_DOT = 20_000  # characters of an undrawn snapshot's DOT shown in the page
 
 
-def render_pictures(trace: Trace, slug: str) -> list[Picture]:
-    """Each snapshot of ``trace`` drawn (the first :data:`MAX_PICTURES`), or why it is not."""
+def render_pictures(trace: Trace, slug: str, drawn: dict[str, str] | None = None) -> list[Picture]:
+    """Each snapshot of ``trace`` drawn (the first :data:`MAX_PICTURES`), or why it is not.
+
+    ``drawn`` maps DOT sources already laid out (for another section or another report of the same run) to their
+    SVG: a source found there is not laid out again, and each one drawn here is added to it.
+    """
+    drawn = {} if drawn is None else drawn
     pictures = []
     for i, snap in enumerate(trace.snapshots):
         file = f"{slug}-step{snap.step}-{i}.svg"
         if i >= MAX_PICTURES:
             pictures.append(Picture(snap, file, None, f"not drawn: a report draws the first {MAX_PICTURES} snapshots"))
             continue
-        from .svg import DotError, render_svg
+        from .svg import DotError
 
         try:
-            full = render_svg(snap.dot)
-            focus = render_svg(snap.focus) if snap.focus and full is not None else None
+            full = _drawn(snap.dot, drawn)
+            focus = _drawn(snap.focus, drawn) if snap.focus and full is not None else None
             pictures.append(Picture(snap, file, full, None, focus))
         except DotError as exc:  # one graph dot cannot lay out must not cost the whole report
             pictures.append(Picture(snap, file, None, str(exc)))
     return pictures
+
+
+def _drawn(dot: str, drawn: dict[str, str]) -> str | None:
+    """The SVG of ``dot``, from ``drawn`` when it is there, else laid out by ``dot`` (and kept in ``drawn``)."""
+    from .svg import render_svg
+
+    svg = drawn.get(dot)
+    if svg is None:
+        svg = render_svg(dot)
+        if svg is not None:  # (None: no dot program, which may be installed by the next report)
+            drawn[dot] = svg
+    return svg
 
 
 def gallery_html(pictures: list[Picture], slug: str) -> str:

@@ -375,7 +375,8 @@ def _prepare_folder(out_dir: Path) -> None:
 
 
 def write_report(
-    traces: Trace | Sequence[Section], out_dir: Path, headline: tuple[str, bool] | None = None
+    traces: Trace | Sequence[Section], out_dir: Path, headline: tuple[str, bool] | None = None,
+    drawn: dict[str, str] | None = None,
 ) -> Path:
     """Write ``out_dir/index.html``, the trace JSON and ``snapshots/*.svg``; return the index.html path.
 
@@ -388,15 +389,18 @@ def write_report(
     nothing else there is touched: not the user's own files, not a trace JSON
     this report may be made from.  Raises :class:`~graphwatch.UsageError` when
     ``out_dir`` cannot be written or its ``snapshots`` folder is a link.
+    A graph drawn the same in several sections (the ranks of one job) is laid out once; ``drawn`` (DOT source to
+    SVG) carries the layouts over from an earlier report of the same traces, and gets this report's.
     """
     out_dir = Path(out_dir)
     sections = _sections(traces)
     _prepare_folder(out_dir)
+    drawn = {} if drawn is None else drawn
     runs = []
     for i, (label, trace) in enumerate(sections):
         slug = _slug(label, i)
         file = "trace.json" if isinstance(traces, Trace) else f"trace-{slug}.json"
-        runs.append(_Run(label, trace, slug, render_pictures(trace, slug), file))
+        runs.append(_Run(label, trace, slug, render_pictures(trace, slug, drawn), file))
     earlier = _listed(out_dir)
     pictures = [f"snapshots/{p.file}" for run in runs for p in run.pictures if p.svg is not None]
     _write_manifest(out_dir, sorted(set(earlier) | set(pictures)))  # listed before written: a crash leaves none unlisted
