@@ -1,8 +1,9 @@
 """``graphwatch run --check-fixes`` probed as an attacker would: what the copy reads, where the patched run may
 write, and what is left when a patched run hangs or graphwatch is stopped during a check.
 
-Real files (a link to ``/dev/zero``, a FIFO, a device node), real ``graphwatch run`` processes, real signals;
-what is left afterwards is read from the file system and ``/proc``.
+Real files (a link to ``/dev/zero``, a FIFO, a device node), real ``graphwatch run`` processes (forked off the
+tests' warm Python: ``tests/warm_python.py``), real signals; what is left afterwards is read from the file system
+and ``/proc``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import NamedTuple
 import pytest
 import warm_python
 from test_check_fixes import KEPT_LOGITS, folder_digest, write
+from warm_child import READY, SAY_READY, InBackground
 
 import graphwatch
 from graphwatch import fix_checks_copy
@@ -29,11 +31,14 @@ from graphwatch.fix_checks_paths import outside_arguments
 
 LINUX = pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads processes from /proc")
 
-# Started in the copy of its folder (the patched run), the script starts `sleep MARKER` and hangs before training.
-HANGS_IN_THE_COPY = """import os, subprocess, sys, time
+# Started in the copy of its folder (the patched run), the script starts `sleep MARKER` and hangs before training;
+# started in its own folder (the run graphwatch checks), it writes its process id (graphwatch's) to READY there.
+HANGS_IN_THE_COPY = f"""import os, subprocess, sys, time
 if "graphwatch-check-" in os.path.abspath(__file__):
     subprocess.Popen(["sleep", sys.argv[1]])
     time.sleep(300)
+else:
+    {SAY_READY}
 """ + KEPT_LOGITS
 
 
@@ -62,6 +67,18 @@ def processes_with(text: str) -> list[int]:
     return found
 
 
+def processes_in(folder: Path) -> list[int]:
+    """The pids of live processes whose working folder lies in ``folder``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and Path(os.readlink(entry / "cwd")).is_relative_to(folder):
+                found.append(int(entry.name))
+        except OSError:  # ended meanwhile (a zombie has no working folder), or not ours
+            continue
+    return found
+
+
 def marker_for(tmp_path: Path) -> str:
     """A `sleep` argument no other process of the machine has."""
     return f"300.{abs(hash(str(tmp_path))) % 10**9}"
@@ -72,6 +89,39 @@ def wait_for(condition: Callable[[], object], seconds: float = 120.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "gave up waiting"
         time.sleep(0.1)
+
+
+class HangingCheck(NamedTuple):
+    """A ``graphwatch run --check-fixes`` running in the background whose patched run hangs."""
+
+    run: InBackground
+    pid: int  # graphwatch's process
+    report: Path
+    marker: str  # the argument of the `sleep` the patched run started
+
+    def ended(self, seconds: float) -> subprocess.CompletedProcess[str]:
+        """How graphwatch ended, waited for at most ``seconds`` (after which it is killed and the test fails)."""
+        try:
+            return self.run.result(seconds)
+        finally:
+            if self.run.running():
+                os.kill(self.pid, signal.SIGKILL)
+
+
+def hanging_check(tmp_path: Path, timeout: str) -> HangingCheck:
+    """``graphwatch run --check-fixes`` of HANGS_IN_THE_COPY in the background (forked off the warm Python, as a
+    cold start would run it), with the patched run's ``GRAPHWATCH_CHECK_TIMEOUT`` ``timeout``; returned once the
+    patched run hangs (its `sleep` is seen running)."""
+    marker = marker_for(tmp_path)
+    folder = tmp_path / "project"
+    write(folder, "train.py", HANGS_IN_THE_COPY)
+    report = tmp_path / "report"
+    run = InBackground(graphwatch_command("--check-fixes", "--out", str(report), "train.py", marker), cwd=folder,
+                       env=environment(tmp_path, GRAPHWATCH_CHECK_TIMEOUT=timeout), capture_output=True, text=True,
+                       timeout=300)  # fmt: skip
+    wait_for(lambda: processes_with(f"sleep {marker}") or not run.running())
+    assert run.running(), run.result(0).stderr
+    return HangingCheck(run, int((folder / READY).read_text()), report, marker)
 
 
 # ------------------------------------------------------------------ what the copy reads
@@ -258,24 +308,14 @@ def test_a_patched_run_that_hangs_is_killed_at_its_timeout_with_every_process_it
 def test_a_signal_during_a_check_ends_graphwatch_at_once_with_the_report_written_and_nothing_left(
     tmp_path: Path, signum: int, code: int
 ) -> None:
-    marker = marker_for(tmp_path)
-    folder = tmp_path / "project"
-    write(folder, "train.py", HANGS_IN_THE_COPY)
-    report = tmp_path / "report"
-    process = subprocess.Popen(graphwatch_command("--check-fixes", "--out", str(report), "train.py", marker), cwd=folder,
-                               env=environment(tmp_path, GRAPHWATCH_CHECK_TIMEOUT="600"), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        wait_for(lambda: processes_with(f"sleep {marker}"))  # the patched run hangs
-        process.send_signal(signum)
-        stderr = process.communicate(timeout=10)[1]
-    finally:
-        process.kill()
-    assert process.returncode == code, stderr
-    assert f"--check-fixes stopped by {'SIGTERM' if signum == signal.SIGTERM else 'Ctrl-C'}" in stderr
-    trace = graphwatch.load(report / "trace.json")
-    assert (report / "index.html").is_file() and any(f.patch for f in trace.findings)
-    assert processes_with(f"sleep {marker}") == [] and processes_with(str(tmp_path / "tmpdir")) == []
+    hanging = hanging_check(tmp_path, timeout="600")
+    os.kill(hanging.pid, signum)
+    done = hanging.ended(10)
+    assert done.returncode == code, done.stderr
+    assert f"--check-fixes stopped by {'SIGTERM' if signum == signal.SIGTERM else 'Ctrl-C'}" in done.stderr
+    trace = graphwatch.load(hanging.report / "trace.json")
+    assert (hanging.report / "index.html").is_file() and any(f.patch for f in trace.findings)
+    assert processes_with(f"sleep {hanging.marker}") == [] and processes_in(tmp_path / "tmpdir") == []
     assert list((tmp_path / "tmpdir").glob("graphwatch-check-*")) == []
 
 
@@ -283,24 +323,15 @@ def test_a_signal_during_a_check_ends_graphwatch_at_once_with_the_report_written
 def test_the_report_is_on_disk_before_a_check_starts_and_a_killed_checks_scratch_is_removed_later(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    marker = marker_for(tmp_path)
-    folder = tmp_path / "project"
-    write(folder, "train.py", HANGS_IN_THE_COPY)
-    report = tmp_path / "report"
-    process = subprocess.Popen(graphwatch_command("--check-fixes", "--out", str(report), "train.py", marker), cwd=folder,
-                               env=environment(tmp_path, GRAPHWATCH_CHECK_TIMEOUT="600"), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        wait_for(lambda: processes_with(f"sleep {marker}"))
-    finally:
-        process.kill()  # SIGKILL: nothing of graphwatch's runs after it
-        process.wait()
+    hanging = hanging_check(tmp_path, timeout="600")
+    os.kill(hanging.pid, signal.SIGKILL)  # nothing of graphwatch's runs after it
+    assert hanging.ended(60).returncode == -signal.SIGKILL
     for pid in processes_with(str(tmp_path / "tmpdir")):  # the orphaned patched run (a session of its own)
         os.killpg(pid, signal.SIGKILL)
-    assert any(f.patch for f in graphwatch.load(report / "trace.json").findings)
-    assert (report / "index.html").is_file()
+    assert any(f.patch for f in graphwatch.load(hanging.report / "trace.json").findings)
+    assert (hanging.report / "index.html").is_file()
     [left] = (tmp_path / "tmpdir").glob("graphwatch-check-*")
-    assert left.name.startswith(f"graphwatch-check-{process.pid}-")
+    assert left.name.startswith(f"graphwatch-check-{hanging.pid}-")
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmpdir"))
     remove_stale_scratch()
     assert list((tmp_path / "tmpdir").glob("graphwatch-check-*")) == []

@@ -7,19 +7,20 @@ of a module of the script's folder; ``GRAPHWATCH_CHECK_COLD=1`` starts each patc
 
 from __future__ import annotations
 
+import os
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 import warm_python
 from test_check_fixes import KEPT_LOGITS, checked_warm, write
 from test_check_fixes_safety import (
-    HANGS_IN_THE_COPY,
     LINUX,
+    HangingCheck,
     environment,
     graphwatch_command,
-    marker_for,
+    hanging_check,
+    processes_in,
     processes_with,
     wait_for,
 )
@@ -86,43 +87,35 @@ def test_a_patched_run_imports_the_patched_module_of_its_folder_which_the_zygote
     assert (check.checked, check.failed, started) == (True, [], ["WarmProcess"]), check
 
 
-def hanging_check(tmp_path: Path, timeout: str) -> tuple[subprocess.Popen[str], Path, str]:
-    """``graphwatch run --check-fixes`` (a process of its own, so that its command line, which its zygote and
-    patched runs share, names its report folder) whose patched run hangs; returned once it hangs, with the
-    zygote and the patched run seen running."""
-    marker = marker_for(tmp_path)
-    folder = tmp_path / "project"
-    write(folder, "train.py", HANGS_IN_THE_COPY)
-    report = tmp_path / "report"
-    process = subprocess.Popen(graphwatch_command("--check-fixes", "--out", str(report), "train.py", marker),
-                               cwd=folder, env=environment(tmp_path, GRAPHWATCH_CHECK_TIMEOUT=timeout),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+def hanging(tmp_path: Path, timeout: str) -> HangingCheck:
+    """``graphwatch run --check-fixes`` whose patched run hangs, returned once it hangs, with graphwatch, its
+    zygote and the patched run forked off it seen running in the test's folder (with the patched run's `sleep`)."""
+    check = hanging_check(tmp_path, timeout)
     try:
-        wait_for(lambda: processes_with(f"sleep {marker}"))
-        assert len(processes_with(str(report))) == 3  # graphwatch, its zygote, the patched run forked off it
+        started = processes_in(tmp_path)
+        assert check.pid in started and len(started) == 4, started  # graphwatch, its zygote, the patched run, sleep
     except BaseException:
-        process.kill()
+        os.kill(check.pid, signal.SIGKILL)
         raise
-    return process, report, marker
+    return check
 
 
 @LINUX
 def test_the_zygote_and_the_patched_run_are_gone_after_a_run_whose_check_timed_out(tmp_path: Path) -> None:
-    process, report, marker = hanging_check(tmp_path, timeout="10")
-    stderr = process.communicate(timeout=300)[1]
-    assert process.returncode == 0, stderr
-    assert "it did not end within 10 s" in stderr
-    assert processes_with(str(report)) == [] and processes_with(f"sleep {marker}") == []
+    check = hanging(tmp_path, timeout="10")
+    done = check.ended(300)
+    assert done.returncode == 0, done.stderr
+    assert "it did not end within 10 s" in done.stderr
+    assert processes_in(tmp_path) == [] and processes_with(f"sleep {check.marker}") == []
 
 
 @LINUX
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_the_zygote_and_the_patched_run_are_gone_after_a_signal_to_graphwatch(tmp_path: Path, signum: int) -> None:
-    process, report, marker = hanging_check(tmp_path, timeout="600")
-    process.send_signal(signum)
-    process.communicate(timeout=60)
-    assert process.returncode == (143 if signum == signal.SIGTERM else -signal.SIGKILL)
+    check = hanging(tmp_path, timeout="600")
+    os.kill(check.pid, signum)
+    assert check.ended(60).returncode == (143 if signum == signal.SIGTERM else -signal.SIGKILL)
     if signum == signal.SIGTERM:  # ended by graphwatch before it exits
-        assert processes_with(str(report)) == [] and processes_with(f"sleep {marker}") == []
+        assert processes_in(tmp_path) == [] and processes_with(f"sleep {check.marker}") == []
     else:  # the zygote sees graphwatch gone and ends the patched run's processes
-        wait_for(lambda: processes_with(str(report)) == [] and processes_with(f"sleep {marker}") == [], seconds=30)
+        wait_for(lambda: processes_in(tmp_path) == [] and processes_with(f"sleep {check.marker}") == [], seconds=30)

@@ -81,6 +81,7 @@ def test_what_python_reads_at_start_up_differing_means_a_fresh_start() -> None:
     assert warm_python._can_fork([sys.executable, "-m", "graphwatch"], {**here, "PYTHONPATH": "/elsewhere"})
     assert not warm_python._can_fork([sys.executable, "train.py"], {**here, "LC_ALL": "C"})
     assert not warm_python._can_fork([sys.executable, "train.py"], {**here, "OMP_NUM_THREADS": "7"})
+    assert warm_python._can_fork([sys.executable, "train.py"], {**here, "TORCHINDUCTOR_CACHE_DIR": "/c"})  # (first use)
     assert warm_python._can_fork([sys.executable, "-W", "error", "train.py"], here)
     assert not warm_python._can_fork([sys.executable, "-X", "dev", "train.py"], here)
     assert not warm_python._can_fork([sys.executable, "-W", "error"], here)

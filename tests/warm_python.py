@@ -44,8 +44,11 @@ from typing import Any
 # What the interpreter, torch or OpenMP read when they start: a child forked from the server has them as the
 # server had them, so a command whose environment differs there runs cold.
 # (PYTHONPATH and PYTHONWARNINGS excepted: the child sets sys.path and the warning filters from them as the
-# interpreter does, unless a PYTHONPATH folder holds a sitecustomize, which only a fresh start runs)
-_READ_AT_START = re.compile(r"(PYTHON(?!PATH$|WARNINGS$)|OMP_|GOMP|KMP_|MKL_|OPENBLAS|TORCH|PYTORCH|CUDA|LD_|LC_|LANG$|LANGUAGE$)")
+# interpreter does, unless a PYTHONPATH folder holds a sitecustomize, which only a fresh start runs; and caches'
+# folders, read when first used: torch sets TORCHINDUCTOR_CACHE_DIR in the test process at its first optimizer)
+_READ_AT_START = re.compile(
+    r"(?!.*CACHE)(PYTHON(?!PATH$|WARNINGS$)|OMP_|GOMP|KMP_|MKL_|OPENBLAS|TORCH|PYTORCH|CUDA|LD_|LC_|LANG$|LANGUAGE$)"
+)
 _server: tuple[subprocess.Popen[bytes], socket.socket] | None = None
 _started: dict[str, str] = {}  # the environment the server started with
 
@@ -245,6 +248,7 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
     """Become ``python ARGV`` in ``request``'s folder and environment; never returns."""
     import atexit
     import runpy
+    import tempfile
     import traceback
 
     for target, fd in enumerate(fds):
@@ -253,6 +257,7 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # (the server's, cached: a fresh interpreter reads $TMPDIR at first use)
     options, argv = _warn_options(request["argv"])
     _as_started(os.environ, options)
     signal.signal(signal.SIGINT, signal.default_int_handler)
