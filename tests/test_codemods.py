@@ -55,3 +55,30 @@ def test_only_known_kinds_can_be_registered():
     with pytest.raises(ValueError, match="unknown edit kind"):
         codemod("rewrite-everything")
     assert set(CODEMODS) <= set(EDIT_KINDS)
+
+
+def test_a_carried_states_fix_derived_at_every_step_end_walks_the_file_once_and_finds_its_tree_kept(monkeypatch):
+    """A carried graph's finding is refreshed at step ends, and its fix derived again each time: the file is
+    walked once per kind of node asked for (a LibCST walk costs a second of CPU in a file of a few hundred lines,
+    ten such derivations a run), and the tree kept for the file is found from its module without writing the
+    file's code out again."""
+    from graphwatch.analysis.codemods import detach, file_tree, module_tree
+
+    source = (
+        "import torch\n\ndef init_hidden(lstm):\n    return (torch.zeros(1), torch.zeros(1)) if lstm else torch.zeros(1)\n\n"
+        "hidden = init_hidden(True)\nfor x in data:\n    hidden = model(x, hidden)\n    loss(hidden).backward()\n"
+    )
+    tree = file_tree(source)
+    walked: list[type] = []
+    walk = detach._walk
+
+    def counted(root, kind):
+        walked.append(kind)
+        return walk(root, kind)
+
+    monkeypatch.setattr(detach, "_walk", counted)
+    detach._file_nodes.cache_clear()
+    answers = {detach.state_statement(tree.module, "hidden", "Tensor") for _ in range(5)}
+    assert len(answers) == 1 and next(iter(answers))[0] is not None  # (the same fix each time)
+    assert sorted(kind.__name__ for kind in walked if kind is not detach.cst.Return) == ["Assign", "FunctionDef"]
+    assert module_tree(tree.module) is tree and file_tree(source) is tree

@@ -262,9 +262,9 @@ def _function_span(module: cst.Module, line: int) -> tuple[int, int]:
     """The first and last line of the innermost function holding ``line`` (the whole file when none does)."""
     import libcst as cst
 
-    from .codemods import file_tree
+    from .codemods import module_tree
 
-    tree = file_tree(module.code)
+    tree = module_tree(module)
     functions = tree.holding(line, cst.FunctionDef)
     if not functions:
         return 1, len(module.code.splitlines())

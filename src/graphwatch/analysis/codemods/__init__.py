@@ -19,7 +19,6 @@ Example::
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar, cast
 
@@ -37,6 +36,7 @@ class SourceTree:
 
     def __init__(self, source: str) -> None:
         # (no deep copy: a tree straight from the parser holds no node twice, and copying it took a quarter of the time)
+        self.source = source
         self.wrapper = MetadataWrapper(cst.parse_module(source), unsafe_skip_copy=True)
         self.module = self.wrapper.module
         self._positions = self.wrapper.resolve(PositionProvider)
@@ -72,11 +72,25 @@ class SourceTree:
         return cast(cst.Module, self.module.deep_replace(old, new)).code  # type: ignore[type-var]
 
 
-@functools.lru_cache(maxsize=1)
 def file_tree(source: str) -> SourceTree:
     """The tree of a whole file's ``source``, kept until the next file's: the sessions of a test suite patch
     the same file again and again (each test its own session), and a large file takes seconds to parse."""
-    return SourceTree(source)
+    kept = _KEPT[0] if _KEPT else None
+    if kept is not None and kept.source == source:
+        return kept
+    _KEPT[:] = [SourceTree(source)]
+    return _KEPT[0]
+
+
+def module_tree(module: cst.Module) -> SourceTree:
+    """The :class:`SourceTree` of a file's ``module``: the one :func:`file_tree` keeps when ``module`` is its
+    (found without writing the file's code out of the tree: hundreds of milliseconds for a few hundred lines),
+    else the tree of its code."""
+    kept = _KEPT[0] if _KEPT else None
+    return kept if kept is not None and kept.module is module else file_tree(module.code)
+
+
+_KEPT: list[SourceTree] = []  # the last file's tree (file_tree)
 
 
 Codemod = Callable[[SourceTree, Edit], "str | None"]

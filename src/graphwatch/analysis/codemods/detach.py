@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from typing import TypeVar
@@ -28,7 +29,7 @@ import libcst as cst
 from libcst.metadata import ExpressionContext, ExpressionContextProvider
 
 from ...model import Edit
-from . import SourceTree, codemod, file_tree
+from . import SourceTree, codemod, module_tree
 from .expressions import binds_torch, called, dotted
 
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -138,7 +139,21 @@ def _functions(module: cst.Module) -> dict[str, list[cst.FunctionDef]]:
 
 
 def _nodes(root: cst.CSTNode, kind: type[_NodeT]) -> list[_NodeT]:
-    """Every node of ``kind`` under ``root``."""
+    """Every node of ``kind`` under ``root`` (a whole file's: walked once, :func:`_file_nodes`)."""
+    if isinstance(root, cst.Module):
+        return _file_nodes(root, kind)  # type: ignore[return-value]
+    return _walk(root, kind)
+
+
+@functools.lru_cache(maxsize=4)  # (a node hashes by identity: the file's tree as file_tree keeps it, two kinds)
+def _file_nodes(module: cst.Module, kind: type[cst.CSTNode]) -> list[cst.CSTNode]:
+    """:func:`_walk` of a whole file, kept: a carried graph's fix is derived again at each step end that refreshes
+    the finding, and a LibCST walk of a file of a few hundred lines costs a few hundred milliseconds."""
+    return _walk(module, kind)
+
+
+def _walk(root: cst.CSTNode, kind: type[_NodeT]) -> list[_NodeT]:
+    """Every node of ``kind`` under ``root``, walked."""
     found: list[_NodeT] = []
 
     class Collect(cst.CSTVisitor):
@@ -173,7 +188,7 @@ def _shapes(value: cst.BaseExpression, functions: dict[str, list[cst.FunctionDef
 def attribute_assignment(module: cst.Module, line: int, attr: str) -> tuple[int, str] | None:
     """The first line of the function holding ``line`` that assigns an attribute ``attr`` of an attribute of
     ``self`` (``self.attn.cache_k = ...``), and that target as it is spelled; None when none does."""
-    tree = file_tree(module.code)
+    tree = module_tree(module)
     functions = tree.holding(line, cst.FunctionDef)
     if not functions:
         return None
@@ -193,7 +208,7 @@ def loop_holds_both(module: cst.Module, line: int, until: int) -> bool:
     >>> loop_holds_both(cst.parse_module("for x in y:\\n    h = f(h)\\n    h.sum().backward()\\n"), 2, 3)
     True
     """
-    tree = file_tree(module.code)
+    tree = module_tree(module)
     loops = [*tree.holding(line, cst.For), *tree.holding(line, cst.While)]
     return any(tree.span(loop).start.line <= until <= tree.span(loop).end.line for loop in loops)
 
