@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -122,8 +123,8 @@ def folder_digest(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def graphwatch_run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="1000")  # one terminal line per summary line
+def graphwatch_run(*args: str, cwd: Path, **variables: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, COLUMNS="1000", **variables)  # one terminal line per summary line
     return warm_python.run([sys.executable, "-m", "graphwatch", "run", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)
 
@@ -233,15 +234,23 @@ def test_a_patch_that_does_not_apply_and_an_argument_outside_the_folder_are_said
 
 
 # ------------------------------------------------------------------ the command
-def test_check_fixes_marks_the_patch_checked_in_the_terminal_the_trace_and_the_report(tmp_path: Path) -> None:
+def test_check_fixes_marks_the_patch_checked_in_the_terminal_the_trace_and_the_report_laid_out_once(
+    tmp_path: Path,
+) -> None:
+    """The report is written before the checks, after each verdict and at the end: each of its graphs goes to
+    ``dot`` once (counted by a ``dot`` first on the PATH that notes its parent process and runs Graphviz's)."""
     folder = tmp_path / "project"
     folder.mkdir()
     shutil.copy(EXAMPLES / "rnn_hidden_bug.py", folder)
     (folder / ".git").mkdir()  # left out of the copy, and said so
     (folder / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     before = folder_digest(folder)
-    report = tmp_path / "report"
-    done = graphwatch_run("--check-fixes", "--out", str(report), "rnn_hidden_bug.py", cwd=folder)
+    report, calls, wrapper = tmp_path / "report", tmp_path / "dot-calls", tmp_path / "bin" / "dot"
+    real_dot = shutil.which("dot")
+    if real_dot is not None:
+        write(wrapper.parent, "dot", f'#!/bin/sh\necho $PPID >> "{calls}"\nexec "{real_dot}" "$@"\n').chmod(0o755)
+    path = f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}"
+    done = graphwatch_run("--check-fixes", "--out", str(report), "rnn_hidden_bug.py", cwd=folder, PATH=path)
     assert done.returncode == 1  # the script's own error, as without --check-fixes
     assert folder_digest(folder) == before  # the user's files are untouched
     assert "check: checked in 4 steps: the patch applies; the finding is gone; the patched run raised no error" in done.stderr
@@ -251,6 +260,10 @@ def test_check_fixes_marks_the_patch_checked_in_the_terminal_the_trace_and_the_r
     assert len(checks) == 2 and all(c is not None and c.checked and c.steps == 4 for c in checks)
     html = (report / "index.html").read_text()
     assert html.count('<p class="check checked"><strong>Check:</strong> checked in 4 steps: the patch applies;') == 1
+    if real_dot is not None:  # graphwatch's own process laid out the most: its report's graphs, each once
+        graphs = {graph for snap in trace.snapshots for graph in (snap.dot, snap.focus) if graph}
+        by_process = Counter(calls.read_text().split())
+        assert graphs and max(by_process.values()) == len(graphs), by_process
 
 
 TOTAL_LOSS_WITH_DATA = """import torch

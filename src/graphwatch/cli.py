@@ -136,9 +136,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 flush_streams()
         flush_streams()  # the script's output first (and a closed pipe found before the summary)
         checks_stopped = False
+        drawn: dict[str, str] = {}  # the pictures laid out so far: each report written again reuses them
         if args.check_fixes and not (guard.terminated or guard.interrupted or run.terminated):
-            checks_stopped = _check_fixes(run, args, out, since, guard)
-        report, failure = _write_report(run, out, args.quiet, since, lambda: guard.terminated)
+            checks_stopped = _check_fixes(run, args, out, since, guard, drawn)
+        report, failure = _write_report(run, out, args.quiet, since, lambda: guard.terminated, drawn)
         code = _run_exit_code(run, guard, failure, args.strict)
         if checks_stopped and not guard.terminated:  # Ctrl-C during the checks ends the command as Ctrl-C does
             code = EXIT_INTERRUPTED
@@ -167,10 +168,13 @@ def _check_fixes_may_run(args: argparse.Namespace, out: Path) -> None:
         raise UsageError(f"--check-fixes: {why}")
 
 
-def _check_fixes(run: ScriptRun, args: argparse.Namespace, out: Path, since: float, guard: SignalGuard) -> bool:
+def _check_fixes(
+    run: ScriptRun, args: argparse.Namespace, out: Path, since: float, guard: SignalGuard, drawn: dict[str, str]
+) -> bool:
     """``--check-fixes``: each patch applied to a copy of the folder and run again (:mod:`graphwatch.fix_checks`).
 
-    The report is written before the first check and again after each verdict.  SIGTERM or Ctrl-C ends the
+    The report is written before the first check and again after each verdict, its pictures laid out once
+    (``drawn``: DOT source to SVG, kept for the report written at the end).  SIGTERM or Ctrl-C ends the
     checks (True is returned): the patched run and its processes are killed and the scratch folder removed.
     """
     from .fix_checks import CheckStopped, check_fixes, check_timeout
@@ -180,7 +184,7 @@ def _check_fixes(run: ScriptRun, args: argparse.Namespace, out: Path, since: flo
 
     def write() -> None:
         try:
-            write_report(run.trace, out)
+            write_report(run.trace, out, drawn=drawn)
         except UsageError:  # said once, when the report is written at the end
             pass
 
@@ -201,12 +205,12 @@ def _check_fixes(run: ScriptRun, args: argparse.Namespace, out: Path, since: flo
 
 
 def _write_report(
-    run: ScriptRun, out: Path, quiet: bool, since: float, stop: Callable[[], bool]
+    run: ScriptRun, out: Path, quiet: bool, since: float, stop: Callable[[], bool], drawn: dict[str, str]
 ) -> tuple[Path | None, str | None]:
     """Write the report and print the summary: (index.html, None), or (None, why) with the summary still printed
     and the trace saved to a temporary file (named in ``why``) instead."""
     try:
-        return finish_report(run, out, summary=not quiet, since=since, stop=stop), None
+        return finish_report(run, out, summary=not quiet, since=since, stop=stop, drawn=drawn), None
     except UsageError as exc:
         if not quiet and not run.trace.rank:
             from .rendering.terminal import print_summary

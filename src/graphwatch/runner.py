@@ -224,9 +224,11 @@ def in_distributed_job() -> bool:
 
 
 def finish_report(
-    run: ScriptRun, out: Path, *, summary: bool = True, since: float = 0.0, stop: Callable[[], bool] = lambda: False
+    run: ScriptRun, out: Path, *, summary: bool = True, since: float = 0.0, stop: Callable[[], bool] = lambda: False,
+    drawn: dict[str, str] | None = None,
 ) -> Path:
-    """Write this process's report and print the summary; return this process's index.html.
+    """Write this process's report and print the summary; return this process's index.html.  ``drawn``: the
+    pictures laid out for this run's reports so far (DOT source to SVG; :func:`write_report`), used and added to.
 
     One process: the report goes to ``out``.  A rank of a distributed job:
     to ``out/rank{r}``; ranks other than 0 print nothing, and rank 0 waits
@@ -240,7 +242,7 @@ def finish_report(
 
     trace = run.trace
     folder = rank_folder(out, trace)
-    drawn: dict[str, str] = {}  # (rank 0's pictures, laid out once for its own report and the joint one)
+    drawn = {} if drawn is None else drawn  # (rank 0's pictures, laid out once for its own report and the joint one)
     own = write_report(trace, folder, drawn=drawn)
     if trace.rank:  # rank 1, 2, ...: rank 0 speaks for the job
         return own
