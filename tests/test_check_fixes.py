@@ -13,12 +13,12 @@ import os
 import shutil
 import subprocess
 import sys
-from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 import warm_python
+from dot_calls import dot_that_keeps_its_input
 
 import graphwatch
 from graphwatch.analysis.patch_checks import steps_to_run
@@ -238,18 +238,15 @@ def test_check_fixes_marks_the_patch_checked_in_the_terminal_the_trace_and_the_r
     tmp_path: Path,
 ) -> None:
     """The report is written before the checks, after each verdict and at the end: each of its graphs goes to
-    ``dot`` once (counted by a ``dot`` first on the PATH that notes its parent process and runs Graphviz's)."""
+    ``dot`` once (counted by a ``dot`` first on the PATH that keeps what each process gives it, :mod:`dot_calls`)."""
     folder = tmp_path / "project"
     folder.mkdir()
     shutil.copy(EXAMPLES / "rnn_hidden_bug.py", folder)
     (folder / ".git").mkdir()  # left out of the copy, and said so
     (folder / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     before = folder_digest(folder)
-    report, calls, wrapper = tmp_path / "report", tmp_path / "dot-calls", tmp_path / "bin" / "dot"
-    real_dot = shutil.which("dot")
-    if real_dot is not None:
-        write(wrapper.parent, "dot", f'#!/bin/sh\necho $PPID >> "{calls}"\nexec "{real_dot}" "$@"\n').chmod(0o755)
-    path = f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}"
+    report, drawing = tmp_path / "report", shutil.which("dot") is not None
+    path, laid_out = dot_that_keeps_its_input(tmp_path) if drawing else (os.environ["PATH"], dict)
     done = graphwatch_run("--check-fixes", "--out", str(report), "rnn_hidden_bug.py", cwd=folder, PATH=path)
     assert done.returncode == 1  # the script's own error, as without --check-fixes
     assert folder_digest(folder) == before  # the user's files are untouched
@@ -260,10 +257,9 @@ def test_check_fixes_marks_the_patch_checked_in_the_terminal_the_trace_and_the_r
     assert len(checks) == 2 and all(c is not None and c.checked and c.steps == 4 for c in checks)
     html = (report / "index.html").read_text()
     assert html.count('<p class="check checked"><strong>Check:</strong> checked in 4 steps: the patch applies;') == 1
-    if real_dot is not None:  # graphwatch's own process laid out the most: its report's graphs, each once
+    if drawing:  # graphwatch's own process laid out the most: its report's graphs, each once
         graphs = {graph for snap in trace.snapshots for graph in (snap.dot, snap.focus) if graph}
-        by_process = Counter(calls.read_text().split())
-        assert graphs and max(by_process.values()) == len(graphs), by_process
+        assert graphs and max(map(len, laid_out().values())) == len(graphs)
 
 
 TOTAL_LOSS_WITH_DATA = """import torch

@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 import warm_python
+from dot_calls import dot_that_keeps_its_input
 from rich.console import Console
 
 import graphwatch
@@ -330,27 +331,24 @@ def test_rank_0_lays_out_each_graph_once_for_its_own_report_and_the_joint_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Rank 0 writes its own report, then the job's with every rank: a graph it laid out for its own, or the same
-    graph of another rank, goes to ``dot`` once.  Counted by a ``dot`` first on the PATH that notes each call and
-    runs Graphviz's."""
-    calls, wrapper = tmp_path / "dot-calls", tmp_path / "bin" / "dot"
-    wrapper.parent.mkdir()
-    wrapper.write_text(f'#!/bin/sh\necho >> "{calls}"\nexec "{shutil.which("dot")}" "$@"\n')
-    wrapper.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
+    graph of another rank, goes to ``dot`` once (counted by a ``dot`` first on the PATH that keeps what it is
+    given, :mod:`dot_calls`)."""
+    path, laid_out = dot_that_keeps_its_input(tmp_path)
+    monkeypatch.setenv("PATH", path)
     monkeypatch.setattr(runner, "RANK_WAIT_SECONDS", 5)
     (tmp_path / "train.py").write_text(TWIN_SCRIPT)
     out, rank1 = tmp_path / "out", tmp_path / "rank1.json"
     _as_rank(monkeypatch, 1)
     assert main(["run", "--quiet", "--out", str(out), str(tmp_path / "train.py")]) == 0
     (out / "rank1" / "trace.json").rename(rank1)
-    calls.unlink()
+    before = sum(map(len, laid_out().values()))
 
     _as_rank(monkeypatch, 0)
     script = [str(tmp_path / "train.py"), str(rank1), str(out / "rank1" / "trace.json")]
     assert main(["run", "--quiet", "--out", str(out), *script]) == 0
     traces = [graphwatch.load(out / f"rank{r}" / "trace.json") for r in (0, 1)]
     graphs = {graph for trace in traces for snap in trace.snapshots for graph in (snap.dot, snap.focus) if graph}
-    assert graphs and len(calls.read_text().splitlines()) == len(graphs)
+    assert graphs and sum(map(len, laid_out().values())) - before == len(graphs)
     page = (out / "index.html").read_text()
     assert page.count("<svg") == 2 * (out / "rank0" / "index.html").read_text().count("<svg") > 0
 

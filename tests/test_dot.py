@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from dot_calls import dot_that_keeps_its_input
 from torch.utils.checkpoint import checkpoint
 
 import graphwatch
@@ -26,7 +27,7 @@ from graphwatch.capture.graph.graph_walk import node_record
 from graphwatch.rendering import dot as dot_module
 from graphwatch.rendering import svg as svg_module
 from graphwatch.rendering.dot import make_dot, snapshot_dot
-from graphwatch.rendering.svg import DOT_MISSING_NOTICE, DotError, dot_available, render_svg
+from graphwatch.rendering.svg import DOT_MISSING_NOTICE, DotError, dot_available, render_svg, render_svgs
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE_GOLDEN = os.environ.get("GRAPHWATCH_UPDATE_GOLDEN") == "1"
@@ -448,3 +449,19 @@ def test_session_snapshots_name_parameters_as_the_users_frames_hold_their_module
     for name in ("cell.weight_ih", "cell.weight_hh", "cell.bias_ih", "head.weight", "head.bias"):
         assert name in dot, name
     assert "(4, 3)" in dot  # the shape stays under the name
+
+
+@pytest.mark.skipif(not dot_available(), reason="Graphviz's dot is not installed")
+def test_a_reports_graphs_are_laid_out_by_one_dot_process_and_a_rejected_one_costs_only_its_own(tmp_path, monkeypatch):
+    """Starting ``dot`` costs more than laying out a small graph: :func:`render_svgs` gives one process every graph,
+    each drawn as :func:`render_svg` draws it alone; a graph ``dot`` rejects gets its error and the others their
+    pictures (each laid out alone then)."""
+    y = (torch.ones(2, requires_grad=True) * 2).exp().sum()
+    sources = [make_dot(y, params={}).source, "digraph { a -> b }", "digraph { c }"]
+    alone = [render_svg(source) for source in sources]
+    path, laid_out = dot_that_keeps_its_input(tmp_path)
+    monkeypatch.setenv("PATH", path)
+    assert render_svgs(sources) == alone
+    assert [len(graphs) for graphs in laid_out().values()] == [3]  # one process, one call, three graphs
+    mixed = render_svgs([sources[0], "digraph { a -> }", sources[2]])
+    assert mixed is not None and isinstance(mixed[1], DotError) and [mixed[0], mixed[2]] == [alone[0], alone[2]]

@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import errno
-import functools
 import json
 import os
 import random
@@ -31,6 +30,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -575,12 +575,28 @@ def _range_mutations(data: dict) -> Iterator[tuple[str, str, dict]]:
                         yield f"{field}[0].{name}.{key}={bad!r}", name, {**data, field: [row, *value[1:]]}
 
 
+def _drawn_once(render_svgs: Callable[[list[str]], list[Any] | None]) -> Callable[..., list[Any] | None]:
+    """``render_svgs`` that lays out each distinct DOT text once (later calls get the same SVG); an error or a
+    missing ``dot`` is met again each time."""
+    kept: dict[str, str] = {}
+
+    def drawn(sources: list[str], timeout: float = 30) -> list[Any] | None:
+        new = [source for source in dict.fromkeys(sources) if source not in kept]
+        results = dict(zip(new, render_svgs(new) or ())) if new else {}
+        if new and not results:  # no dot program
+            return None
+        kept.update({source: result for source, result in results.items() if isinstance(result, str)})
+        return [kept[source] if source in kept else results[source] for source in sources]
+
+    return drawn
+
+
 def test_fields_out_of_range_or_of_nested_wrong_shapes_are_named_not_a_traceback(good_trace, tmp_path, capsys,
                                                                                    monkeypatch):
     # Each trace that renders draws its snapshot: the same DOT text, unless the damage is in the snapshot, drawn
-    # by `dot` for real once per distinct text (a drawing depends on its DOT text alone; what `dot` refuses raises
-    # each time)
-    monkeypatch.setattr(svg, "render_svg", functools.lru_cache(maxsize=None)(svg.render_svg))
+    # by `dot` for real once per distinct text (a drawing depends on its DOT text alone; what `dot` refuses is
+    # refused each time)
+    monkeypatch.setattr(svg, "render_svgs", _drawn_once(svg.render_svgs))
     data = json.loads(good_trace.read_text())
     # (only a list's first row is damaged: its other snapshots would be drawn unchanged for every damage)
     data["snapshots"] = data["snapshots"][:1]

@@ -237,10 +237,10 @@ def test_without_dot_a_notice_replaces_the_pictures(
 def test_a_graph_dot_cannot_draw_costs_only_its_picture(
     kept_alive: Trace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def fail(dot_source: str) -> str:
-        raise DotError("dot took longer than 30 s to lay out the graph; draw fewer nodes")
+    def fail(dot_sources: list[str], timeout: float = 30) -> list[str | DotError]:
+        return [DotError("dot took longer than 30 s to lay out the graph; draw fewer nodes") for _ in dot_sources]
 
-    monkeypatch.setattr(svg, "render_svg", fail)  # (the gallery imports it where it draws)
+    monkeypatch.setattr(svg, "render_svgs", fail)  # (the gallery imports it where it draws)
     page = write_report(kept_alive, tmp_path).read_text()
     assert page.count("dot took longer than 30 s") == len(kept_alive.snapshots) > 0
     assert "<summary>DOT source</summary>" in page and escape(DOT_MISSING_NOTICE.split("`")[0]) not in page
@@ -276,10 +276,10 @@ def test_a_crash_leaves_the_previous_page_whole(
     index = write_report(clean, tmp_path)
     before = index.read_text()
 
-    def crash(dot_source: str) -> str:
+    def crash(dot_sources: list[str], timeout: float = 30) -> list[str]:
         raise RuntimeError("dot crashed")
 
-    monkeypatch.setattr(svg, "render_svg", crash)
+    monkeypatch.setattr(svg, "render_svgs", crash)
     with pytest.raises(RuntimeError, match="dot crashed"):
         write_report(kept_alive, tmp_path)
     assert index.read_text() == before

@@ -51,39 +51,37 @@ MAX_SHOWN_DOT = 20_000  # characters of an undrawn snapshot's DOT shown in the p
 
 
 def render_pictures(trace: Trace, slug: str, drawn: dict[str, str] | None = None) -> list[Picture]:
-    """Each snapshot of ``trace`` drawn (the first :data:`MAX_PICTURES`), or why it is not.
+    """Each snapshot of ``trace`` drawn (the first :data:`MAX_PICTURES`), or why it is not; the graphs not drawn
+    yet laid out by one ``dot`` process (:func:`~graphwatch.rendering.svg.render_svgs`).
 
     ``drawn`` maps DOT sources already laid out (for another section or another report of the same run) to their
     SVG: a source found there is not laid out again, and each one drawn here is added to it.
     """
+    from .svg import DotError, render_svgs
+
     drawn = {} if drawn is None else drawn
+    wanted = [graph for snap in trace.snapshots[:MAX_PICTURES] for graph in (snap.dot, snap.focus) if graph]
+    new = list(dict.fromkeys(graph for graph in wanted if graph not in drawn))
+    failed: dict[str, DotError] = {}  # (a graph dot cannot lay out must not cost the whole report)
+    for source, result in zip(new, (render_svgs(new) if new else None) or ()):  # (None: no dot program)
+        if isinstance(result, DotError):
+            failed[source] = result
+        else:
+            drawn[source] = result
     pictures = []
     for i, snap in enumerate(trace.snapshots):
         file = f"{slug}-step{snap.step}-{i}.svg"
         if i >= MAX_PICTURES:
             pictures.append(Picture(snap, file, None, f"not drawn: a report draws the first {MAX_PICTURES} snapshots"))
             continue
-        from .svg import DotError
-
-        try:
-            full = _drawn(snap.dot, drawn)
-            focus = _drawn(snap.focus, drawn) if snap.focus and full is not None else None
-            pictures.append(Picture(snap, file, full, None, focus))
-        except DotError as exc:  # one graph dot cannot lay out must not cost the whole report
-            pictures.append(Picture(snap, file, None, str(exc)))
+        full = drawn.get(snap.dot)
+        error = failed.get(snap.dot) or (failed.get(snap.focus) if snap.focus and full is not None else None)
+        if error is not None:
+            pictures.append(Picture(snap, file, None, str(error)))
+            continue
+        focus = drawn.get(snap.focus) if snap.focus and full is not None else None
+        pictures.append(Picture(snap, file, full, None, focus))
     return pictures
-
-
-def _drawn(dot: str, drawn: dict[str, str]) -> str | None:
-    """The SVG of ``dot``, from ``drawn`` when it is there, else laid out by ``dot`` (and kept in ``drawn``)."""
-    from .svg import render_svg
-
-    svg = drawn.get(dot)
-    if svg is None:
-        svg = render_svg(dot)
-        if svg is not None:  # (None: no dot program, which may be installed by the next report)
-            drawn[dot] = svg
-    return svg
 
 
 def gallery_html(pictures: list[Picture], slug: str) -> str:

@@ -23,7 +23,9 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from html import escape
+from typing import cast
 from xml.etree import ElementTree
 
 from ..errors import GraphwatchError
@@ -53,24 +55,73 @@ def render_svg(dot_source: str, timeout: float = 30) -> str | None:
     or runs longer than ``timeout`` seconds (a huge graph: draw it with ``max_nodes``).
     """
     program = shutil.which("dot")
+    return None if program is None else _drawing(_laid_out(program, [_filtered(dot_source)], timeout)[0])
+
+
+def render_svgs(dot_sources: Sequence[str], timeout: float = 30) -> list[str | DotError] | None:
+    """:func:`render_svg` of each of ``dot_sources``, in order, each an SVG or the :class:`DotError` it raises;
+    None if ``dot`` is missing.  One ``dot`` process lays them all out (a report's pictures: starting ``dot``
+    costs more than laying out a small graph); where that process fails or runs longer than ``timeout``, each
+    graph is laid out alone, so that each gets its own picture or error.
+
+    >>> pictures = render_svgs(["digraph { a -> b }", "digraph { a -> }", "digraph { c }"])
+    >>> [type(p).__name__ for p in pictures] if dot_available() else pictures
+    ['str', 'DotError', 'str']
+    """
+    program = shutil.which("dot")
     if program is None:
         return None
+    results: list[str | DotError] = []
+    for source in dot_sources:
+        try:
+            results.append(_filtered(source))
+        except DotError as exc:
+            results.append(exc)
+    valid = [i for i, result in enumerate(results) if isinstance(result, str)]
     try:
-        source = filter_dot(dot_source)
+        together = _laid_out(program, [cast(str, results[i]) for i in valid], timeout) if len(valid) > 1 else None
+    except DotError:  # one graph dot rejects (or a slow one) stops the whole run: each alone below
+        together = None
+    for n, i in enumerate(valid):
+        try:
+            results[i] = _drawing(together[n] if together is not None else _laid_out(program, [cast(str, results[i])], timeout)[0])
+        except DotError as exc:
+            results[i] = exc
+    return results
+
+
+def _filtered(dot_source: str) -> str:
+    """What :func:`~graphwatch.rendering.dot_filter.filter_dot` keeps of ``dot_source``, or :class:`DotError`."""
+    try:
+        return filter_dot(dot_source)
     except UnsafeDot as exc:
         raise DotError(f"could not render the graph: {exc}") from None
+
+
+def _laid_out(program: str, sources: list[str], timeout: float) -> list[str]:
+    """Graphviz's SVG of each of ``sources`` (filtered graphs), laid out by one ``dot`` process: one document
+    each, in order; :class:`DotError` when ``dot`` fails or runs longer than ``timeout`` seconds."""
     try:
         done = subprocess.run(
-            [program, "-Tsvg"], input=source.encode("utf-8"), capture_output=True, timeout=timeout, check=False
-        )
+            [program, "-Tsvg"], input="\n".join(sources).encode("utf-8"), capture_output=True, timeout=timeout,
+            check=False,
+        )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         raise DotError(f"dot took longer than {timeout:g} s to lay out the graph; draw fewer nodes") from exc
-    svg = done.stdout.decode("utf-8", errors="replace")
-    start = svg.find("<svg")
-    if done.returncode != 0 or start < 0:
+    documents = done.stdout.decode("utf-8", errors="replace").split("<?xml ")[1:]  # (text has its "<" escaped)
+    if done.returncode != 0 or len(documents) != len(sources) or not all("<svg" in d for d in documents):
         message = done.stderr.decode("utf-8", errors="replace").strip() or f"exit status {done.returncode}"
         raise DotError(f"dot could not render the graph: {visible(message)}")
-    return readable_titles(clean_svg(svg[start:]))
+    # (a graph after the first has its group named as a page of several: named as when laid out alone)
+    return [_PAGE_GROUP.sub("", document[document.find("<svg") :], count=1) for document in documents]
+
+
+_PAGE_GROUP = re.compile(r'(?<=<g id=")page\d+,\d+_(?=graph\d+")')
+
+
+def _drawing(svg: str) -> str:
+    """Graphviz's SVG of one graph as a report inlines it (:func:`clean_svg`, :func:`readable_titles`)."""
+    return readable_titles(clean_svg(svg))
 
 
 _SVG, _XLINK = "{http://www.w3.org/2000/svg}", "{http://www.w3.org/1999/xlink}"
