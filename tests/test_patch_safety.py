@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import copy
 import io
+import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import warm_python
 from rich.console import Console
-from test_check_fixes import checked, diff, graphwatch_run, original_run, write
+from test_check_fixes import diff, graphwatch_run, original_run, write
 
 import graphwatch
 from graphwatch.analysis.codemods import apply_edits
-from graphwatch.model import Edit
+from graphwatch.model import Edit, PatchCheck
 from graphwatch.rendering.finding_blocks import numbered_patches
 from graphwatch.rendering.findings_html import finding_articles
 from graphwatch.rendering.patch_file import combined_patch
@@ -74,6 +77,21 @@ print(f"mean {torch.stack(losses).mean().item():.6f} {torch.stack(penalties).mea
 """
 UNCHECKED = "unchecked: `graphwatch run --check-fixes` re-runs it"
 
+# train.py run under graphwatch and the patch in argv[1] checked against its first graph-kept-alive finding, the
+# patched run forked off a zygote as `graphwatch run --check-fixes` starts it: the check, as JSON
+CHECKS_THE_FIRST_KEPT = """import dataclasses, json, sys
+from graphwatch import fix_checks, warm_start
+from graphwatch.analysis.patch_checks import steps_to_run
+from graphwatch.runner import run_script
+
+warm_start.start_zygote()
+run = run_script("train.py", [], session_options={"snapshots": "off"}, capture_output=True)
+first = next(f for f in run.trace.findings if f.kind == "graph-kept-alive")
+check = fix_checks.check_patch(run.trace, run.script, [], sys.argv[1], [first], steps=steps_to_run(run.trace, [first]))
+warm_start.stop_zygote()
+print(json.dumps(dataclasses.asdict(check)))
+"""
+
 
 def summary(trace: graphwatch.Trace) -> str:
     out = io.StringIO()
@@ -102,6 +120,16 @@ def plain_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
 
 def kept(trace: graphwatch.Trace) -> list[graphwatch.Finding]:
     return [f for f in trace.findings if f.kind == "graph-kept-alive"]
+
+
+def first_kept_checked(script: Path, patch: str) -> PatchCheck:
+    """``patch`` checked against the first graph-kept-alive finding of ``script`` (a train.py), in a process
+    forked off the tests' warm Python (a check from this process would start its patched run cold)."""
+    driver = write(script.parent.parent, f"check-{script.parent.name}.py", CHECKS_THE_FIRST_KEPT)
+    done = warm_python.run([sys.executable, str(driver), patch], cwd=script.parent, capture_output=True, text=True,
+                           timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return PatchCheck(**json.loads(done.stdout.splitlines()[-1]))
 
 
 def test_two_losses_sharing_one_expression_each_get_their_own_copy_of_it(
@@ -188,7 +216,7 @@ def test_a_patch_whose_check_failed_is_never_offered_as_the_fix(plain_run: tuple
     trace = copy.deepcopy(original)
     first, second = kept(trace)
     wrong = diff(script, "    (loss + penalty).backward()", "    (loss.detach() + penalty).backward()")
-    first.patch, first.check = wrong, checked(trace, script, wrong, first)
+    first.patch, first.check = wrong, first_kept_checked(script, wrong)
     assert not first.check.checked and "model.bias: got no gradient in the patched run, stepped by opt (SGD)" in \
         "; ".join(first.check.failed)
     assert list(numbered_patches(trace.findings, str(script.parent)).values()) == [1]  # the other patch only

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,25 @@ def graphwatch_run(folder: Path, script: str) -> tuple[subprocess.CompletedProce
     return run, graphwatch.load(out / "trace.json")
 
 
+ExampleRun = Callable[[str], tuple[subprocess.CompletedProcess[str], graphwatch.Trace]]
+
+
+@pytest.fixture(scope="module")
+def example_run(tmp_path_factory: pytest.TempPathFactory) -> ExampleRun:
+    """A bundled example run under ``graphwatch run`` in a scratch folder of its own, once for the whole module
+    (the examples are seeded: every test that reads the run reads the same one)."""
+    runs: dict[str, tuple[subprocess.CompletedProcess[str], graphwatch.Trace]] = {}
+
+    def run(example: str) -> tuple[subprocess.CompletedProcess[str], graphwatch.Trace]:
+        if example not in runs:
+            folder = tmp_path_factory.mktemp(example)
+            shutil.copy(EXAMPLES / f"{example}.py", folder)
+            runs[example] = graphwatch_run(folder, f"{example}.py")
+        return runs[example]
+
+    return run
+
+
 def apply_patch(folder: Path, patch: str) -> None:
     """Apply ``patch`` in ``folder`` with the real ``patch -p0``, as the user would."""
     applied = subprocess.run(["patch", "-p0"], input=patch, cwd=folder, capture_output=True, text=True)
@@ -50,10 +70,12 @@ def apply_patch(folder: Path, patch: str) -> None:
 
 @needs_patch_tool
 @pytest.mark.parametrize("example", BUGS)
-def test_a_bug_examples_patch_applies_and_the_patched_script_runs_clean(example: str, tmp_path: Path) -> None:
+def test_a_bug_examples_patch_applies_and_the_patched_script_runs_clean(
+    example: str, tmp_path: Path, example_run: ExampleRun
+) -> None:  # fmt: skip
     script = f"{example}.py"
     shutil.copy(EXAMPLES / script, tmp_path / script)
-    _, trace = graphwatch_run(tmp_path, script)
+    _, trace = example_run(example)
     patches = list(dict.fromkeys(f.patch for f in trace.findings if f.patch))
     assert trace.findings, "the bug example gave no finding"
     if example not in PATCHED:
@@ -67,9 +89,8 @@ def test_a_bug_examples_patch_applies_and_the_patched_script_runs_clean(example:
     assert patched.findings == [], [f"{f.kind}: {f.message}" for f in patched.findings]
 
 
-def test_the_patch_is_in_the_summary_and_the_trace(tmp_path: Path) -> None:
-    shutil.copy(EXAMPLES / "total_loss_bug.py", tmp_path / "total_loss_bug.py")
-    run, trace = graphwatch_run(tmp_path, "total_loss_bug.py")
+def test_the_patch_is_in_the_summary_and_the_trace(example_run: ExampleRun) -> None:
+    run, trace = example_run("total_loss_bug")
     finding = next(f for f in trace.findings if f.kind == "graph-kept-alive")
     assert finding.patch is not None and "+        total_loss += loss.item()  # graphwatch: kept" in finding.patch
     assert "patch (patch -p0):" in run.stderr and "-        total_loss += loss  # graphwatch: kept" in run.stderr
