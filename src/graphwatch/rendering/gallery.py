@@ -57,17 +57,18 @@ def render_pictures(trace: Trace, slug: str, drawn: dict[str, str] | None = None
     ``drawn`` maps DOT sources already laid out (for another section or another report of the same run) to their
     SVG: a source found there is not laid out again, and each one drawn here is added to it.
     """
-    from .svg import DotError, render_svgs
-
     drawn = {} if drawn is None else drawn
     wanted = [graph for snap in trace.snapshots[:MAX_PICTURES] for graph in (snap.dot, snap.focus) if graph]
     new = list(dict.fromkeys(graph for graph in wanted if graph not in drawn))
-    failed: dict[str, DotError] = {}  # (a graph dot cannot lay out must not cost the whole report)
-    for source, result in zip(new, (render_svgs(new) if new else None) or ()):  # (None: no dot program)
-        if isinstance(result, DotError):
-            failed[source] = result
-        else:
-            drawn[source] = result
+    failed: dict[str, Exception] = {}  # (a graph dot cannot lay out must not cost the whole report)
+    if new:  # (a report without a graph to draw never loads the drawing code)
+        from .svg import DotError, render_svgs
+
+        for source, result in zip(new, render_svgs(new) or ()):  # (None: no dot program)
+            if isinstance(result, DotError):
+                failed[source] = result
+            else:
+                drawn[source] = result
     pictures = []
     for i, snap in enumerate(trace.snapshots):
         file = f"{slug}-step{snap.step}-{i}.svg"
