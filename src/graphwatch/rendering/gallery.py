@@ -76,12 +76,12 @@ def render_pictures(trace: Trace, slug: str, drawn: dict[str, str] | None = None
             pictures.append(Picture(snap, file, None, f"not drawn: a report draws the first {MAX_PICTURES} snapshots"))
             continue
         full = drawn.get(snap.dot)
-        error = failed.get(snap.dot) or (failed.get(snap.focus) if snap.focus and full is not None else None)
+        focused = snap.focus if full is not None else None  # (the page shows the whole graph where it has no focus)
+        error = failed.get(snap.dot) or (failed.get(focused) if focused else None)
         if error is not None:
             pictures.append(Picture(snap, file, None, str(error)))
             continue
-        focus = drawn.get(snap.focus) if snap.focus and full is not None else None
-        pictures.append(Picture(snap, file, full, None, focus))
+        pictures.append(Picture(snap, file, full, None, drawn.get(focused) if focused else None))
     return pictures
 
 

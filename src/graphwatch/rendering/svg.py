@@ -25,7 +25,6 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from html import escape
-from typing import cast
 from xml.etree import ElementTree
 
 from ..errors import GraphwatchError
@@ -71,23 +70,23 @@ def render_svgs(dot_sources: Sequence[str], timeout: float = 30) -> list[str | D
     program = shutil.which("dot")
     if program is None:
         return None
-    results: list[str | DotError] = []
-    for source in dot_sources:
+    results: dict[int, str | DotError] = {}
+    filtered: dict[int, str] = {}
+    for i, source in enumerate(dot_sources):
         try:
-            results.append(_filtered(source))
-        except DotError as exc:
-            results.append(exc)
-    valid = [i for i, result in enumerate(results) if isinstance(result, str)]
-    try:
-        together = _laid_out(program, [cast(str, results[i]) for i in valid], timeout) if len(valid) > 1 else None
-    except DotError:  # one graph dot rejects (or a slow one) stops the whole run: each alone below
-        together = None
-    for n, i in enumerate(valid):
-        try:
-            results[i] = _drawing(together[n] if together is not None else _laid_out(program, [cast(str, results[i])], timeout)[0])
+            filtered[i] = _filtered(source)
         except DotError as exc:
             results[i] = exc
-    return results
+    try:
+        together = _laid_out(program, list(filtered.values()), timeout) if len(filtered) > 1 else None
+    except DotError:  # one graph dot rejects (or a slow one) stops the whole run: each alone below
+        together = None
+    for n, (i, source) in enumerate(filtered.items()):
+        try:
+            results[i] = _drawing(together[n] if together is not None else _laid_out(program, [source], timeout)[0])
+        except DotError as exc:
+            results[i] = exc
+    return [results[i] for i in range(len(dot_sources))]
 
 
 def _filtered(dot_source: str) -> str:
