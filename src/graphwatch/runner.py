@@ -173,7 +173,7 @@ def check_out_dir(out: str | os.PathLike[str]) -> Path:
         cannot write the report to /dev/null/graphwatch-report: Not a directory; pass --out a folder you can write
     """
     from .rendering.finding_blocks import printable_path
-    from .rendering.html import check_pictures_folder
+    from .rendering.report_folder import check_pictures_folder
 
     path, shown = Path(out), printable_path(out)  # (a newline in the name must not print a line of its own)
     if path.exists() and not path.is_dir():

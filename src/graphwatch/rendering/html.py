@@ -13,7 +13,7 @@ Every user-derived string is HTML-escaped, its hidden characters made visible
 and cleaned SVG (:mod:`graphwatch.rendering.svg`).  Files are written
 atomically and ``index.html`` last, so a crash never leaves a half-written
 page.  A report deletes only the snapshots an earlier report wrote and recorded
-in the folder's manifest (:data:`MANIFEST`), and never writes through a link.
+in the folder's manifest (:data:`~graphwatch.rendering.report_folder.MANIFEST`), and never writes through a link.
 
 Example::
 
@@ -29,10 +29,7 @@ Example::
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
-import json
-import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -46,6 +43,7 @@ from .charts import NODES_COLOR, bar_chart, byte_unit, line_chart
 from .findings_html import finding_articles
 from .gallery import Picture, gallery_html, legend_html, render_pictures
 from .ranks import RANKS_CSS, is_rank_set, rank_notes, ranks_html, report_verdict
+from .report_folder import prepare_folder, remove_earlier_pictures, write_pictures
 from .visible import html_attr
 from .wording import (
     averaged_text,
@@ -77,7 +75,6 @@ CONTENT_POLICY = (
     f"script-src 'sha256-{base64.b64encode(hashlib.sha256(COPY_SCRIPT.encode()).digest()).decode()}'; "
     "base-uri 'none'; form-action 'none'"
 )
-MANIFEST = "report-files.json"  # the snapshots a report wrote: the only files a later report deletes
 CSS = """
 :root{--ink:#1f2328;--muted:#59636e;--line:#d8dee4;--bg:#f6f8fa;--red:#d62728;--redbg:#fdecea;
 --amber:#b35c00;--amberbg:#fff4e5;--green:#4a6b1f;--greenbg:#eef7e4;--orange:#e8890c;--blue:#4f8fb8}
@@ -331,49 +328,6 @@ def _sections(traces: Trace | Sequence[Section]) -> list[Section]:
     return sections
 
 
-def check_pictures_folder(out_dir: Path) -> None:
-    """A :class:`~graphwatch.UsageError` when ``out_dir/snapshots`` is a link or not a folder: a report writes
-    (and deletes) only inside its own folder, never through a link to somewhere else.
-
-    >>> import tempfile
-    >>> folder = Path(tempfile.mkdtemp())
-    >>> (folder / "snapshots").symlink_to(tempfile.mkdtemp())
-    >>> check_pictures_folder(folder)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    graphwatch.errors.UsageError: cannot write the report to ...: its snapshots folder is a link ...
-    """
-    from .finding_blocks import printable_path
-
-    pictures = out_dir / "snapshots"
-    if pictures.is_symlink():
-        raise _unwritable(
-            out_dir, f"its snapshots folder is a link (to {printable_path(os.readlink(pictures))}), and graphwatch "
-            "writes only inside the report folder; remove the link or pass another folder"
-        )
-    if pictures.exists() and not pictures.is_dir():
-        raise _unwritable(out_dir, f"{printable_path(pictures)} is a file; move it or pass another folder")
-
-
-def _unwritable(out_dir: Path, why: str) -> UsageError:
-    """The error for a report folder that cannot be written: ``cannot write the report to DIR: WHY`` (DIR as
-    one line: :func:`~graphwatch.rendering.finding_blocks.printable_path`)."""
-    from .finding_blocks import printable_path
-
-    return UsageError(f"cannot write the report to {printable_path(out_dir)}: {why}")
-
-
-def _prepare_folder(out_dir: Path) -> None:
-    check_pictures_folder(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "snapshots").mkdir(exist_ok=True)
-    except OSError as exc:
-        raise _unwritable(out_dir, f"{exc.strerror or exc}; pass a folder you can write") from None
-    if not os.access(out_dir, os.W_OK | os.X_OK):
-        raise _unwritable(out_dir, "permission denied; pass a folder you can write")
-
-
 def write_report(
     traces: Trace | Sequence[Section], out_dir: Path, headline: tuple[str, bool] | None = None,
     drawn: dict[str, str] | None = None,
@@ -385,7 +339,7 @@ def write_report(
     each (their JSON goes to ``trace-<label>.json``).  ``headline`` (text,
     good news) replaces the verdict over the traces at the top.  Snapshots an
     earlier report wrote to ``out_dir/snapshots`` (as its manifest,
-    :data:`MANIFEST`, lists them) are removed once the new report is complete;
+    :data:`~graphwatch.rendering.report_folder.MANIFEST`, lists them) are removed once the new report is complete;
     nothing else there is touched: not the user's own files, not a trace JSON
     this report may be made from.  Raises :class:`~graphwatch.UsageError` when
     ``out_dir`` cannot be written or its ``snapshots`` folder is a link.
@@ -394,50 +348,18 @@ def write_report(
     """
     out_dir = Path(out_dir)
     sections = _sections(traces)
-    _prepare_folder(out_dir)
+    prepare_folder(out_dir)
     drawn = {} if drawn is None else drawn
     runs = []
     for i, (label, trace) in enumerate(sections):
         slug = _slug(label, i)
         file = "trace.json" if isinstance(traces, Trace) else f"trace-{slug}.json"
         runs.append(_Run(label, trace, slug, render_pictures(trace, slug, drawn), file))
-    earlier = _listed(out_dir)
-    pictures = [f"snapshots/{p.file}" for run in runs for p in run.pictures if p.svg is not None]
-    _write_manifest(out_dir, sorted(set(earlier) | set(pictures)))  # listed before written: a crash leaves none unlisted
-    for picture in (p for run in runs for p in run.pictures):
-        if picture.svg is not None:
-            write_atomically(out_dir / "snapshots" / picture.file, picture.svg)
+    pictures = {f"snapshots/{p.file}": p.svg for run in runs for p in run.pictures if p.svg is not None}
+    earlier = write_pictures(out_dir, pictures)
     for run in runs:
         save_trace(run.trace, out_dir / run.trace_file)
     index = out_dir / "index.html"
     write_atomically(index, _page(runs, headline))
-    for name in set(earlier) - set(pictures):
-        _remove_snapshot(out_dir, name)
-    _write_manifest(out_dir, pictures)
+    remove_earlier_pictures(out_dir, earlier, list(pictures))
     return index
-
-
-_SNAPSHOT_NAME = re.compile(r"snapshots/[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.svg")
-
-
-def _listed(out_dir: Path) -> list[str]:
-    """The snapshot files an earlier report wrote to ``out_dir``, as its manifest lists them ([] without one)."""
-    try:
-        data = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    files = data.get("files") if isinstance(data, dict) else None
-    return [f for f in files if isinstance(f, str) and _SNAPSHOT_NAME.fullmatch(f)] if isinstance(files, list) else []
-
-
-def _write_manifest(out_dir: Path, files: list[str]) -> None:
-    write_atomically(out_dir / MANIFEST, json.dumps({"format": "graphwatch-report-files", "files": files}, indent=1))
-
-
-def _remove_snapshot(out_dir: Path, name: str) -> None:
-    """Remove ``out_dir/name`` (a snapshot an earlier report wrote) if it is still a plain file there."""
-    path = out_dir / name
-    with contextlib.suppress(OSError):
-        if path.parent.is_symlink() or path.is_symlink() or not path.is_file():
-            return
-        path.unlink()
