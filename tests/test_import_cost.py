@@ -4,8 +4,10 @@ that only a report, a patch or a drawing needs load when first used.
 A short script, and every pytest run (the plugin registers itself through the
 ``pytest11`` entry point, so it imports graphwatch in every pytest run of a
 user who installed it), would otherwise pay for them.  Each test reads the ``sys.modules``
-of a fresh interpreter (the two import tests share one); no timings (benchmarks/import_cost.py
-measures what this saves).
+of a fresh interpreter right after its ``import torch`` (and ``torch._dynamo``, for a script that optimizes or
+compiles; the two import tests share one), forked off a lean server that imported them and nothing of graphwatch
+(tests/lean_python.py) rather than started cold each time; no timings (benchmarks/import_cost.py measures what
+this saves).
 """
 
 from __future__ import annotations
@@ -16,25 +18,33 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lean_python
 import pytest
 
 import graphwatch
 
+pytestmark = pytest.mark.xdist_group("lean-python")  # (one worker: one lean server, one import of torch._dynamo)
 REPO = Path(graphwatch.__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parent
 PATCHES = ("libcst", "graphwatch.analysis.codemods")  # what makes a patch, or a fix sentence's edited line
 DRAWING = ("graphviz", "graphwatch.rendering.dot", "graphwatch.rendering.svg")  # what draws a graph snapshot
 REPORTS = ("rich", "graphwatch.rendering.html", "graphwatch.rendering.terminal")  # the HTML report, the summary
 HEAVY = PATCHES + DRAWING + REPORTS
+OPTIMIZING = ("torch._dynamo",)  # what a script's first optimizer imports (and torch.compile): none of HEAVY
+SHOWS_ITS_START = """\
+import json, os, sys, torch
+print(sys.argv, sys.path, os.getcwd(), os.environ.get("ASKED"), repr(sys.stdin.read()), __name__)
+print(json.dumps(sorted(sys.modules)))
+print("to stderr", file=sys.stderr)
+raise ValueError("raised by the code")
+"""
 PRINT_LOADED = f"import json as _j, sys as _s\nprint(_j.dumps([m for m in {HEAVY!r} if m in _s.modules]))"
 
 
-def loaded_after(code: str, cwd: Path) -> tuple[set[str], str]:
-    """Run ``code`` in a fresh interpreter (in ``cwd``); which of :data:`HEAVY` it had loaded at the end, and
-    what it printed before that."""
-    done = subprocess.run(
-        [sys.executable, "-c", f"{code}\n{PRINT_LOADED}"], cwd=cwd, capture_output=True, text=True, timeout=600
-    )
+def loaded_after(code: str, cwd: Path, after_torch: tuple[str, ...] = ()) -> tuple[set[str], str]:
+    """Run ``code`` in a fresh interpreter after its ``import torch`` and its imports of ``after_torch`` (in
+    ``cwd``); which of :data:`HEAVY` it had loaded at the end, and what it printed before that."""
+    done = lean_python.run(f"{code}\n{PRINT_LOADED}", cwd, after_torch)
     assert done.returncode == 0, done.stderr
     *printed, last = done.stdout.splitlines()
     return set(json.loads(last)), "\n".join(printed)
@@ -59,6 +69,25 @@ def test_importing_the_pytest_plugin_loads_no_libcst_codemods_or_renderers(
 ) -> None:
     _, loaded_by_plugin = loaded_by_imports
     assert loaded_by_plugin == set()
+
+
+def test_the_lean_interpreter_starts_and_ends_as_a_fresh_one_after_import_torch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the other tests rely on: a child of the lean server has what ``python -c`` has after ``import torch``
+    (the same ``sys.argv``, ``sys.path``, folder, environment, standard input, output, traceback and exit code,
+    every module, and besides them only standard-library ones: nothing of graphwatch, LibCST, rich or graphviz)."""
+    monkeypatch.setenv("ASKED", "yes")
+    lean = lean_python.run(SHOWS_ITS_START, tmp_path)
+    cold = subprocess.run([sys.executable, "-c", SHOWS_ITS_START], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    (lean_start, lean_modules), (cold_start, cold_modules) = (done.stdout.splitlines() for done in (lean, cold))
+    assert (lean.returncode, lean_start, lean.stderr) == (cold.returncode, cold_start, cold.stderr)
+    assert lean.returncode == 1 and "ValueError: raised by the code" in lean.stderr
+    assert f"{tmp_path} yes '' __main__" in lean_start
+    assert set(json.loads(cold_modules)) <= set(json.loads(lean_modules))
+    extra = {name.partition(".")[0] for name in set(json.loads(lean_modules)) - set(json.loads(cold_modules))}
+    assert extra <= {*sys.stdlib_module_names, "lean_python", "warm_python"}
 
 
 def test_the_public_names_that_load_on_first_use_still_work(tmp_path: Path) -> None:
@@ -92,7 +121,7 @@ def test_watching_a_near_empty_script_loads_no_codemods_and_draws_nothing(tmp_pa
 def test_a_findings_patch_loads_the_codemods_and_the_drawing_and_they_work(tmp_path: Path) -> None:
     shutil.copy(REPO / "examples" / "total_loss_bug.py", tmp_path / "total_loss_bug.py")
     code = "from graphwatch.cli import main\nmain(['run', '--quiet', '--out', 'out', 'total_loss_bug.py'])"
-    loaded, _ = loaded_after(code, tmp_path)
+    loaded, _ = loaded_after(code, tmp_path, OPTIMIZING)
     assert set(HEAVY) <= loaded
     trace = graphwatch.load(tmp_path / "out" / "trace.json")
     patch = next(f.patch for f in trace.findings if f.patch)
@@ -116,7 +145,7 @@ print("graphwatch.rendering.dot" in sys.modules)
 print(bare["graphs"], watched["graphs"], sum(bare["breaks"].values()), sum(watched["breaks"].values()))
 print(bare["warnings"] == watched["warnings"])
 """
-    _, printed = loaded_after(code, tmp_path)
+    _, printed = loaded_after(code, tmp_path, OPTIMIZING)
     drawn_before, drawn_after, counts, same_warnings = printed.splitlines()[-4:]
     assert (drawn_before, drawn_after) == ("False", "True")  # loaded by the session, inside the compiled step
     bare_graphs, watched_graphs, bare_breaks, watched_breaks = counts.split()
@@ -144,7 +173,7 @@ print([f.patch for f in gw._recorder.trace.findings])  # (the records as the ses
 kept = [f for f in gw.trace.findings if f.kind == "graph-kept-alive"]
 print(len(kept), "+        total += loss.item()" in (kept[0].patch or ""))
 """)
-    loaded, printed = loaded_after("import runpy\nruns = runpy.run_path('train.py')", tmp_path)
+    loaded, printed = loaded_after("import runpy\nruns = runpy.run_path('train.py')", tmp_path, OPTIMIZING)
     before, after = printed.splitlines()
     assert before.strip("[]").split(", ") and set(before.strip("[]").split(", ")) == {"None"}
     assert after == "1 True"

@@ -248,16 +248,12 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
     """Become ``python ARGV`` in ``request``'s folder and environment; never returns."""
     import atexit
     import runpy
-    import tempfile
     import traceback
 
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    tempfile.tempdir = None  # (the server's, cached: a fresh interpreter reads $TMPDIR at first use)
+    take_place(request["cwd"], request["env"])
     options, argv = _warn_options(request["argv"])
     _as_started(os.environ, options)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -281,15 +277,31 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
     try:
         atexit._run_exitfuncs()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # (a closed stream has nothing left to write)
-                pass
+        flush_standard_streams()
         if interrupted:  # (Python ends an uncaught Ctrl-C by SIGINT, so that its parent sees the signal)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
         os._exit(code)
+
+
+def take_place(cwd: str, env: Mapping[str, str]) -> None:
+    """A forked child takes the place of a fresh interpreter started in ``cwd`` with ``env``."""
+    import tempfile
+
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    tempfile.tempdir = None  # (the server's, cached: a fresh interpreter reads $TMPDIR at first use)
+
+
+def flush_standard_streams() -> None:
+    """Flush ``sys.stdout`` and ``sys.stderr`` as the interpreter does at its end (a forked child's last act
+    before ``os._exit``)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # (a closed stream has nothing left to write)
+            pass
 
 
 _SETUP: dict[str, Any] = {}  # the server's: warning filters (torch's own, the interpreter's) and sys.path[1:]
