@@ -22,6 +22,7 @@ from dot_calls import dot_that_keeps_its_input
 
 import graphwatch
 from graphwatch.analysis.patch_checks import steps_to_run
+from graphwatch.cli import _write_trace, main
 from graphwatch.fix_checks import check_patch
 from graphwatch.model import PatchCheck
 from graphwatch.runner import run_script
@@ -51,8 +52,9 @@ print(f"mean logit {torch.stack(val_history).mean().item():.6f}")
 """
 
 # Run in a fresh process from the folder of train.py: the zygote forked first (as `graphwatch run --check-fixes` does),
-# then train.py run under graphwatch and each patch of sys.argv[2:] checked against its one finding of kind sys.argv[1];
-# prints the checks and how each patched run was started.
+# then train.py run under graphwatch and each patch of sys.argv[3:] checked against its finding of kind sys.argv[1]:
+# its one finding of that kind (sys.argv[2] "only"), or the first (sys.argv[2] "first"); prints the checks and how
+# each patched run was started.
 CHECKS_PATCHES = """import dataclasses, json, sys
 from graphwatch import fix_checks, warm_start
 from graphwatch.analysis.patch_checks import steps_to_run
@@ -63,11 +65,27 @@ started = []
 start_run = fix_checks.start_run
 fix_checks.start_run = lambda *args: started.append(start_run(*args)) or started[-1]
 run = run_script("train.py", [], session_options={"snapshots": "off"}, capture_output=True)
-[finding] = [f for f in run.trace.findings if f.kind == sys.argv[1]]
+found = [f for f in run.trace.findings if f.kind == sys.argv[1]]
+assert found and (sys.argv[2] == "first" or len(found) == 1), f"{len(found)} findings of kind {sys.argv[1]}"
+finding = found[0]
 steps = steps_to_run(run.trace, [finding])
-checks = [fix_checks.check_patch(run.trace, run.script, [], patch, [finding], steps=steps) for patch in sys.argv[2:]]
+checks = [fix_checks.check_patch(run.trace, run.script, [], patch, [finding], steps=steps) for patch in sys.argv[3:]]
 warm_start.stop_zygote()
 print(json.dumps({"checks": [dataclasses.asdict(c) for c in checks], "started": [type(p).__name__ for p in started]}))
+"""
+
+# Run in a fresh process from the folder of train.py: the zygote forked first, then train.py run as a patched run
+# (fix_checks.rerun, all its steps) with its report folder in sys.argv[1]; prints what that folder holds
+PATCHED_RUN_FILES = """import json, sys
+from pathlib import Path
+from graphwatch import fix_checks, warm_start
+
+warm_start.start_zygote()
+trace, why = fix_checks.rerun(Path("train.py").resolve(), [], Path.cwd(), 8, "default", Path(sys.argv[1]), 300.0)
+warm_start.stop_zygote()
+assert trace is not None, why
+files = sorted(str(p.relative_to(sys.argv[1])) for p in Path(sys.argv[1]).rglob("*"))
+print(json.dumps({"files": files, "kinds": [f.kind for f in trace.findings]}))
 """
 
 
@@ -106,14 +124,15 @@ def checked(trace: graphwatch.Trace, script: Path, patch: str, finding: graphwat
 
 
 def checked_warm(
-    script: Path, kind: str, *patches: str, env: Mapping[str, str] | None = None
+    script: Path, kind: str, *patches: str, env: Mapping[str, str] | None = None, first: bool = False
 ) -> tuple[list[PatchCheck], list[str]]:
     """``script`` (a train.py) run under graphwatch in a process of its own (forked off the tests' warm Python) and
-    each patch checked against its one finding of ``kind``, the patched runs started as ``graphwatch run
-    --check-fixes`` starts them: the checks, and the kind of process each patched run was."""
+    each patch checked against its one finding of ``kind`` (its first, when ``first``), the patched runs started as
+    ``graphwatch run --check-fixes`` starts them: the checks, and the kind of process each patched run was."""
     driver = write(script.parent.parent, f"checks-{script.parent.name}.py", CHECKS_PATCHES)
-    done = warm_python.run([sys.executable, str(driver), kind, *patches], cwd=script.parent, env=env, capture_output=True,
-                           text=True, timeout=600)  # fmt: skip
+    which = "first" if first else "only"
+    done = warm_python.run([sys.executable, str(driver), kind, which, *patches], cwd=script.parent, env=env,
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.splitlines()[-1])
     return [PatchCheck(**check) for check in result["checks"]], result["started"]
@@ -145,6 +164,60 @@ def test_stop_after_refuses_a_step_count_that_is_not_a_positive_number(tmp_path:
     script = write(tmp_path, "train.py", "print('ran')\n")
     done = graphwatch_run("--stop-after", "0", script.name, cwd=tmp_path)
     assert done.returncode == 2 and "'0' is not a number of steps" in done.stderr and "ran" not in done.stdout
+
+
+# ------------------------------------------------------------------ --trace-only
+def test_trace_only_writes_the_trace_and_no_report_or_pictures_and_names_the_trace(tmp_path: Path) -> None:
+    script = write(tmp_path / "val", "train.py", KEPT_LOGITS)
+    report = tmp_path / "report"
+    done = graphwatch_run("--trace-only", "--out", str(report), script.name, cwd=script.parent)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in report.iterdir()) == ["trace.json"]  # no index.html, no snapshots/*.svg
+    assert "graph-kept-alive" in [f.kind for f in graphwatch.load(report / "trace.json").findings]
+    assert f"trace: {report / 'trace.json'} (graphwatch report TRACE.json --out DIR draws its report)" in done.stderr
+    assert "index.html" not in done.stderr
+
+
+def test_trace_only_under_torchrun_writes_each_ranks_trace_in_its_folder_and_rank_1_prints_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(write(tmp_path / "job", "train.py", "x = 1\n").parent)
+    run = run_script("train.py", [], capture_output=True)
+    run.trace.rank, run.trace.world_size = 1, 2  # (as torchrun's rank 1 records them)
+    capsys.readouterr()
+    assert _write_trace(run, tmp_path / "report", summary=True) == tmp_path / "report" / "rank1" / "trace.json"
+    assert graphwatch.load(tmp_path / "report" / "rank1" / "trace.json").rank == 1
+    assert sorted(p.name for p in (tmp_path / "report").rglob("*")) == ["rank1", "trace.json"]
+    assert capsys.readouterr() == ("", "")  # rank 0 speaks for the job
+
+
+def test_run_help_says_what_trace_only_writes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "--trace-only write only DIR/trace.json (under torchrun DIR/rankR/trace.json), no HTML page and no " \
+        "pictures; `graphwatch report DIR/trace.json` draws them later" in shown
+
+
+def test_a_patched_run_writes_only_its_trace_no_report_and_no_pictures(tmp_path: Path) -> None:
+    script = write(tmp_path / "val", "train.py", KEPT_LOGITS)
+    driver = write(tmp_path, "patched_run.py", PATCHED_RUN_FILES)
+    done = warm_python.run([sys.executable, str(driver), str(tmp_path / "report")], cwd=script.parent,
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    patched = json.loads(done.stdout.splitlines()[-1])
+    assert patched["files"] == ["trace.json"]  # (a whole report would hold index.html and snapshots/*.svg)
+    assert "graph-kept-alive" in patched["kinds"]  # the trace read back from it
+
+
+def test_check_fixes_with_trace_only_keeps_the_verdicts_in_the_trace_and_writes_no_report(tmp_path: Path) -> None:
+    script = write(tmp_path / "val", "train.py", KEPT_LOGITS)
+    report = tmp_path / "report"
+    done = graphwatch_run("--check-fixes", "--trace-only", "--quiet", "--out", str(report), script.name, cwd=script.parent)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in report.iterdir()) == ["trace.json"]
+    [kept] = [f for f in graphwatch.load(report / "trace.json").findings if f.kind == "graph-kept-alive"]
+    assert kept.check is not None and kept.check.checked, kept.check
 
 
 # ------------------------------------------------------------------ what trained

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import copy
 import io
-import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import warm_python
 from rich.console import Console
-from test_check_fixes import diff, graphwatch_run, original_run, write
+from test_check_fixes import checked_warm, diff, graphwatch_run, original_run, write
 
 import graphwatch
 from graphwatch.analysis.codemods import apply_edits
@@ -77,21 +74,6 @@ print(f"mean {torch.stack(losses).mean().item():.6f} {torch.stack(penalties).mea
 """
 UNCHECKED = "unchecked: `graphwatch run --check-fixes` re-runs it"
 
-# train.py run under graphwatch and the patch in argv[1] checked against its first graph-kept-alive finding, the
-# patched run forked off a zygote as `graphwatch run --check-fixes` starts it: the check, as JSON
-CHECKS_THE_FIRST_KEPT = """import dataclasses, json, sys
-from graphwatch import fix_checks, warm_start
-from graphwatch.analysis.patch_checks import steps_to_run
-from graphwatch.runner import run_script
-
-warm_start.start_zygote()
-run = run_script("train.py", [], session_options={"snapshots": "off"}, capture_output=True)
-first = next(f for f in run.trace.findings if f.kind == "graph-kept-alive")
-check = fix_checks.check_patch(run.trace, run.script, [], sys.argv[1], [first], steps=steps_to_run(run.trace, [first]))
-warm_start.stop_zygote()
-print(json.dumps(dataclasses.asdict(check)))
-"""
-
 
 def summary(trace: graphwatch.Trace) -> str:
     out = io.StringIO()
@@ -125,11 +107,8 @@ def kept(trace: graphwatch.Trace) -> list[graphwatch.Finding]:
 def first_kept_checked(script: Path, patch: str) -> PatchCheck:
     """``patch`` checked against the first graph-kept-alive finding of ``script`` (a train.py), in a process
     forked off the tests' warm Python (a check from this process would start its patched run cold)."""
-    driver = write(script.parent.parent, f"check-{script.parent.name}.py", CHECKS_THE_FIRST_KEPT)
-    done = warm_python.run([sys.executable, str(driver), patch], cwd=script.parent, capture_output=True, text=True,
-                           timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return PatchCheck(**json.loads(done.stdout.splitlines()[-1]))
+    [check], _ = checked_warm(script, "graph-kept-alive", patch, first=True)
+    return check
 
 
 def test_two_losses_sharing_one_expression_each_get_their_own_copy_of_it(

@@ -2,7 +2,8 @@
 
 Subcommands::
 
-    graphwatch run [--out DIR] [--strict] [--patch-out FILE] [--quiet] [--check-fixes] [--stop-after N] SCRIPT [ARGS...]
+    graphwatch run [--out DIR] [--strict] [--patch-out FILE] [--quiet] [--trace-only] [--check-fixes] [--stop-after N]
+                   SCRIPT [ARGS...]
                                                                         watch an unchanged training script
     graphwatch demo [--out DIR]                                         the bundled bug examples, one report
     graphwatch report TRACE.json [TRACE2.json ...] [--out DIR]          re-render saved traces
@@ -54,6 +55,7 @@ from .runner import (
     print_script_exception,
     run_script,
     write_report,
+    write_trace,
 )
 from .signals import SignalGuard, ignore_signal
 from .warm_start import start_zygote, stop_zygote
@@ -139,7 +141,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         drawn: dict[str, str] = {}  # the pictures laid out so far: each report written again reuses them
         if args.check_fixes and not (guard.terminated or guard.interrupted or run.terminated):
             checks_stopped = _check_fixes(run, args, out, since, guard, drawn)
-        report, failure = _write_report(run, out, args.quiet, since, lambda: guard.terminated, drawn)
+        report, failure = _write_report(run, out, args.quiet, since, lambda: guard.terminated, drawn, args.trace_only)
         code = _run_exit_code(run, guard, failure, args.strict)
         if checks_stopped and not guard.terminated:  # Ctrl-C during the checks ends the command as Ctrl-C does
             code = EXIT_INTERRUPTED
@@ -184,7 +186,10 @@ def _check_fixes(
 
     def write() -> None:
         try:
-            write_report(run.trace, out, drawn=drawn)
+            if args.trace_only:
+                _write_trace(run, out, summary=False)
+            else:
+                write_report(run.trace, out, drawn=drawn)
         except UsageError:  # said once, when the report is written at the end
             pass
 
@@ -205,11 +210,15 @@ def _check_fixes(
 
 
 def _write_report(
-    run: ScriptRun, out: Path, quiet: bool, since: float, stop: Callable[[], bool], drawn: dict[str, str]
-) -> tuple[Path | None, str | None]:
-    """Write the report and print the summary: (index.html, None), or (None, why) with the summary still printed
-    and the trace saved to a temporary file (named in ``why``) instead."""
+    run: ScriptRun, out: Path, quiet: bool, since: float, stop: Callable[[], bool], drawn: dict[str, str],
+    trace_only: bool = False,
+) -> tuple[Path | None, str | None]:  # fmt: skip
+    """Write the report (only its trace.json with ``trace_only``) and print the summary: (index.html or
+    trace.json, None), or (None, why) with the summary still printed and the trace saved to a temporary file
+    (named in ``why``) instead."""
     try:
+        if trace_only:
+            return _write_trace(run, out, summary=not quiet), None
         return finish_report(run, out, summary=not quiet, since=since, stop=stop, drawn=drawn), None
     except UsageError as exc:
         if not quiet and not run.trace.rank:
@@ -220,6 +229,19 @@ def _write_report(
         if kept is None:
             return None, f"{exc}; the report could not be written (the summary above is all there is)"
         return None, f"{exc}; the report could not be written; the trace was saved to {kept} (graphwatch report {kept} --out DIR)"
+
+
+def _write_trace(run: ScriptRun, out: Path, summary: bool) -> Path:
+    """``--trace-only``: write this process's trace.json (:func:`~graphwatch.runner.write_trace`); with
+    ``summary``, print the summary (rank 0's own) and where the trace is.  Returns its path."""
+    from .rendering.finding_blocks import printable_path
+    from .rendering.terminal import print_summary
+
+    path = write_trace(run.trace, out)
+    if summary and not run.trace.rank:
+        print_summary(run.trace)
+        say(f"trace: {printable_path(path)} (graphwatch report TRACE.json --out DIR draws its report)")
+    return path
 
 
 def _run_exit_code(run: ScriptRun, guard: SignalGuard, failure: str | None, strict: bool) -> int:

@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", "-q", action="store_true",
                      help="print no summary and no progress (errors only; the patches still go to --patch-out FILE)")
     run.add_argument("--no-progress", action="store_true", help="no status line while the script runs")
+    run.add_argument("--trace-only", action="store_true",
+                     help="write only DIR/trace.json (under torchrun DIR/rankR/trace.json), no HTML page and no "
+                     "pictures; `graphwatch report DIR/trace.json` draws them later")
     run.add_argument(
         "--check-fixes", action="store_true",
         help="after the run, apply each finding's patch to a copy of the script's folder and run the script again "

@@ -273,14 +273,15 @@ def rerun(
     script: Path, args: Sequence[str], cwd: Path, steps: int, level: str, report: Path, timeout: float,
     stop: Callable[[], bool] = lambda: False,
 ) -> tuple[Trace | None, str]:  # fmt: skip
-    """Run ``script`` under ``graphwatch run --stop-after steps`` in a new process of its own session (forked
-    off the zygote, or a cold start: :mod:`graphwatch.warm_start`); (its trace, "") or (None, why).  Every
+    """Run ``script`` under ``graphwatch run --trace-only --stop-after steps`` (``report`` gets its trace.json,
+    no HTML and no pictures) in a new process of its own session (forked off the zygote, or a cold start:
+    :mod:`graphwatch.warm_start`); (its trace, "") or (None, why).  Every
     process of that session is killed when it ends or at ``timeout``; raises :class:`CheckStopped` (the
     processes killed) once ``stop()``."""
     package = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package, os.environ.get("PYTHONPATH")])))
-    command = ["run", "--quiet", "--no-progress", "--stop-after", str(steps), "--level", level, "--out", str(report),
-               str(script), *args]  # fmt: skip
+    command = ["run", "--quiet", "--no-progress", "--trace-only", "--stop-after", str(steps), "--level", level,
+               "--out", str(report), str(script), *args]  # fmt: skip
     errors = report.parent / "patched-run-stderr.txt"
     with open(errors, "wb") as stderr:  # a file, not a pipe: a process the script left running may hold it
         process = start_run(command, cwd, env, stderr.fileno())

@@ -206,6 +206,22 @@ def write_report(
         raise _unwritable(out, exc) from None
 
 
+def write_trace(trace: Trace, out: Path) -> Path:
+    """Write only ``trace``'s trace.json to ``out`` (to ``out/rankR`` under torchrun), no HTML page and no pictures
+    (``graphwatch run --trace-only``); return its path.  An OS error becomes a :class:`~graphwatch.UsageError`
+    naming the folder."""
+    from .model import save_trace
+    from .rendering.ranks import rank_folder
+
+    folder = rank_folder(out, trace)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        save_trace(trace, folder / "trace.json")
+    except OSError as exc:
+        raise _unwritable(folder, exc) from None
+    return folder / "trace.json"
+
+
 def _unwritable(out: str | os.PathLike[str], exc: OSError) -> UsageError:
     """The error for a report folder ``out`` that could not be written, its name on one line."""
     from .rendering.finding_blocks import printable_path
