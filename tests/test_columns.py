@@ -86,3 +86,20 @@ def test_indexing_reads_as_a_list_does_across_frozen_records_and_those_appended_
     steps.thaw(5)
     assert steps.object_at(5) == made[5] and steps.frozen() == 3
     assert field_values(steps, "seconds") == [r.seconds for r in made]
+
+
+def test_a_batch_freezes_nullable_columns_all_none_or_mixed_and_reads_them_back() -> None:
+    """A frozen batch whose nullable columns are None throughout (a CPU run's CUDA figures, a loop with no
+    optimizer) or None in some records only reads back record for record, None where it was None."""
+    from graphwatch.model import StepRecord
+
+    made = [
+        StepRecord(index=i, source="backward", seconds=i / 4, backwards=[i], detail=False,
+                   optimizer_site=None if i % 3 else i, cuda_allocated=None)
+        for i in range(9)
+    ]  # fmt: skip
+    steps = RecordList(STEP_COLUMNS, made)
+    assert steps.freeze_many(range(9)) == list(range(9)) and steps.frozen() == 9
+    assert list(steps) == made
+    assert field_values(steps, "cuda_allocated") == [None] * 9
+    assert field_values(steps, "optimizer_site") == [None if i % 3 else i for i in range(9)]

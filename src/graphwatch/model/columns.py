@@ -26,9 +26,10 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress
+from itertools import chain, compress
 from operator import attrgetter, itemgetter
 from typing import Any, Generic, TypeVar, overload
 
@@ -189,8 +190,12 @@ class RecordList(Sequence, Generic[R]):
         """:meth:`freeze` the records at ``indices`` (kept as objects) a column at a time; returns those stored.
         Each column is read and written by C-level maps over the batch (a session's step ends freeze hundreds of
         records at once, on the light path)."""
+        return self._freeze_batch(indices)[0]
+
+    def _freeze_batch(self, indices: Iterable[int]) -> tuple[list[int], list[R]]:
+        """(the indices stored, their records): :meth:`freeze_many`."""
         objects = self._objects
-        found = [i for i in indices if i in objects]
+        found = list(filter(objects.__contains__, indices))
         candidates = list(map(objects.__getitem__, found))
         storable = self._numbers_only(candidates)
         if all(storable):
@@ -199,11 +204,14 @@ class RecordList(Sequence, Generic[R]):
             frozen = list(compress(found, storable))
             records = list(compress(candidates, storable))
         if not records:
-            return []
+            return [], []
         arrays = self._arrays
         for (column, nullable), values in zip(self._number_arrays, zip(*map(self._numbers, records))):  # a column a time
             if nullable and None in values:
-                values = tuple(NONE_CODE if value is None else value for value in values)
+                if values.count(None) == len(values):  # (a CPU run's CUDA figures, a loop with no optimizer)
+                    values = (NONE_CODE,) * len(values)
+                else:
+                    values = tuple(NONE_CODE if value is None else value for value in values)
             column.extend(values)
         for name, getter, codes in self._choice_codes:
             arrays[name].extend(list(map(codes.__getitem__, map(getter, records))))
@@ -213,9 +221,8 @@ class RecordList(Sequence, Generic[R]):
             arrays[f"{name}.count"].extend(list(map(len, spans)))
         row = len(self._number_arrays[0][0]) - len(records)
         self._rows().assign(frozen, range(row, row + len(frozen)))
-        for index in frozen:
-            del objects[index]
-        return frozen
+        deque(map(objects.__delitem__, frozen), maxlen=0)
+        return frozen, records
 
     def _numbers_only(self, records: list[R]) -> list[bool]:
         """Whether each of ``records`` carries nothing but what the columns store (numbers, choices, consecutive
@@ -331,5 +338,8 @@ def freeze_step(steps: RecordList, backwards: RecordList, index: int) -> None:
 
 def freeze_steps(steps: RecordList, backwards: RecordList, indices: list[int]) -> None:
     """:func:`freeze_step` for many steps at once, a column at a time."""
-    ids = {index: record.backwards for index in indices if (record := steps.object_at(index)) is not None}
-    backwards.freeze_many([b for index in steps.freeze_many(indices) for b in ids[index]])
+    _, frozen = steps._freeze_batch(indices)
+    backwards.freeze_many(list(chain.from_iterable(map(_BACKWARDS, frozen))))
+
+
+_BACKWARDS = attrgetter("backwards")

@@ -25,9 +25,8 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-import graphviz
 import torch
 
 from ..analysis.evidence import carrier_line
@@ -50,6 +49,9 @@ from .graph_items import (
     Item,
     tensor_label,
 )
+
+if TYPE_CHECKING:  # (the graphviz package only for make_dot's return: a session's pictures are DOT text)
+    import graphviz
 from .kept import add_holders, note_what_each_keeps
 from .visible import one_line
 
@@ -345,7 +347,9 @@ def make_dot(var: torch.Tensor | Sequence[torch.Tensor], params: Mapping[str, to
         for tensor in outputs:
             graph.add_output(tensor)
         body, graph_attrs = _finish(graph, trace, current_step, retained, legend, max_nodes)
-        return graphviz.Digraph(node_attr=NODE_ATTR, graph_attr=graph_attrs, body=body)
+    import graphviz  # (here: a session draws its snapshots as DOT text, without the graphviz package)
+
+    return graphviz.Digraph(node_attr=NODE_ATTR, graph_attr=graph_attrs, body=body)
 
 
 def _check_options(params: Any, max_attr_chars: Any, trace: Any, current_step: Any, retained: Any, max_nodes: Any) -> None:
