@@ -49,11 +49,11 @@ from .graph_items import (
     Item,
     tensor_label,
 )
+from .kept import add_holders, note_what_each_keeps
+from .visible import one_line
 
 if TYPE_CHECKING:  # (the graphviz package only for make_dot's return: a session's pictures are DOT text)
     import graphviz
-from .kept import add_holders, note_what_each_keeps
-from .visible import one_line
 
 _HEAD = 40  # nodes nearest the outputs kept when a large graph is summarised
 _IMPORTANT = 40  # at most this many crossing / freed-frontier nodes kept besides
