@@ -50,7 +50,6 @@ from .capture import EnginePatch, Recorder, parse_engine_args
 from .capture.causes.light_errors import explain_inplace, lines_from_frames, name_freeing_roots
 from .capture.causes.parameters import ParameterLedger
 from .capture.graph.stack_limit import claim_stack
-from .capture.hooks.backward import root_numbers
 from .capture.hooks.call_mode import CallSiteMode
 from .capture.hooks.eval_mode import EvalModePatch
 from .capture.hooks.hook_switch import HookSwitch
@@ -530,8 +529,7 @@ class Session:
             raise StepLimitReached(self.stop_after or 0)
         own = time.perf_counter()
         roots, retain_graph, create_graph, accumulate = parse_engine_args(t_outputs, args, kwargs)
-        numbers = root_numbers(roots) if recorder.boundary_pending else None  # (read where needed, once)
-        if numbers is not None and recorder.made_since_boundary(numbers):
+        if recorder.boundary_pending and recorder.made_since_boundary(roots):
             recorder.commit_boundary()  # a new graph, though its forward saved nothing: a new step
         frame = sys._getframe(1)
         positions = self._loop.positions(frame)
@@ -548,13 +546,12 @@ class Session:
                 self._plan.suspect(recorder.step, reason)
             freed = self._backwards.walk_before(record, roots, accumulate)
         elif self._hooks is not None:  # a light step: a closer look only where the cheap path finds one due
-            numbers = root_numbers(roots) if numbers is None else numbers
-            reason = self._signals.backward(record.site, retain_graph, create_graph, numbers, recorder.step_seq)
+            reason = self._signals.backward(record.site, retain_graph, create_graph, roots, recorder.step_seq)
             if reason is not None:
                 self._plan.suspect(recorder.step, reason)
                 freed = self._backwards.walk_before(record, roots, accumulate, full=True)
             else:
-                recorder.light_backwards.started(record.id, numbers)
+                recorder.light_backwards.started(record.id, roots)
         self._backwards.started(record, t_outputs)
         recorder.begin_backward(record)
         parts = self._own.parts

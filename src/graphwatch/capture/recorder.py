@@ -327,9 +327,9 @@ class Recorder:
         if self.step_started_cpu is None:
             self.step_started_cpu = time.process_time()
 
-    def made_since_boundary(self, numbers: tuple[int, ...]) -> bool:
-        """Whether any of the nodes numbered ``numbers`` was made after the pending step boundary."""
-        return bool(numbers) and max(numbers) >= self._pending_seq
+    def made_since_boundary(self, roots: list) -> bool:
+        """Whether any of these nodes was made after the pending step boundary."""
+        return any(root._sequence_nr() >= self._pending_seq for root in roots)
 
     def nodes_made(self) -> int:
         """Autograd nodes (of this thread) made since the current step started, up to its end if one is pending."""

@@ -90,9 +90,10 @@ class LightBackwards:
         self._ring: list[tuple[int, tuple[int, ...]] | None] = [None] * RECENT_BACKWARDS
         self._by_root: dict[int, list[int]] | None = {}  # root sequence number -> backwards (None: to index)
 
-    def started(self, backward_id: int, roots: tuple[int, ...]) -> None:
-        """Backward ``backward_id`` starts, unwalked, from the nodes numbered ``roots``."""
-        self._ring[backward_id % RECENT_BACKWARDS] = (backward_id, roots)
+    def started(self, backward_id: int, roots: list[Any]) -> None:
+        """Backward ``backward_id`` starts from ``roots``, unwalked."""
+        seqs = (roots[0]._sequence_nr(),) if len(roots) == 1 else tuple(root._sequence_nr() for root in roots)
+        self._ring[backward_id % RECENT_BACKWARDS] = (backward_id, seqs)
         self._by_root = None
 
     def _index(self) -> dict[int, list[int]]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from operator import methodcaller
 from typing import Any
 
 import torch.autograd
@@ -76,15 +75,6 @@ class EnginePatch:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
-
-
-def root_numbers(roots: list[Any]) -> tuple[int, ...]:
-    """The sequence numbers of one engine call's root nodes (each read is a call into the C++ node, about as
-    costly as the rest of a light backward's checks: read once a call and shared)."""
-    return tuple(map(_SEQUENCE_NR, roots))
-
-
-_SEQUENCE_NR = methodcaller("_sequence_nr")
 
 
 def parse_engine_args(t_outputs: Any, args: tuple, kwargs: dict) -> tuple[list[Any], bool, bool, bool]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 from ..causes.holders import tensors_in_user_frames
 
@@ -56,15 +57,13 @@ class LightSignals:
         self._light_ends = 0
         self._old_roots: set[int] = set()  # sequence numbers of the old graphs' roots already signalled
 
-    def backward(
-        self, site: int | None, retain_graph: bool, create_graph: bool, roots: tuple[int, ...], first_seq: int
-    ) -> str | None:
-        """Why a backward of a light step, from the nodes numbered ``roots``, needs a closer look (None: it
-        does not)."""
+    def backward(self, site: int | None, retain_graph: bool, create_graph: bool, roots: list[Any], first_seq: int) -> str | None:
+        """Why a backward of a light step needs a closer look (None: it does not)."""
         if (retain_graph or create_graph) and site not in self._keeping_sites:
             return self.learn_backward(site, retain_graph, create_graph)
-        if roots and min(roots) < first_seq:
-            return f"a backward at {self._where(site)} of a graph an earlier step made"
+        for root in roots:
+            if root._sequence_nr() < first_seq:
+                return f"a backward at {self._where(site)} of a graph an earlier step made"
         if site not in self._backward_sites:
             self._backward_sites.add(site)
             return f"a backward at a line not seen before, {self._where(site)}"
