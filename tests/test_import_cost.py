@@ -121,7 +121,7 @@ def test_watching_a_near_empty_script_loads_no_codemods_and_draws_nothing(tmp_pa
 
 def test_a_findings_patch_loads_the_codemods_and_the_drawing_and_they_work(tmp_path: Path) -> None:
     """A run with a finding makes its patch and draws its snapshots (DOT text, then SVG by ``dot``) without the
-    graphviz package, which only ``make_dot``'s return value needs (about 45 ms of a run's start-up)."""
+    graphviz package, which only ``make_dot``'s return value needs (about 45 ms at a run's first drawn backward)."""
     shutil.copy(REPO / "examples" / "total_loss_bug.py", tmp_path / "total_loss_bug.py")
     code = "from graphwatch.cli import main\nmain(['run', '--quiet', '--out', 'out', 'total_loss_bug.py'])"
     loaded, _ = loaded_after(code, tmp_path, OPTIMIZING)
