@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import types
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,69 @@ def test_step_end_searches_keep_nothing_they_looked_at_alive(one_thread: None) -
             assert looked_at() is None
             gw.end_step()
     assert "keeper.total" in {h.name for s in gw.trace.steps for h in s.holders}
+
+
+def _train(model: nn.Module, keep: Callable[[torch.Tensor], None] = lambda loss: None) -> list[float]:
+    """Twelve SGD steps of ``model`` on fixed data (the default level's census runs at several of their ends);
+    ``keep`` sees each step's loss."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.linspace(-1, 1, 32).reshape(8, 4), torch.linspace(0, 1, 8).reshape(8, 1)
+    losses = []
+    for _ in range(12):
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        keep(loss)
+        losses.append(loss.item())
+    return losses
+
+
+def test_a_dict_the_users_tracer_grows_while_the_census_reads_it_breaks_nothing(one_thread: None) -> None:
+    """A line profiler of the user's counts every trace event into a dict its frame holds (another thread
+    writing into a dict does the same): the census reads the dict while it grows, and the loop runs and
+    trains as it does without graphwatch."""
+    events: dict[int, str] = {}  # the profiler's counts, held by this frame: the census looks into it
+
+    def tracer(frame: types.FrameType, event: str, arg: object) -> Callable:
+        events[len(events)] = event  # a new entry for every event, the census's own lines' too
+        return tracer
+
+    def traced(model: nn.Module) -> list[float]:
+        previous = sys.gettrace()
+        sys.settrace(tracer)
+        try:
+            return _train(model)
+        finally:
+            sys.settrace(previous)
+
+    torch.manual_seed(0)
+    bare = traced(nn.Linear(4, 1))
+    torch.manual_seed(0)
+    with graphwatch.watch(summary=False, snapshots="off") as gw:
+        watched = traced(nn.Linear(4, 1))
+    assert watched == bare
+    assert len(gw.trace.steps) == 12 and events
+
+
+class _ReprFails:
+    """A dict key of the user's whose ``__repr__`` raises."""
+
+    def __repr__(self) -> str:
+        raise ValueError("no repr")
+
+
+def test_a_dict_key_whose_repr_raises_is_named_by_its_type_and_the_loop_runs_on(one_thread: None) -> None:
+    """The census spells a key by its ``repr``; where the user's ``__repr__`` raises, the path names the key's
+    type, the kept graphs are still found, and the loop trains as without graphwatch."""
+    torch.manual_seed(0)
+    bare = _train(nn.Linear(4, 1))
+    torch.manual_seed(0)
+    table: dict[object, list[torch.Tensor]] = {_ReprFails(): []}
+    kept = next(iter(table.values()))
+    with graphwatch.watch(summary=False, snapshots="off") as gw:
+        watched = _train(nn.Linear(4, 1), kept.append)  # every step's graph, kept under the key
+    assert watched == bare
+    paths = {h.name for s in gw.trace.steps for h in s.holders}
+    assert any(path.startswith("table[<_ReprFails>][") for path in paths), paths
+    assert "graph-kept-alive" in {f.kind for f in gw.findings}

@@ -42,7 +42,7 @@ from ..graph.graph_walk import METADATA_KEY
 from ..lines.frames import local_value, named_values, user_frames
 from ..lines.source import assignments, function_node
 from .attribute_stores import store_site
-from .held_values import _of_a_user_class
+from .held_values import _of_a_user_class, first_items, key_text
 from .holders import parameter_update_site
 from .stores import renewing_site
 from .values import runtime_type, set_to_none
@@ -246,17 +246,17 @@ def _tensors_of(
         if value.grad_fn is not None:
             yield name, top, value
     elif isinstance(value, torch.nn.Module):
-        for module in value.modules():
-            for attr, item in vars(module).items():
+        for module in list(value.modules()):
+            for attr, item in list(vars(module).items()):
                 yield from _attribute_tensors(f"self.{attr}" if module is not value else f"{name}.{attr}", item, attributes)
     elif depth < 2 and isinstance(value, (list, tuple)):  # a list of per-layer (h, c) states too
         for item in value[-_CONTAINER_LIMIT:]:
             yield from _tensors_of(name, top, item, depth + 1)
     elif depth == 0 and isinstance(value, dict):
-        for item in list(value.values())[:_CONTAINER_LIMIT]:
+        for _, item in first_items(value):
             yield from _tensors_of(name, top, item, 1)
     elif depth == 0 and attributes and _of_a_user_class(value):
-        for attr, item in list(vars(value).items())[:_CONTAINER_LIMIT]:
+        for attr, item in first_items(vars(value)):
             yield from _attribute_tensors(f"{name}.{attr}", item, attributes)
 
 
@@ -393,15 +393,15 @@ def _members(value: Any) -> Iterator[tuple[str, Any, str | None]]:
     if isinstance(value, (list, tuple)):
         yield from ((f"[{i}]", item, None) for i, item in enumerate(value[:_CONTAINER_LIMIT]))
     elif isinstance(value, dict):
-        yield from ((f"[{k!r}]", item, None) for k, item in list(value.items())[:_CONTAINER_LIMIT])
+        yield from ((f"[{key_text(k)}]", item, None) for k, item in first_items(value))
     elif isinstance(value, torch.nn.Module):
-        for prefix, module in value.named_modules():
-            for attr, item in vars(module).items():
+        for prefix, module in list(value.named_modules()):
+            for attr, item in list(vars(module).items()):
                 if not attr.startswith("_") and not isinstance(item, torch.nn.Module):
                     yield (f".{prefix}.{attr}" if prefix else f".{attr}"), item, attr
-            for attr, item in module._buffers.items():
+            for attr, item in list(module._buffers.items()):
                 yield (f".{prefix}.{attr}" if prefix else f".{attr}"), item, attr
     elif _of_a_user_class(value) and hasattr(value, "__dict__") and not isinstance(value, type):
-        for attr, item in list(vars(value).items())[:_CONTAINER_LIMIT]:
+        for attr, item in first_items(vars(value)):
             if not attr.startswith("__"):
                 yield f".{attr}", item, attr

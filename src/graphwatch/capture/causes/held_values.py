@@ -22,6 +22,7 @@ import re
 import sys
 import types
 from collections.abc import Iterable, Iterator
+from itertools import islice
 from types import FrameType
 from typing import Any
 
@@ -64,26 +65,50 @@ def tensors_in(
                     yield from tensors_in(f"{name}[{i}]", item, objects, containers - 1)
     elif isinstance(value, dict):
         if containers > 0:
-            for i, (key, item) in enumerate(value.items()):
-                if i == _CONTAINER_LIMIT:
-                    break
+            for key, item in first_items(value):
                 if type(item) not in _INERT:
-                    yield from tensors_in(f"{name}[{key!r}]", item, objects, containers - 1)
+                    yield from tensors_in(f"{name}[{key_text(key)}]", item, objects, containers - 1)
     elif isinstance(value, torch.nn.Module):
-        for module_name, module in value.named_modules(prefix=name):
-            for attr, item in vars(module).items():  # a list kept on self too
+        for module_name, module in list(value.named_modules(prefix=name)):
+            for attr, item in list(vars(module).items()):  # a list kept on self too
                 if not attr.startswith("_") and type(item) not in _INERT and not isinstance(item, torch.nn.Module):
                     yield from tensors_in(f"{module_name}.{attr}", item, objects - 1, containers)
-            for attr, buffer in module._buffers.items():  # a running statistic updated outside no_grad
+            for attr, buffer in list(module._buffers.items()):  # a running statistic updated outside no_grad
                 if buffer is not None:
                     yield from tensors_in(f"{module_name}.{attr}", buffer)
-            for attr, param in module._parameters.items():  # a parameter updated in place outside no_grad
+            for attr, param in list(module._parameters.items()):  # a parameter updated in place outside no_grad
                 if param is not None and param.grad_fn is not None:
                     yield f"{name}.parameters()[{f'{module_name}.{attr}'[len(name) + 1:]}]", param
     elif objects > 0 and _of_a_user_class(value):  # a meter's sum, a policy's _moving_avg, a trainer's self.losses
-        for attr, item in list(vars(value).items())[:_CONTAINER_LIMIT]:
+        for attr, item in first_items(vars(value)):
             if not attr.startswith("__") and type(item) not in _INERT:
                 yield from tensors_in(f"{name}.{attr}", item, objects - 1, containers)
+
+
+def first_items(mapping: Any, limit: int = _CONTAINER_LIMIT) -> list[tuple[Any, Any]]:
+    """The first ``limit`` (key, value) pairs of a dict, read at once: the user's code cannot change the dict
+    while they are looked at (a tracer counting into it, another thread), and a huge dict is not copied whole.
+
+    >>> first_items({"a": 1, "b": 2, "c": 3}, limit=2)
+    [('a', 1), ('b', 2)]
+    """
+    return list(islice(mapping.items(), limit))
+
+
+def key_text(key: Any) -> str:
+    """A dict key as a path spells it: its ``repr``, or ``<its type>`` where the user's ``__repr__`` fails (that
+    must not break their loop).
+
+    >>> class Broken:
+    ...     def __repr__(self):
+    ...         raise ValueError
+    >>> key_text("loss"), key_text(Broken())
+    ("'loss'", '<Broken>')
+    """
+    try:
+        return repr(key)
+    except Exception:
+        return f"<{type(key).__name__}>"
 
 
 def tensors_among(names: Iterable[tuple[str, Any]]) -> list[tuple[str, torch.Tensor]]:

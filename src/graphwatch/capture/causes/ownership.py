@@ -29,7 +29,7 @@ import torch
 from ..hooks.optimizer import unwrapped
 from ..lines.frames import local_value, named_values, resolve, user_frames
 from ..lines.source import dotted_name, function_node
-from .holders import _of_a_user_class
+from .held_values import _of_a_user_class, first_items, key_text
 
 _LIMIT = 64  # items looked at per container
 Optimizer = torch.optim.Optimizer
@@ -49,10 +49,10 @@ def _optimizers_in(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str,
         for i, item in enumerate(value[:_LIMIT]):
             yield from _optimizers_in(f"{name}[{i}]", item, depth + 1)
     elif isinstance(value, dict):
-        for key, item in list(value.items())[:_LIMIT]:
-            yield from _optimizers_in(f"{name}[{key!r}]", item, depth + 1)
+        for key, item in first_items(value, _LIMIT):
+            yield from _optimizers_in(f"{name}[{key_text(key)}]", item, depth + 1)
     elif _of_a_user_class(value) and hasattr(value, "__dict__") and not isinstance(value, type):
-        for attr, item in list(vars(value).items())[:_LIMIT]:
+        for attr, item in first_items(vars(value), _LIMIT):
             if not attr.startswith("__"):
                 yield from _optimizers_in(f"{name}.{attr}", item, depth + 1)
 
