@@ -125,3 +125,69 @@ def test_a_leak_first_seen_when_the_script_ends_is_named_at_its_line(tmp_path: P
     )
     assert done.returncode == 0, done.stderr
     _assert_named_at_the_append(graphwatch.load(tmp_path / "out" / "trace.json").findings, "short_run.py:13")
+
+
+def keyed_history(iterations: int = 8) -> dict[str, list]:
+    """A Keras-style history: a dict of lists, each appended to by its key."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    history: dict[str, list] = {"train_loss": [], "lr": []}  # at: created
+    for _ in range(iterations):
+        opt.zero_grad()
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        history["train_loss"].append(loss)  # at: appended
+        history["lr"].append(0.01)
+    return history
+
+
+def test_a_dict_of_lists_is_named_by_its_key_at_the_line_that_appends_by_that_key(
+    at: Callable[[object, str], str],
+) -> None:
+    """``history["train_loss"].append(loss)``: the list under the key keeps the graphs, each of its items one
+    step's loss; named so, at that line, and its items are the losses themselves (no part of an item to store)."""
+    with graphwatch.watch(summary=False, snapshots="off") as gw:
+        keyed_history()
+    kept = [f for f in gw.findings if f.kind == "graph-kept-alive"]
+    assert len(kept) == 1, [str(f) for f in gw.findings]
+    assert kept[0].evidence["holder"] == "history['train_loss']"
+    assert kept[0].evidence["sites"][0] == at(keyed_history, "appended")
+    assert kept[0].evidence["item_path"] is None and kept[0].evidence["kept"]["items"] >= 2
+    assert "the part" not in kept[0].fix and at(keyed_history, "created") not in str(kept[0])
+
+
+RUNNING_TOTALS = """\
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+running = {"loss": 0.0, "batches": 0}
+for _ in range(6):
+    opt.zero_grad()
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward()
+    opt.step()
+    running["loss"] += loss
+    running["batches"] += 1
+"""
+
+
+def test_a_running_total_kept_in_a_dict_is_named_by_its_key_at_the_line_that_adds(tmp_path: Path) -> None:
+    """``running["loss"] += loss`` in a script's globals: the total under the key is the holder, at that line
+    (not the line that made the dict)."""
+    script = tmp_path / "running_totals.py"
+    script.write_text(RUNNING_TOTALS)
+    env = dict(os.environ, PYTHONPATH=str(Path(graphwatch.__file__).parent.parent))
+    done = subprocess.run(
+        [sys.executable, "-m", "graphwatch", "run", "--trace-only", "--out", "out", script.name],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    kept = [f for f in graphwatch.load(tmp_path / "out" / "trace.json").findings if f.kind == "graph-kept-alive"]
+    assert len(kept) == 1, [str(f) for f in kept]
+    assert kept[0].evidence["holder"] == "running['loss']"
+    assert kept[0].evidence["sites"][0] == "running_totals.py:13"

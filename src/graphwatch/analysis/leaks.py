@@ -14,10 +14,11 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
-from ..capture.lines.source import assigned_names
+from ..capture.lines.source import assigned_names, kept_in
 from ..model import CallSite, Finding, Holder, Remedy, StepRecord, StepSpans, Trace
-from ..model.records import held_value
+from ..model.records import held_value, within
 from .evidence import (
     alive_graph_sites,
     backward_name,
@@ -190,9 +191,10 @@ def _finding_key(trace: Trace, holder: Holder) -> str:
 
 
 def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: list[int], moment: dict) -> Finding:
-    name, site_id = _holder_key(holders[0])
+    _, site_id = _holder_key(holders[0])
     live = moment["bytes"]
     site = trace.site(site_id)
+    name = _container(holders[0].name, site)
     graph = alive_graph_sites(trace, kept)
     backwarded = name in _backwarded_names(trace, step)  # its value is backwarded: no .item() or no_grad
     evaluation = _evaluation_lines(trace, set(kept))
@@ -203,7 +205,7 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
     returned = None if site is None or origin is None else {
         "function": origin.function, "at": f"{site.file}:{origin.line}", "value": origin.value
     }  # fmt: skip
-    evidence = {
+    evidence: dict[str, Any] = {
         "key": _finding_key(trace, holders[0]),
         "sites": list(dict.fromkeys(([site.where] if site else []) + fixed_at + graph)),
         "steps": [step.index],
@@ -211,7 +213,7 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
         "holder": name,
         "holder_at": describe(site) if site else f"in {holders[0].scope}",
         "holder_source": site.source if site else None,  # what the line that feeds it reads (see _same_holding)
-        "item_path": holders[-1].name if holders[-1].within else None,  # a tensor inside each item: ``buffer[8][1]``
+        "item_path": holders[-1].name if within(holders[-1].name, name) else None,  # inside each item: ``buffer[8][1]``
         "graph_at": graph,
         "never_backwarded": never_backwarded,
         "evaluation_at": evaluation_at,
@@ -226,7 +228,7 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
         remedies.append(evaluation_remedy(trace, evaluation[0]))
     spelled = _spelled(site, name) if site is not None and not backwarded and not evidence["parameters"] else None
     if site is not None and evidence["item_path"]:  # the line stores more than the tensor: a tuple holding it
-        remedies.append(_part_remedy(site, holders[-1]))
+        remedies.append(_part_remedy(site, holders[-1], within(holders[-1].name, name)))
         spelled = None
     keep = holder_remedy(site, spelled, holders) if site is not None and spelled is not None else None
     remedies += [keep] if keep is not None else [] if remedies else [Remedy(GENERIC)]
@@ -235,11 +237,23 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
     return make_finding("graph-kept-alive", "warning", step.index, evidence, remedies)
 
 
-def _part_remedy(site: CallSite, holder: Holder) -> Remedy:
-    """Advice for a container whose items hold the tensor inside them (a replay buffer's ``(state, action,
-    reward)`` tuples, ``action`` still carrying the rollout's graph): store that part without its graph."""
-    part = stored_part(site.source, holder.within)
-    named = f"`{part}`" if part is not None else f"the part `{holder.within}` of each item"
+def _container(name: str, site: CallSite | None) -> str:
+    """What the holder ``name`` is kept in: the container its line adds to or assigns, where its path runs through
+    it by literal keys (``history['loss']`` for ``history['loss'][3]``, a dict of lists appended to by key), else
+    :func:`held_value` (``buffer`` for ``buffer[3][1]``)."""
+    held = held_value(name)
+    kept = kept_in(site.source) if site is not None else None
+    if kept is not None and len(kept) > len(held) and (name == kept or name.startswith(kept + "[")):
+        return kept
+    return held
+
+
+def _part_remedy(site: CallSite, holder: Holder, part_path: str) -> Remedy:
+    """Advice for a container whose items hold the tensor inside them, at ``part_path`` of each (a replay buffer's
+    ``(state, action, reward)`` tuples, ``action`` still carrying the rollout's graph): store that part without its
+    graph."""
+    part = stored_part(site.source, part_path)
+    named = f"`{part}`" if part is not None else f"the part `{part_path}` of each item"
     return Remedy(
         f"store {named} without its graph at {site.where} (`.detach()` it, or `.item()` for a number): "
         f"`{holder.name}` still carries the graph of the step that made it"

@@ -318,8 +318,18 @@ class Holder:
         >>> Holder("buffer[3][1]", None, "").within, Holder("losses[3]", None, "").within
         ('[1]', '')
         """
-        items = self.name[len(held_value(self.name)) :]
-        return items[items.index("]") + 1 :] if items else ""
+        return within(self.name, held_value(self.name))
+
+
+def within(name: str, container: str) -> str:
+    """The path from the item of ``container`` that the holder ``name`` runs through down to its tensor (see
+    :attr:`Holder.within`).
+
+    >>> within("history['loss'][3]", "history['loss']"), within("history['loss'][3]", "history")
+    ('', '[3]')
+    """
+    items = name[len(container) :]
+    return items[items.index("]") + 1 :] if items else ""
 
 
 @dataclass(slots=True)

@@ -21,8 +21,9 @@ Example::
 
 from __future__ import annotations
 
+import ast
 import functools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
@@ -122,7 +123,19 @@ def assignment_line(code: CodeType, name: str) -> int | None:
     plain assignment (``name = []``); the whole function is read, since in a loop
     that line may lie below the current one (``total += loss`` after ``optimizer.step()``).
     """
-    found = _assignment(code, name.split("[")[0])
+    return _making_line(name, lambda path: _assignment(code, path))
+
+
+def _making_line(name: str, found_for: Callable[[str], tuple[int, bool] | None]) -> int | None:
+    """The line that makes the holder ``name`` hold a graph, ``found_for`` each path: a line that assigns or
+    adds to the innermost container its path names by literal keys (``history['loss'].append(loss)`` for
+    ``history['loss'][3]``, ``running['loss'] += loss`` for ``running['loss']``), else the best of its name's."""
+    head = name.split("[")[0]
+    for end in (i + 1 for i in range(len(name) - 1, len(head) - 1, -1) if name[i] == "]"):
+        found = found_for(name[:end])
+        if found is not None:
+            return found[0]
+    found = found_for(head)
     return found[0] if found else None
 
 
@@ -130,7 +143,13 @@ def assignment_line(code: CodeType, name: str) -> int | None:
 def _assignment(code: CodeType, name: str) -> tuple[int, bool] | None:
     """(line, whether it adds to the value), read once per code object and name (not per holder per step)."""
     node = function_node(code)
-    found = sorted(assignments(node, name), key=lambda pair: (pair[1], pair[0])) if node is not None else []
+    return _best(node, name) if node is not None else None
+
+
+def _best(node: ast.AST, name: str) -> tuple[int, bool] | None:
+    """(line, whether it adds to the value) of the statement under ``node`` that best says where ``name`` holds
+    a graph: the last line that adds to it, else the last that assigns it."""
+    found = sorted(assignments(node, name), key=lambda pair: (pair[1], pair[0]))
     return found[-1] if found else None
 
 
@@ -365,8 +384,7 @@ def _module_of(holder: str) -> str | None:
 
 def _script_line(filename: str, name: str) -> int | None:
     node = module_node(filename)
-    found = sorted(assignments(node, name.split("[")[0]), key=lambda pair: (pair[1], pair[0])) if node else []
-    return found[-1][0] if found else None
+    return _making_line(name, lambda path: _best(node, path)) if node is not None else None
 
 
 def _making_site(recorder: Recorder, frame: FrameType, name: str) -> int | None:

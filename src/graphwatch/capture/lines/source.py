@@ -41,6 +41,53 @@ def dotted_name(node: ast.expr) -> str | None:
     return ".".join(reversed(parts))
 
 
+def held_path(node: ast.expr) -> str | None:
+    """A chain of attributes and literal subscripts on a name as a holder's path spells it (keys by their
+    ``repr``): ``history['loss']``, ``self.meters[0].values``; else None.
+
+    >>> held_path(ast.parse('history["loss"]', mode="eval").body), held_path(ast.parse("f(x).y", mode="eval").body)
+    ("history['loss']", None)
+    """
+    parts = []
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Attribute):
+            parts.append(f".{node.attr}")
+        elif isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, (str, int)):
+            parts.append(f"[{node.slice.value!r}]")
+        else:
+            return None
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return node.id + "".join(reversed(parts))
+
+
+def kept_in(source: str) -> str | None:
+    """The path of what one line of code keeps its value in: what it appends or adds to (``.append``,
+    ``.extend``, ``.add_``, ``+=``) or assigns (one target), as :func:`held_path` spells it; else None.
+
+    >>> kept_in('history["loss"].append(loss)  # every step'), kept_in("running['loss'] += loss"), kept_in("f(x)")
+    ("history['loss']", "running['loss']", None)
+    """
+    try:
+        body = ast.parse(source.strip()).body
+    except SyntaxError:
+        return None
+    statement = body[0] if len(body) == 1 else None
+    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+        func = statement.value.func
+        if isinstance(func, ast.Attribute) and func.attr in _ADDING:
+            return held_path(func.value)
+    if isinstance(statement, (ast.AugAssign, ast.AnnAssign)):
+        return held_path(statement.target)
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+        return held_path(statement.targets[0])
+    return None
+
+
+_ADDING = ("append", "extend", "add_")  # the methods that add a value to what they are called on
+
+
 def inplace_statement(statement: ast.stmt) -> str | None:
     """The name a statement changes in place: ``t[...] = v``, ``t.op_(...)`` (also ``t.mul_(a).add_(b)``),
     ``t += v``; else None.
@@ -187,22 +234,23 @@ def innermost_function(tree: ast.Module, line: int) -> ast.FunctionDef | ast.Asy
 
 
 def assignments(node: ast.AST, name: str) -> Iterator[tuple[int, bool]]:
-    """(line, grows) for each statement under ``node`` that binds the dotted ``name`` or adds to it:
-    ``name = ...`` (also as one target of a tuple), ``name += ...``, ``name.append(...)``/``extend``."""
+    """(line, grows) for each statement under ``node`` that binds ``name`` (dotted, or a :func:`held_path`:
+    ``history['loss']``) or adds to it: ``name = ...`` (also as one target of a tuple), ``name += ...``,
+    ``name.append(...)``/``extend``."""
     for statement in ast.walk(node):
         if isinstance(statement, (ast.Assign, ast.AnnAssign)):
             targets: list[ast.expr] = (
                 list(statement.targets) if isinstance(statement, ast.Assign) else [statement.target]
             )
-            if any(dotted_name(t) == name for t in _flat(targets)):
+            if any(held_path(t) == name for t in _flat(targets)):
                 yield statement.lineno, False
-        elif isinstance(statement, ast.AugAssign) and dotted_name(statement.target) == name:
+        elif isinstance(statement, ast.AugAssign) and held_path(statement.target) == name:
             yield statement.lineno, True
         elif (
             isinstance(statement, ast.Call)
             and isinstance(statement.func, ast.Attribute)
-            and statement.func.attr in ("append", "extend", "add_")
-            and dotted_name(statement.func.value) == name
+            and statement.func.attr in _ADDING
+            and held_path(statement.func.value) == name
         ):
             yield statement.lineno, True
 
