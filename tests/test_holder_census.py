@@ -274,3 +274,24 @@ def test_a_dict_key_whose_repr_raises_is_named_by_its_type_and_the_loop_runs_on(
     paths = {h.name for s in gw.trace.steps for h in s.holders}
     assert any(path.startswith("table[<_ReprFails>][") for path in paths), paths
     assert "graph-kept-alive" in {f.kind for f in gw.findings}
+
+
+class _GoneProxy:
+    """A proxy of the user's whose ``__dict__`` is its target's, and the target is gone: reading it raises."""
+
+    @property
+    def __dict__(self) -> dict:  # type: ignore[override]
+        raise RuntimeError("the proxied object is gone")
+
+
+def test_an_object_whose_attributes_cannot_be_read_is_passed_over_and_the_loop_runs_on(one_thread: None) -> None:
+    """The census looks into objects of the user's classes through their ``__dict__``; one whose ``__dict__``
+    raises is passed over (a graph kept beside it is still found) and the loop trains as without graphwatch."""
+    torch.manual_seed(0)
+    bare = _train(nn.Linear(4, 1))
+    torch.manual_seed(0)
+    proxy, kept = _GoneProxy(), []
+    with graphwatch.watch(summary=False, snapshots="off") as gw:
+        watched = _train(nn.Linear(4, 1), kept.append)
+    assert watched == bare and proxy is not None
+    assert any(h.name.startswith("kept[") for s in gw.trace.steps for h in s.holders)

@@ -42,7 +42,7 @@ from ..graph.graph_walk import METADATA_KEY
 from ..lines.frames import local_value, named_values, user_frames
 from ..lines.source import assignments, function_node
 from .attribute_stores import store_site
-from .held_values import _of_a_user_class, first_items, key_text
+from .held_values import _of_a_user_class, attribute_items, first_items, key_text
 from .holders import parameter_update_site
 from .stores import renewing_site
 from .values import runtime_type, set_to_none
@@ -256,7 +256,7 @@ def _tensors_of(
         for _, item in first_items(value):
             yield from _tensors_of(name, top, item, 1)
     elif depth == 0 and attributes and _of_a_user_class(value):
-        for attr, item in first_items(vars(value)):
+        for attr, item in attribute_items(value):
             yield from _attribute_tensors(f"{name}.{attr}", item, attributes)
 
 
@@ -402,6 +402,6 @@ def _members(value: Any) -> Iterator[tuple[str, Any, str | None]]:
             for attr, item in list(module._buffers.items()):
                 yield (f".{prefix}.{attr}" if prefix else f".{attr}"), item, attr
     elif _of_a_user_class(value) and hasattr(value, "__dict__") and not isinstance(value, type):
-        for attr, item in first_items(vars(value)):
+        for attr, item in attribute_items(value):
             if not attr.startswith("__"):
                 yield f".{attr}", item, attr

@@ -80,7 +80,7 @@ def tensors_in(
                 if param is not None and param.grad_fn is not None:
                     yield f"{name}.parameters()[{f'{module_name}.{attr}'[len(name) + 1:]}]", param
     elif objects > 0 and _of_a_user_class(value):  # a meter's sum, a policy's _moving_avg, a trainer's self.losses
-        for attr, item in first_items(vars(value)):
+        for attr, item in attribute_items(value):
             if not attr.startswith("__") and type(item) not in _INERT:
                 yield from tensors_in(f"{name}.{attr}", item, objects - 1, containers)
 
@@ -93,6 +93,22 @@ def first_items(mapping: Any, limit: int = _CONTAINER_LIMIT) -> list[tuple[Any, 
     [('a', 1), ('b', 2)]
     """
     return list(islice(mapping.items(), limit))
+
+
+def attribute_items(value: Any, limit: int = _CONTAINER_LIMIT) -> list[tuple[str, Any]]:
+    """The first ``limit`` attributes of an object (its ``__dict__``'s items, read at once), or none where reading
+    them raises (a proxy's ``__dict__`` property whose target is gone): that must not break the user's loop.
+
+    >>> class Meter:
+    ...     def __init__(self):
+    ...         self.sum, self.count = 0.0, 0
+    >>> attribute_items(Meter())
+    [('sum', 0.0), ('count', 0)]
+    """
+    try:
+        return first_items(vars(value), limit)
+    except Exception:
+        return []
 
 
 def key_text(key: Any) -> str:
@@ -198,7 +214,12 @@ def _of_a_user_class(value: Any) -> bool:
     if isinstance(name, str) and name in _BUILTIN_MODULES:  # sys, gc, time: no file, never the user's
         return False
     filename = getattr(module, "__file__", None) or ""  # none: __main__ in a notebook or with python -c
-    return _is_users_file(filename) and hasattr(value, "__dict__")
+    if not _is_users_file(filename):
+        return False
+    try:
+        return hasattr(value, "__dict__")
+    except Exception:  # a proxy's ``__dict__`` property that raises: not looked into (nor their loop broken)
+        return False
 
 
 def _is_users_file(filename: str) -> bool:

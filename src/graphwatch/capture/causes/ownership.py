@@ -29,7 +29,7 @@ import torch
 from ..hooks.optimizer import unwrapped
 from ..lines.frames import local_value, named_values, resolve, user_frames
 from ..lines.source import dotted_name, function_node
-from .held_values import _of_a_user_class, first_items, key_text
+from .held_values import _of_a_user_class, attribute_items, first_items, key_text
 
 _LIMIT = 64  # items looked at per container
 Optimizer = torch.optim.Optimizer
@@ -52,7 +52,7 @@ def _optimizers_in(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str,
         for key, item in first_items(value, _LIMIT):
             yield from _optimizers_in(f"{name}[{key_text(key)}]", item, depth + 1)
     elif _of_a_user_class(value) and hasattr(value, "__dict__") and not isinstance(value, type):
-        for attr, item in first_items(vars(value), _LIMIT):
+        for attr, item in attribute_items(value, _LIMIT):
             if not attr.startswith("__"):
                 yield from _optimizers_in(f"{name}.{attr}", item, depth + 1)
 
