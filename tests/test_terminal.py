@@ -18,6 +18,8 @@ from graphwatch.rendering import charts, sources, terminal, wording
 from graphwatch.rendering.terminal import Summary, make_console, print_summary
 
 ANSI = re.compile(r"\x1b\[")
+# (named here: the summary's patch shows the lines around the one it edits, which must not spell it)
+FIXES_HEADING = "Fixes, best first:"
 HERE = Path(__file__).name
 
 
@@ -234,9 +236,9 @@ def test_a_backward_twice_explanation_is_printed_once() -> None:
         y.backward()
         y.backward()
     finding = next(f for f in gw.findings if f.kind == "backward-through-freed-graph")
-    assert finding.message in str(raised.value) and "Fixes, best first:" in str(raised.value)
+    assert finding.message in str(raised.value) and FIXES_HEADING in str(raised.value)
     text = render(Summary(gw.trace))
-    assert "Fixes, best first:" not in text and "fix: " not in text and finding.message not in text
+    assert FIXES_HEADING not in text and "fix: " not in text and finding.message not in text
     assert "explained, with its fixes, in the error that ended the run" in text
     assert "the run ended early: BackwardTwiceError\n" in text
 
@@ -287,3 +289,30 @@ def test_output_to_no_terminal_is_not_hard_wrapped(rnn_leak: Trace, monkeypatch:
     assert patched, "no patch to look at"
     assert not [line for line in lines if line.endswith(" ") and line not in patched]
     assert all(f.patch in out.getvalue() for f in rnn_leak.findings if f.patch)
+
+
+def test_a_sampled_table_of_a_run_with_no_finding_names_no_finding_in_its_caption() -> None:
+    """30 clean steps: the table shows the first and the last, and says only that (no finding was seen)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with graphwatch.watch(summary=False, snapshots="off") as gw:
+        for _ in range(30):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            opt.step()
+    assert not gw.findings
+    out = render(Summary(gw.trace))
+    shown = step_rows(out)
+    assert shown == [0, 1, 2, 3, 4, 25, 26, 27, 28, 29]
+    assert re.search(r"^10 of 30 steps shown: the first and the last *$", out, re.MULTILINE), out
+
+
+def test_the_reasons_for_full_detail_past_those_listed_are_counted_in_the_right_number() -> None:
+    from graphwatch.model import DetailSpan, StepRecord
+
+    steps = [StepRecord(index=i, source="optimizer") for i in range(100)]
+    spans = [DetailSpan(0, 3, "first steps"), DetailSpan(20, 21, "a signal"), DetailSpan(64, 65, "sampled")]
+    trace = Trace(options={"level": "default"}, steps=steps, full_detail=spans)
+    assert "(first steps); 2 more reasons; the other" in wording.detail_text(trace, groups=1)
+    assert "(a signal); 1 more reason; the other" in wording.detail_text(trace, groups=2)

@@ -194,8 +194,8 @@ class Summary:
             box=box.SIMPLE_HEAD,
             title="per step",
             title_justify="left",
-            caption=None if shown == len(steps) else f"{shown} of {len(steps)} steps shown: the first, the last, "
-            "and each step where a finding was first seen",
+            caption=None if shown == len(steps) else f"{shown} of {len(steps)} steps shown: "
+            + ("the first, the last, and each step where a finding was first seen" if marks else "the first and the last"),
             caption_justify="left",
         )
         cpu = bool(self.trace.seconds)  # recorded (a trace of an older graphwatch has no CPU times)

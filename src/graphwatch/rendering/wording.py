@@ -216,7 +216,7 @@ def detail_text(trace: Trace, groups: int = 6) -> str:
         for reason, spans in list(by_reason.items())[:groups]
     ]
     if len(by_reason) > groups:
-        parts.append(f"{len(by_reason) - groups} more reasons")
+        parts.append(counted(len(by_reason) - groups, "more reason"))
     listed = "; ".join(parts) + "; " if parts else ""
     return (
         f"full detail in {counted(full, 'step')} of {total:,}: {listed}the other {total - full:,} were seen light "
