@@ -295,3 +295,21 @@ def test_an_object_whose_attributes_cannot_be_read_is_passed_over_and_the_loop_r
         watched = _train(nn.Linear(4, 1), kept.append)
     assert watched == bare and proxy is not None
     assert any(h.name.startswith("kept[") for s in gw.trace.steps for h in s.holders)
+
+
+class _GoneProxyTrainer(_GoneProxy):
+    """A trainer whose ``__dict__`` raises, running the loop in its own method: ``self`` is one of the frame's
+    names that graphwatch reads (parameter names at the first optimizer step, the holder census)."""
+
+    def run(self) -> list[float]:
+        self.model = nn.Linear(4, 1)  # (stored in the instance, though reading its __dict__ raises)
+        return _train(self.model)
+
+
+def test_a_loop_run_by_an_object_whose_attributes_cannot_be_read_trains_as_without_graphwatch(one_thread: None) -> None:
+    torch.manual_seed(0)
+    bare = _GoneProxyTrainer().run()
+    torch.manual_seed(0)
+    with graphwatch.watch(summary=False) as gw:  # (the first backward's snapshot names parameters through self too)
+        watched = _GoneProxyTrainer().run()
+    assert watched == bare and len(gw.trace.steps) == 12 and gw.trace.snapshots

@@ -51,6 +51,7 @@ from .capture import Recorder, frontier, path_to, quick_walk, root_records, walk
 from .capture.causes.carriers import name_carrier
 from .capture.causes.ddp_frames import find_ddp_cause
 from .capture.causes.error_frames import engine_inputs, find_leaf_inplace, find_non_scalar, find_unused_input
+from .capture.causes.held_values import attribute_items
 from .capture.causes.holders import parameter_names
 from .capture.causes.inplace import InplaceFinder
 from .capture.causes.no_grad import find_no_grad
@@ -351,8 +352,8 @@ def _parameter_names(frame: Any, limit: int = 8) -> dict[str, torch.Tensor]:
     frames = list(user_frames(frame))[:limit]
     for user_frame in frames:
         owner = local_value(user_frame, "self")
-        if owner is not None and not isinstance(owner, torch.nn.Module) and hasattr(owner, "__dict__"):
-            for attr, module in list(vars(owner).items()):  # (a module as ``self`` is a frame's module already)
+        if owner is not None and not isinstance(owner, torch.nn.Module):
+            for attr, module in attribute_items(owner, None):  # (a module as ``self`` is a frame's module already)
                 if isinstance(module, torch.nn.Module) and not attr.startswith("_"):
                     for name, param in module.named_parameters(prefix=f"self.{attr}"):
                         add(name, param)

@@ -85,7 +85,7 @@ def tensors_in(
                 yield from tensors_in(f"{name}.{attr}", item, objects - 1, containers)
 
 
-def first_items(mapping: Any, limit: int = _CONTAINER_LIMIT) -> list[tuple[Any, Any]]:
+def first_items(mapping: Any, limit: int | None = _CONTAINER_LIMIT) -> list[tuple[Any, Any]]:
     """The first ``limit`` (key, value) pairs of a dict, read at once: the user's code cannot change the dict
     while they are looked at (a tracer counting into it, another thread), and a huge dict is not copied whole.
 
@@ -95,9 +95,10 @@ def first_items(mapping: Any, limit: int = _CONTAINER_LIMIT) -> list[tuple[Any, 
     return list(islice(mapping.items(), limit))
 
 
-def attribute_items(value: Any, limit: int = _CONTAINER_LIMIT) -> list[tuple[str, Any]]:
-    """The first ``limit`` attributes of an object (its ``__dict__``'s items, read at once), or none where reading
-    them raises (a proxy's ``__dict__`` property whose target is gone): that must not break the user's loop.
+def attribute_items(value: Any, limit: int | None = _CONTAINER_LIMIT) -> list[tuple[str, Any]]:
+    """The first ``limit`` (None: all) attributes of an object (its ``__dict__``'s items, read at once), or none
+    where reading them raises (a proxy's ``__dict__`` property whose target is gone, an object with no
+    ``__dict__``): that must not break the user's loop.
 
     >>> class Meter:
     ...     def __init__(self):

@@ -44,6 +44,7 @@ from ...model.training import OptimizerRecord, ParameterRecord
 from ..hooks.optimizer import is_wrapper, unwrapped
 from ..lines.callsite import in_installed_package
 from ..lines.frames import local_value, user_frames
+from .held_values import attribute_items
 from .holders import parameter_names
 
 _PARAMS = itemgetter("params")  # a param group's parameters
@@ -213,7 +214,7 @@ def _variables_of(user_frame: FrameType) -> list[tuple[str, Any]]:
     names = (*code.co_varnames, *code.co_cellvars) if code.co_flags & inspect.CO_OPTIMIZED else ()  # a function
     found = [(name, local_value(user_frame, name)) for name in names]
     owner = local_value(user_frame, "self") if "self" in names else None
-    if owner is not None and hasattr(owner, "__dict__"):
-        found += [(f"self.{attr}", value) for attr, value in list(vars(owner).items()) if not attr.startswith("_")]
+    if owner is not None:
+        found += [(f"self.{attr}", value) for attr, value in attribute_items(owner, None) if not attr.startswith("_")]
     found += [(name, value) for name, value in list(user_frame.f_globals.items()) if not name.startswith("_")]
     return found
