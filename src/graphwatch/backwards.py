@@ -352,14 +352,14 @@ def _parameter_names(frame: Any, limit: int = 8) -> dict[str, torch.Tensor]:
     frames = list(user_frames(frame))[:limit]
     for user_frame in frames:
         owner = local_value(user_frame, "self")
-        if owner is not None and not isinstance(owner, torch.nn.Module):
+        if owner is not None and not issubclass(type(owner), torch.nn.Module):
             for attr, module in attribute_items(owner, None):  # (a module as ``self`` is a frame's module already)
-                if isinstance(module, torch.nn.Module) and not attr.startswith("_"):
+                if issubclass(type(module), torch.nn.Module) and not attr.startswith("_"):
                     for name, param in module.named_parameters(prefix=f"self.{attr}"):
                         add(name, param)
     for user_frame in frames:
         for name, value in _variables(user_frame):
-            if isinstance(value, torch.Tensor) and value.is_leaf and value.requires_grad and not name.startswith("_"):
+            if issubclass(type(value), torch.Tensor) and value.is_leaf and value.requires_grad and not name.startswith("_"):
                 add(name, value)
     return names
 

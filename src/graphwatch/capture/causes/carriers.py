@@ -42,7 +42,7 @@ from ..graph.graph_walk import METADATA_KEY
 from ..lines.frames import local_value, named_values, user_frames
 from ..lines.source import assignments, function_node
 from .attribute_stores import store_site
-from .held_values import _of_a_user_class, attribute_items, first_items, key_text
+from .held_values import _of_a_user_class, attribute_items, first_items, key_text, sequence_items
 from .holders import parameter_update_site
 from .stores import renewing_site
 from .values import runtime_type, set_to_none
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
     from ...model import NodeRecord
     from ..recorder import Recorder
 
-_CONTAINER_LIMIT = 64
 _HELPER = re.compile(r"repackage|detach", re.IGNORECASE)
 
 
@@ -103,10 +102,10 @@ def _parameters_carrying(
     library's fast weights, made out of place)."""
     for frame in frames:
         for name, value in named_values(frame):
-            if not isinstance(value, torch.nn.Module):
+            if not issubclass(type(value), torch.nn.Module):
                 continue
             for parameter in value.parameters():
-                if not isinstance(parameter, torch.nn.Parameter) or parameter.grad_fn is None:
+                if not issubclass(type(parameter), torch.nn.Parameter) or parameter.grad_fn is None:
                     continue
                 if _made_from(parameter, carrier, recorder.step):
                     holder = f"{name}.parameters()"
@@ -223,7 +222,7 @@ def frontier(roots: list[Any], step: int) -> list[tuple[int, int]]:
 
 def detach_statement(name: str, value: Any, namespace: dict) -> str:
     """The statement that keeps ``name``'s value and cuts its graph."""
-    if isinstance(value, torch.Tensor):
+    if issubclass(type(value), torch.Tensor):
         return f"{name} = {name}.detach()"
     helper = next((n for n, v in namespace.items() if _HELPER.search(n) and inspect.isfunction(v)), None)
     if helper is not None:
@@ -242,17 +241,17 @@ def _named_tensors(frame: FrameType, attributes: bool = False) -> Iterator[tuple
 def _tensors_of(
     name: str, top: Any, value: Any, depth: int = 0, attributes: bool = False
 ) -> Iterator[tuple[str, Any, torch.Tensor]]:
-    if isinstance(value, torch.Tensor):
+    if issubclass(type(value), torch.Tensor):
         if value.grad_fn is not None:
             yield name, top, value
-    elif isinstance(value, torch.nn.Module):
+    elif issubclass(type(value), torch.nn.Module):
         for module in list(value.modules()):
             for attr, item in list(vars(module).items()):
                 yield from _attribute_tensors(f"self.{attr}" if module is not value else f"{name}.{attr}", item, attributes)
-    elif depth < 2 and isinstance(value, (list, tuple)):  # a list of per-layer (h, c) states too
-        for item in value[-_CONTAINER_LIMIT:]:
+    elif depth < 2 and issubclass(type(value), (list, tuple)):  # a list of per-layer (h, c) states too
+        for item in sequence_items(value, last=True)[1]:
             yield from _tensors_of(name, top, item, depth + 1)
-    elif depth == 0 and isinstance(value, dict):
+    elif depth == 0 and issubclass(type(value), dict):
         for _, item in first_items(value):
             yield from _tensors_of(name, top, item, 1)
     elif depth == 0 and attributes and _of_a_user_class(value):
@@ -262,10 +261,10 @@ def _tensors_of(
 
 def _attribute_tensors(label: str, item: Any, tuples: bool) -> Iterator[tuple[str, Any, torch.Tensor]]:
     """An attribute's tensor with a graph, and with ``tuples`` those of a tuple it holds."""
-    if isinstance(item, torch.Tensor) and item.grad_fn is not None:
+    if issubclass(type(item), torch.Tensor) and item.grad_fn is not None:
         yield label, item, item
-    elif tuples and isinstance(item, tuple):
-        yield from ((label, item, t) for t in item if isinstance(t, torch.Tensor) and t.grad_fn is not None)
+    elif tuples and issubclass(type(item), tuple):
+        yield from ((label, item, t) for t in item if issubclass(type(t), torch.Tensor) and t.grad_fn is not None)
 
 
 def _loop_carried(frame: FrameType) -> set[str]:
@@ -328,7 +327,7 @@ def _carried_together(frame: FrameType, name: str, line: int | None, carried: se
 
 
 def _holds_graph(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.grad_fn is not None
+    return issubclass(type(value), torch.Tensor) and value.grad_fn is not None
 
 
 def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
@@ -379,7 +378,7 @@ def holders_of(start: FrameType | None, node: Any, limit: int = 8, budget: int =
         if value is None or id(value) in seen:
             continue
         seen.add(id(value))
-        if isinstance(value, torch.Tensor):
+        if issubclass(type(value), torch.Tensor):
             if value.grad_fn is node:
                 found.setdefault(label, attr)
         elif depth < 3:
@@ -390,18 +389,18 @@ def holders_of(start: FrameType | None, node: Any, limit: int = 8, budget: int =
 def _members(value: Any) -> Iterator[tuple[str, Any, str | None]]:
     """(how to spell the member after its owner's name, the member, its attribute name) of a container, a
     module or an object of the user's own class."""
-    if isinstance(value, (list, tuple)):
-        yield from ((f"[{i}]", item, None) for i, item in enumerate(value[:_CONTAINER_LIMIT]))
-    elif isinstance(value, dict):
+    if issubclass(type(value), (list, tuple)):
+        yield from ((f"[{i}]", item, None) for i, item in enumerate(sequence_items(value)[1]))
+    elif issubclass(type(value), dict):
         yield from ((f"[{key_text(k)}]", item, None) for k, item in first_items(value))
-    elif isinstance(value, torch.nn.Module):
+    elif issubclass(type(value), torch.nn.Module):
         for prefix, module in list(value.named_modules()):
             for attr, item in list(vars(module).items()):
-                if not attr.startswith("_") and not isinstance(item, torch.nn.Module):
+                if not attr.startswith("_") and not issubclass(type(item), torch.nn.Module):
                     yield (f".{prefix}.{attr}" if prefix else f".{attr}"), item, attr
             for attr, item in list(module._buffers.items()):
                 yield (f".{prefix}.{attr}" if prefix else f".{attr}"), item, attr
-    elif _of_a_user_class(value) and hasattr(value, "__dict__") and not isinstance(value, type):
+    elif _of_a_user_class(value) and hasattr(value, "__dict__") and not issubclass(type(value), type):
         for attr, item in attribute_items(value):
             if not attr.startswith("__"):
                 yield f".{attr}", item, attr

@@ -54,24 +54,24 @@ def tensors_in(
     last 64) or dict (the first 64) and what they hold (``containers`` levels of them), the attributes of an
     ``nn.Module``'s submodules and of objects of the user's classes, private ones too (``objects`` levels of
     them).  A path is built only for a tensor found."""
-    if isinstance(value, torch.Tensor):
+    if issubclass(type(value), torch.Tensor):
         if value.grad_fn is not None:
             yield name, value
-    elif isinstance(value, (list, tuple)):
+    elif issubclass(type(value), (list, tuple)):
         if containers > 0:
-            first = max(len(value) - _CONTAINER_LIMIT, 0)
-            for i, item in enumerate(value[first:], first):
+            first, items = sequence_items(value, last=True)
+            for i, item in enumerate(items, first):
                 if type(item) not in _INERT:
                     yield from tensors_in(f"{name}[{i}]", item, objects, containers - 1)
-    elif isinstance(value, dict):
+    elif issubclass(type(value), dict):
         if containers > 0:
             for key, item in first_items(value):
                 if type(item) not in _INERT:
                     yield from tensors_in(f"{name}[{key_text(key)}]", item, objects, containers - 1)
-    elif isinstance(value, torch.nn.Module):
+    elif issubclass(type(value), torch.nn.Module):
         for module_name, module in list(value.named_modules(prefix=name)):
             for attr, item in list(vars(module).items()):  # a list kept on self too
-                if not attr.startswith("_") and type(item) not in _INERT and not isinstance(item, torch.nn.Module):
+                if not attr.startswith("_") and type(item) not in _INERT and not issubclass(type(item), torch.nn.Module):
                     yield from tensors_in(f"{module_name}.{attr}", item, objects - 1, containers)
             for attr, buffer in list(module._buffers.items()):  # a running statistic updated outside no_grad
                 if buffer is not None:
@@ -86,13 +86,27 @@ def tensors_in(
 
 
 def first_items(mapping: Any, limit: int | None = _CONTAINER_LIMIT) -> list[tuple[Any, Any]]:
-    """The first ``limit`` (key, value) pairs of a dict, read at once: the user's code cannot change the dict
-    while they are looked at (a tracer counting into it, another thread), and a huge dict is not copied whole.
+    """The first ``limit`` (key, value) pairs of a dict (or of a class's mapping proxy), read at once by the dict's
+    own method: the user's code cannot change the dict while they are looked at (a tracer counting into it,
+    another thread), a subclass's ``items()`` is not called, and a huge dict is not copied whole.
 
     >>> first_items({"a": 1, "b": 2, "c": 3}, limit=2)
     [('a', 1), ('b', 2)]
     """
-    return list(islice(mapping.items(), limit))
+    items = dict.items(mapping) if issubclass(type(mapping), dict) else mapping.items()
+    return list(islice(items, limit))
+
+
+def sequence_items(sequence: list | tuple, limit: int = _CONTAINER_LIMIT, last: bool = False) -> tuple[int, list]:
+    """(the index of the first, the items) of the first (or ``last``) ``limit`` items of a list or tuple, read at
+    once by its base type's own methods: a subclass's ``__len__`` or ``__getitem__`` is not called.
+
+    >>> sequence_items(list(range(100)), limit=3), sequence_items(tuple(range(100)), limit=2, last=True)
+    ((0, [0, 1, 2]), (98, (98, 99)))
+    """
+    base: Any = list if issubclass(type(sequence), list) else tuple
+    first = max(base.__len__(sequence) - limit, 0) if last else 0
+    return first, base.__getitem__(sequence, slice(first, first + limit))
 
 
 def attribute_items(value: Any, limit: int | None = _CONTAINER_LIMIT) -> list[tuple[str, Any]]:
@@ -143,7 +157,7 @@ def hook_closures(values: Iterable[Any]) -> Iterator[tuple[types.FunctionType, l
     the variable (``activations[3]``)."""
     seen: set[int] = set()
     for value in values:
-        if not isinstance(value, torch.nn.Module):
+        if not issubclass(type(value), torch.nn.Module):
             continue
         for module in value.modules():
             hooks = [hook for attr in _HOOKS for hook in getattr(module, attr, {}).values()]

@@ -108,7 +108,7 @@ def parameter_names(start: FrameType | None, limit: int = 8) -> dict[str, torch.
         drop_locals_snapshot(frame, local_names)  # (the values seen must not outlive this look)
         del local_names
         for var, value in items:
-            if isinstance(value, torch.nn.Module) and not var.startswith("_"):
+            if issubclass(type(value), torch.nn.Module) and not var.startswith("_"):
                 for name, param in value.named_parameters(prefix=var):
                     if id(param) not in seen:
                         seen.add(id(param))
@@ -366,7 +366,7 @@ def parameter_update_site(
     there is no such line or more than one."""
     module = resolve(frame, _module_of(holder) or "", script)
     file = (script or {}).get("__file__")
-    if not isinstance(module, torch.nn.Module) or (frame is None and not isinstance(file, str)):
+    if not issubclass(type(module), torch.nn.Module) or (frame is None and not isinstance(file, str)):
         return None
     parameters = {id(p) for p in module.parameters() if isinstance(p, torch.nn.Parameter)}  # (not fast weights)
     tree = function_node(frame.f_code) if frame is not None else module_node(str(file))

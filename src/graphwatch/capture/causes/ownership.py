@@ -29,7 +29,7 @@ import torch
 from ..hooks.optimizer import unwrapped
 from ..lines.frames import local_value, named_values, resolve, user_frames
 from ..lines.source import dotted_name, function_node
-from .held_values import _of_a_user_class, attribute_items, first_items, key_text
+from .held_values import _of_a_user_class, attribute_items, first_items, key_text, sequence_items
 
 _LIMIT = 64  # items looked at per container
 Optimizer = torch.optim.Optimizer
@@ -41,17 +41,17 @@ def parameter_ids(optimizer: Optimizer) -> set[int]:
 
 
 def _optimizers_in(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, Optimizer]]:
-    if isinstance(value, Optimizer):
+    if issubclass(type(value), Optimizer):
         yield name, cast(Optimizer, unwrapped(value))  # (a wrapper is the optimizer it wraps: that one steps)
-    elif depth >= 2 or isinstance(value, (str, bytes, torch.Tensor, torch.nn.Module)):
+    elif depth >= 2 or issubclass(type(value), (str, bytes, torch.Tensor, torch.nn.Module)):
         return
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value[:_LIMIT]):
+    elif issubclass(type(value), (list, tuple)):
+        for i, item in enumerate(sequence_items(value, _LIMIT)[1]):
             yield from _optimizers_in(f"{name}[{i}]", item, depth + 1)
-    elif isinstance(value, dict):
+    elif issubclass(type(value), dict):
         for key, item in first_items(value, _LIMIT):
             yield from _optimizers_in(f"{name}[{key_text(key)}]", item, depth + 1)
-    elif _of_a_user_class(value) and hasattr(value, "__dict__") and not isinstance(value, type):
+    elif _of_a_user_class(value) and hasattr(value, "__dict__") and not issubclass(type(value), type):
         for attr, item in attribute_items(value, _LIMIT):
             if not attr.startswith("__"):
                 yield from _optimizers_in(f"{name}.{attr}", item, depth + 1)
@@ -74,7 +74,7 @@ def stepping_optimizer(start: FrameType | None) -> Optimizer | None:
     while frame is not None:
         if frame.f_code.co_name == "step":
             owner = local_value(frame, "self")
-            if isinstance(owner, Optimizer):
+            if issubclass(type(owner), Optimizer):
                 return owner
         frame = frame.f_back
     return None
@@ -106,7 +106,7 @@ def optimizer_stepping_after(frame: FrameType, line: int) -> tuple[str, Optimize
                 continue
             for name in names:
                 value = resolve(frame, name)
-                if isinstance(value, Optimizer):
+                if issubclass(type(value), Optimizer):
                     return name, value
     return None
 

@@ -181,7 +181,7 @@ def _tensor_names(frame: FrameType | None) -> dict[str, torch.Tensor]:
     names = parameter_names(frame)
     seen = {id(t) for t in names.values()}
     for name, value in _frame_variables(frame):
-        if isinstance(value, torch.Tensor) and value.is_leaf and id(value) not in seen:
+        if issubclass(type(value), torch.Tensor) and value.is_leaf and id(value) not in seen:
             seen.add(id(value))
             names[name] = value
     return names
