@@ -457,3 +457,41 @@ def test_hooks_the_user_keeps_entered_across_a_boundary_stay_on_top() -> None:
         context.__exit__(None, None, None)
     assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
     assert gw.trace.steps[5].saved_packed == 0
+
+
+# ------------------------------------------------------------------ steps of growing length
+def growing_episodes(steps: int = 200, kept_from: int | None = None) -> None:
+    """A policy-gradient loop: one episode per step, one forward per time step and a backward of their sum, the
+    episodes longer as training goes on (5 time steps at first, 54 at the end); from step ``kept_from`` on, the
+    episodes' returns are added up with their graphs."""
+    torch.manual_seed(0)
+    policy = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(policy.parameters(), lr=0.01)
+    total = 0.0
+    for step in range(steps):
+        returns = [policy(torch.randn(1, 4)).sum() for _ in range(5 + step // 4)]
+        episode = torch.stack(returns).sum()
+        opt.zero_grad()
+        episode.pow(2).backward()
+        opt.step()
+        if kept_from is not None and step >= kept_from:
+            total = total + episode  # at: growing-total
+
+
+def test_episodes_that_grow_as_the_agent_learns_are_looked_at_a_few_times_not_at_every_longest_one() -> None:
+    """Every fourth episode is the longest yet: a signal each time without the slack (about 50 of 200 steps
+    held in full detail); with it, the margin doubles after each look that found nothing."""
+    with watch() as gw:
+        growing_episodes()
+    made = [span for span in gw.trace.full_detail if "autograd nodes" in span.reason]
+    assert 1 <= len(made) <= 5, [span.reason for span in made]
+    assert not gw.findings and len(full_steps(gw)) <= FIRST_STEPS + 1 + 5 * HOLD_STEPS
+
+
+def test_an_accumulator_that_starts_after_the_episodes_grew_is_found_as_at_the_full_level() -> None:
+    with watch() as gw:
+        growing_episodes(300, kept_from=150)
+    finding = only(gw.findings, "graph-kept-alive")
+    assert finding.evidence["holder"] == "total" and at("growing-total") in finding.evidence["sites"]
+    assert finding.step <= 256  # (at the latest by the sampled step: the slack leaves no node-count signal)
+    assert sorted(f.kind for f in gw.findings) == [kind for kind, _ in findings_at("full", lambda: growing_episodes(300, 150))]

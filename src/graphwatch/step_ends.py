@@ -70,7 +70,7 @@ class StepEnds:
             census = adaptive and (final or self._made_signal(step, recorder.nodes_made()) or self._held_signal(frame, step))
         else:  # steps 0, 1, 2, 4, 8, ... (HolderSearch), and the first after steps seen light
             census = final or step & (step - 1) == 0 or (adaptive and not plan.is_full(step - 1))
-            self._signals.step_made(step, recorder.nodes_made())  # (learnt: no signal on a full step)
+            self._signals.step_made(step, recorder.nodes_made(), learn=True)  # (no signal on a full step)
         looks = (frame is not None or final) and (census or not light)
         if looks:
             current.holders = self._holders.at_step_end(recorder, frame, census, script if final else None)
@@ -92,6 +92,7 @@ class StepEnds:
         new = [f for f in found if self._log.add(f)]
         if new:
             recorder.keep_detail(record.index)
+            self._signals.found_something()
         if adaptive and not light:
             self._full_step_signals(record, new)
         for finding in found:  # new, or refreshed with this step's figures

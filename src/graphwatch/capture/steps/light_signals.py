@@ -13,6 +13,9 @@ left costs a few attribute reads per backward and per step end:
 - a step that made more, or fewer, autograd nodes than any step before it (the
   node sequence numbers at its bounds): a first validation pass without
   ``no_grad``, a branch first taken, an accumulator that starts adding graphs;
+  since the last finding, each such signal widens the margin the next needs
+  (:data:`MADE_SLACK_FIRST`): episodes that grow as an agent learns are looked
+  at a few times, not at every new longest one;
 - resident memory grown by :data:`RSS_GROWTH` (and at least :data:`RSS_MINIMUM`)
   since the last step seen in full detail;
 - at the first light step ends (:data:`CENSUS_AT`), a tensor the user's frames
@@ -28,6 +31,8 @@ Example::
     (None, None)
     >>> signals.step_made(2, 151)
     'a new code path: step 2 made 151 autograd nodes (120 before)'
+    >>> signals.step_made(3, 160), signals.step_made(4, 200)  # (160 is within an eighth of 151)
+    (None, 'a new code path: step 4 made 200 autograd nodes (120 to 160 before)')
 """
 
 from __future__ import annotations
@@ -39,6 +44,11 @@ from typing import Any
 from ..causes.holders import tensors_in_user_frames
 
 CENSUS_AT = (1, 2, 4, 8)  # light step ends (counted from the session's start) that look at what the frames hold
+# A loop whose steps differ in length (a reinforcement-learning episode per step, longer as the agent learns)
+# makes more nodes than any step before again and again, on the same code path: each node-count signal since the
+# last finding widens the margin the next one needs, an eighth, a quarter, ... up to twice the most (or half the
+# fewest) before; a finding resets it.
+MADE_SLACK_FIRST, MADE_SLACK_MOST = 1 / 8, 1.0
 RSS_GROWTH = 0.25  # growth since the last full step that asks for a look: a quarter...
 RSS_MINIMUM = 64 << 20  # ...and at least this many bytes
 
@@ -53,6 +63,7 @@ class LightSignals:
         self._optimizer_sites: set[int | None] = set()
         self._eval_sites: set[int | None] = set()
         self._made: tuple[int, int] | None = None  # fewest and most nodes a step made so far
+        self._made_slack = 0.0  # how far past them a count must lie to be a signal: earned by signals since a finding
         self._rss_base = 0  # resident memory at the last full step's end
         self._light_ends = 0
         self._old_roots: set[int] = set()  # sequence numbers of the old graphs' roots already signalled
@@ -93,9 +104,10 @@ class LightSignals:
         self._eval_sites.add(site)
         return f"a new code path: a module switched to evaluation mode at {self._where(site)}"
 
-    def step_made(self, step: int, nodes: int) -> str | None:
+    def step_made(self, step: int, nodes: int, learn: bool = False) -> str | None:
         """Step ``step`` made ``nodes`` autograd nodes: a new code path when no step before made as many (or as
-        few)."""
+        few), by more than the slack that earlier such signals earned (``learn``: a step seen in full detail,
+        whose count is only learnt)."""
         made = self._made
         if made is None:
             self._made = (nodes, nodes)
@@ -104,8 +116,16 @@ class LightSignals:
         if low <= nodes <= high:
             return None
         self._made = (min(low, nodes), max(high, nodes))
+        slack = 1 + self._made_slack
+        if learn or (low <= nodes * slack and nodes <= high * slack):  # (within the slack)
+            return None
+        self._made_slack = min(MADE_SLACK_MOST, max(MADE_SLACK_FIRST, 2 * self._made_slack))
         before = f"{low:,}" if low == high else f"{low:,} to {high:,}"
         return f"a new code path: step {step} made {nodes:,} autograd nodes ({before} before)"
+
+    def found_something(self) -> None:
+        """A finding was made: a step's node count is a signal again at any change (no slack)."""
+        self._made_slack = 0.0
 
     def looks_at_held(self) -> bool:
         """Whether this light step's end is one that looks at what the frames hold (:meth:`held_graph`)."""
