@@ -54,17 +54,22 @@ def rnn_leak() -> Trace:
     return gw.trace
 
 
-@pytest.fixture(scope="module")
-def clean() -> Trace:
+def clean_run(steps: int) -> Trace:
+    """The trace of ``steps`` clean SGD steps of a small MLP."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with graphwatch.watch(summary=False, snapshots="off") as gw:
-        for _ in range(8):
+        for _ in range(steps):
             opt.zero_grad()
             model(torch.randn(8, 4)).pow(2).mean().backward()
             opt.step()
     return gw.trace
+
+
+@pytest.fixture(scope="module")
+def clean() -> Trace:
+    return clean_run(8)
 
 
 @pytest.fixture(scope="module")
@@ -293,16 +298,9 @@ def test_output_to_no_terminal_is_not_hard_wrapped(rnn_leak: Trace, monkeypatch:
 
 def test_a_sampled_table_of_a_run_with_no_finding_names_no_finding_in_its_caption() -> None:
     """30 clean steps: the table shows the first and the last, and says only that (no finding was seen)."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with graphwatch.watch(summary=False, snapshots="off") as gw:
-        for _ in range(30):
-            opt.zero_grad()
-            model(torch.randn(8, 4)).pow(2).mean().backward()
-            opt.step()
-    assert not gw.findings
-    out = render(Summary(gw.trace))
+    trace = clean_run(30)
+    assert not trace.findings
+    out = render(Summary(trace))
     shown = step_rows(out)
     assert shown == [0, 1, 2, 3, 4, 25, 26, 27, 28, 29]
     assert re.search(r"^10 of 30 steps shown: the first and the last *$", out, re.MULTILINE), out
