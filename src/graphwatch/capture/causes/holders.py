@@ -235,7 +235,13 @@ def find_holders(
     ``reaches``: what an earlier search found below the tensors it looked at; used where the same
     nodes are met again, and replaced by what this search looked at (see :func:`reach`).
     """
-    step = recorder.step if step is None else step
+    with recorder.light_backwards.looking():  # (the graphs below light backwards walked once for every node)
+        return _find_holders(recorder, start, script, reaches, recorder.step if step is None else step)
+
+
+def _find_holders(
+    recorder: Recorder, start: FrameType | None, script: dict | None, reaches: dict[int, Reach] | None, step: int
+) -> list[Holder]:
     holders: list[Holder] = []
     seen: set[int] = set()
     known = reaches if reaches is not None else {}

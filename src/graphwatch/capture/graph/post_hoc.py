@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -89,6 +90,22 @@ class LightBackwards:
         self._losses = losses
         self._ring: list[tuple[int, tuple[int, ...]] | None] = [None] * RECENT_BACKWARDS
         self._by_root: dict[int, list[int]] | None = {}  # root sequence number -> backwards (None: to index)
+        # while a look runs (:meth:`looking`): backward id -> the nodes below its roots, by id (None: more than
+        # SEARCH_LIMIT), each node held, so that its id is its own until the look ends
+        self._below: dict[int, dict[int, Any] | None] | None = None
+
+    @contextmanager
+    def looking(self) -> Iterator[None]:
+        """A look at many nodes at once (a holder census): the graph below a backward's roots is walked once for
+        all of them, not once for each, and let go when the look ends."""
+        if self._below is not None:  # (a look inside a look: the outer one lets go)
+            yield
+            return
+        self._below = {}
+        try:
+            yield
+        finally:
+            self._below = None
 
     def started(self, backward_id: int, roots: list[Any]) -> None:
         """Backward ``backward_id`` starts from ``roots``, unwalked."""
@@ -174,6 +191,12 @@ class LightBackwards:
         roots = self.roots_alive(backward_id)
         if not roots:
             return None
+        if self._below is not None:
+            if backward_id not in self._below:
+                self._below[backward_id] = _nodes_below(roots)
+            below = self._below[backward_id]
+            if below is not None:  # (every node the walk below could meet: the same answer)
+                return below.get(id(target)) is target
         stack, seen = roots, set[int]()
         while stack and len(seen) < SEARCH_LIMIT:
             node = stack.pop()
@@ -184,3 +207,19 @@ class LightBackwards:
             seen.add(id(node))
             stack.extend(child for child, _ in node.next_functions if child is not None)
         return False
+
+
+def _nodes_below(roots: list[Any]) -> dict[int, Any] | None:
+    """Every node below ``roots`` (themselves included) by id, each held; None when they are more than
+    :data:`SEARCH_LIMIT` (a look then walks towards each node, as outside a look)."""
+    found: dict[int, Any] = {}
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        if id(node) in found:
+            continue
+        if len(found) >= SEARCH_LIMIT:
+            return None
+        found[id(node)] = node
+        stack.extend(child for child, _ in node.next_functions if child is not None)
+    return found
