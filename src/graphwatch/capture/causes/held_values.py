@@ -21,7 +21,7 @@ import os
 import re
 import sys
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from types import FrameType
 from typing import Any
@@ -97,7 +97,9 @@ def first_items(mapping: Any, limit: int | None = _CONTAINER_LIMIT) -> list[tupl
     return list(islice(items, limit))
 
 
-def sequence_items(sequence: list | tuple, limit: int = _CONTAINER_LIMIT, last: bool = False) -> tuple[int, list]:
+def sequence_items(
+    sequence: list | tuple, limit: int = _CONTAINER_LIMIT, last: bool = False
+) -> tuple[int, Sequence[Any]]:
     """(the index of the first, the items) of the first (or ``last``) ``limit`` items of a list or tuple, read at
     once by its base type's own methods: a subclass's ``__len__`` or ``__getitem__`` is not called.
 
