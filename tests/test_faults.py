@@ -40,6 +40,7 @@ from warm_child import SAY_READY, run_and_signal
 import graphwatch
 from graphwatch.cli import main
 from graphwatch.rendering import svg
+from graphwatch.signals import SignalGuard, Terminated
 
 pytestmark = pytest.mark.usefixtures("no_session_left")
 
@@ -630,3 +631,31 @@ def test_load_refuses_numbers_out_of_range(good_trace, tmp_path, where, bad):
     path.write_text(json.dumps(data))
     with pytest.raises(graphwatch.TraceFormatError, match=f"{name}.*damaged"):
         graphwatch.load(path)
+
+
+class _StopInAFinalizer:
+    def __del__(self) -> None:
+        raise Terminated("received SIGTERM")  # (where a SIGTERM lands in a finalizer or a fork callback)
+
+
+class _ErrorInAFinalizer:
+    def __del__(self) -> None:
+        raise ValueError("a finalizer's own error")
+
+
+def test_once_sigterm_arrived_the_stop_python_drops_is_not_printed_and_other_errors_are(monkeypatch):
+    """A SIGTERM to the process group can land in a callback whose exceptions Python prints and drops (the
+    DataLoader forking a worker runs logging's fork callbacks): the stop is raised again in the script's next
+    line, so it is not printed ("Exception ignored in ..." under the summary); a finalizer's own error still is,
+    by the hook there was before, which is back once the guard ends."""
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    guard = SignalGuard(signals=(signal.SIGTERM,)).__enter__()
+    try:
+        guard._handle(signal.SIGTERM, None)  # SIGTERM arrives while the guard is not armed: noted, shielded
+        _StopInAFinalizer()
+        _ErrorInAFinalizer()
+    finally:
+        guard.__exit__(None, None, None)
+    assert guard.terminated and [type(u.exc_value) for u in seen] == [ValueError]
+    assert sys.unraisablehook == seen.append

@@ -68,6 +68,7 @@ class SignalGuard:
         self._script_done = False
         self._sigchld: Any = None
         self._thread_errors: Any = None  # threading.excepthook before SIGTERM arrived
+        self._unraisable: Any = None  # sys.unraisablehook before SIGTERM arrived
         self._active = sys.platform != "win32" and threading.current_thread() is threading.main_thread()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -109,23 +110,30 @@ class SignalGuard:
                 signal.signal(signum, handler)
 
     def _shield_children(self, on: bool) -> None:
-        """While the report is written, a child's death (SIGCHLD) runs none of the script's handlers, and an error
-        in another thread is not printed.
+        """While the report is written, a child's death (SIGCHLD) runs none of the script's handlers, an error in
+        another thread is not printed, and neither is the stop itself where Python drops it.
 
         torch's DataLoader raises "worker ... killed by signal" from its SIGCHLD handler: after a
         SIGTERM to the whole process group, that would cut the report short.  And a thread of the script's that
         talks to the killed workers (multiprocessing's resource sharer, mid-handshake) fails: without graphwatch
-        SIGTERM would have ended the process before any other thread could say so.
+        SIGTERM would have ended the process before any other thread could say so.  A SIGTERM that lands in a
+        callback whose exceptions Python prints and drops (the DataLoader forking a worker runs ``logging``'s
+        ``os.register_at_fork`` callbacks) raises :class:`Terminated` there: it is raised again in the script's
+        next line (:class:`_Unswallowable`), and not printed.
         """
         if not self._active:
             return
         if on and self._thread_errors is None:
-            self._thread_errors = threading.excepthook
+            self._thread_errors, self._unraisable = threading.excepthook, sys.unraisablehook
             threading.excepthook = _ended_by_sigterm
+            sys.unraisablehook = functools.partial(_unless_terminated, self._unraisable)
         elif not on and self._thread_errors is not None:
             if threading.excepthook is _ended_by_sigterm:  # (a hook set meanwhile stays)
                 threading.excepthook = self._thread_errors
-            self._thread_errors = None
+            hook = sys.unraisablehook
+            if isinstance(hook, functools.partial) and hook.func is _unless_terminated:
+                sys.unraisablehook = self._unraisable
+            self._thread_errors = self._unraisable = None
         if not hasattr(signal, "SIGCHLD"):
             return
         if on and self._sigchld is None:
@@ -159,6 +167,13 @@ class SignalGuard:
 def _ended_by_sigterm(args: threading.ExceptHookArgs) -> None:
     """``threading.excepthook`` once SIGTERM arrived: an error in another thread is not printed (SIGTERM's default
     action would have ended the process first)."""
+
+
+def _unless_terminated(previous: Any, unraisable: Any) -> None:
+    """``sys.unraisablehook`` once SIGTERM arrived: the stop that Python dropped (raised in a finalizer or a fork
+    callback) is not printed, anything else is, by the hook there was before."""
+    if not isinstance(unraisable.exc_value, Terminated):
+        previous(unraisable)
 
 
 def ignore_signal(signum: int, frame: FrameType | None) -> None:
