@@ -53,7 +53,9 @@ def tensors_in(
     """(path, tensor) for the tensors with a grad_fn ``value`` holds: itself, the items of a list or tuple (the
     last 64) or dict (the first 64) and what they hold (``containers`` levels of them), the attributes of an
     ``nn.Module``'s submodules and of objects of the user's classes, private ones too (``objects`` levels of
-    them).  A path is built only for a tensor found."""
+    them).  Of a value's own code only a tensor's ``grad_fn`` and a module's ``named_modules`` are asked: kinds
+    are told by type, containers read by their base types' methods (:func:`first_items`, :func:`sequence_items`,
+    :func:`attribute_items`), keys spelled by :func:`key_text`."""
     if issubclass(type(value), torch.Tensor):
         if value.grad_fn is not None:
             yield name, value
