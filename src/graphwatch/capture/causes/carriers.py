@@ -400,7 +400,7 @@ def _members(value: Any) -> Iterator[tuple[str, Any, str | None]]:
                     yield (f".{prefix}.{attr}" if prefix else f".{attr}"), item, attr
             for attr, item in list(module._buffers.items()):
                 yield (f".{prefix}.{attr}" if prefix else f".{attr}"), item, attr
-    elif _of_a_user_class(value) and hasattr(value, "__dict__") and not issubclass(type(value), type):
+    elif _of_a_user_class(value) and not issubclass(type(value), type):  # (_of_a_user_class: it has a __dict__)
         for attr, item in attribute_items(value):
             if not attr.startswith("__"):
                 yield f".{attr}", item, attr

@@ -51,7 +51,7 @@ def _optimizers_in(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str,
     elif issubclass(type(value), dict):
         for key, item in first_items(value, _LIMIT):
             yield from _optimizers_in(f"{name}[{key_text(key)}]", item, depth + 1)
-    elif _of_a_user_class(value) and hasattr(value, "__dict__") and not issubclass(type(value), type):
+    elif _of_a_user_class(value) and not issubclass(type(value), type):  # (_of_a_user_class: it has a __dict__)
         for attr, item in attribute_items(value, _LIMIT):
             if not attr.startswith("__"):
                 yield from _optimizers_in(f"{name}.{attr}", item, depth + 1)
