@@ -76,6 +76,25 @@ def test_modules_built_into_python_are_never_the_users(tmp_path: Path, monkeypat
     assert _of_a_user_class(notebook) and [name for name, _ in _tensors_in("nb", notebook)] == ["nb.loss"]
 
 
+def test_a_keys_repr_is_asked_only_in_the_path_of_a_tensor_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A census meets many dicts whose values hold no tensor: their keys are not spelled, so the user's
+    ``__repr__`` runs only for the key on the way to a tensor with a graph."""
+    monkeypatch.chdir(tmp_path)
+    asked: list[str] = []
+
+    class Key:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __repr__(self) -> str:
+            asked.append(self.name)
+            return f"Key({self.name})"
+
+    held = {Key("a"): 1.0, Key("b"): [2.0, "x"], Key("c"): _Keeper(), Key("d"): [0.5, _graph(1)], Key("e"): [3.0]}
+    assert [name for name, _ in _tensors_in("held", held)] == ["held[Key(d)][1]"]
+    assert asked == ["d"]
+
+
 def every_kind_of_value() -> dict[str, object]:
     """Names of a frame: a value of each type passed over (also as attributes of a user's object, module and
     function and of an ``nn.Module``), and of each kind that must be looked at."""

@@ -23,6 +23,7 @@ import sys
 import types
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
+from operator import itemgetter
 from types import FrameType
 from typing import Any
 
@@ -34,6 +35,7 @@ from ..lines.frames import resolve
 _CONTAINER_LIMIT = 64  # items looked at per list/tuple/dict
 _CONTAINER_LEVELS = 2  # containers looked into, one inside the other: a replay buffer's tuples, not deeper
 _OBJECT_LEVELS = 2  # objects of the user's classes looked into: a trainer's policy's attributes, not deeper
+_SECOND = itemgetter(1)  # a pair's second: a dict item's value
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
@@ -50,41 +52,85 @@ _INERT = frozenset({
 def tensors_in(
     name: str, value: Any, objects: int = _OBJECT_LEVELS, containers: int = _CONTAINER_LEVELS
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(path, tensor) for the tensors with a grad_fn ``value`` holds: itself, the items of a list or tuple (the
+    """(path, tensor) for the tensors with a graph ``value`` holds: itself, the items of a list or tuple (the
     last 64) or dict (the first 64) and what they hold (``containers`` levels of them), the attributes of an
     ``nn.Module``'s submodules and of objects of the user's classes, private ones too (``objects`` levels of
-    them).  Of a value's own code only a tensor's ``grad_fn`` and a module's ``named_modules`` are asked: kinds
-    are told by type, containers read by their base types' methods (:func:`first_items`, :func:`sequence_items`,
-    :func:`attribute_items`), keys spelled by :func:`key_text`."""
-    if issubclass(type(value), torch.Tensor):
-        if value.grad_fn is not None:
-            yield name, value
-    elif issubclass(type(value), (list, tuple)):
-        if containers > 0:
-            first, items = sequence_items(value, last=True)
-            for i, item in enumerate(items, first):
-                if type(item) not in _INERT:
-                    yield from tensors_in(f"{name}[{i}]", item, objects, containers - 1)
-    elif issubclass(type(value), dict):
-        if containers > 0:
-            for key, item in first_items(value):
-                if type(item) not in _INERT:
-                    yield from tensors_in(f"{name}[{key_text(key)}]", item, objects, containers - 1)
-    elif issubclass(type(value), torch.nn.Module):
-        for module_name, module in list(value.named_modules(prefix=name)):
-            for attr, item in list(vars(module).items()):  # a list kept on self too
-                if not attr.startswith("_") and type(item) not in _INERT and not issubclass(type(item), torch.nn.Module):
-                    yield from tensors_in(f"{module_name}.{attr}", item, objects - 1, containers)
-            for attr, buffer in list(module._buffers.items()):  # a running statistic updated outside no_grad
-                if buffer is not None:
-                    yield from tensors_in(f"{module_name}.{attr}", buffer)
-            for attr, param in list(module._parameters.items()):  # a parameter updated in place outside no_grad
-                if param is not None and param.grad_fn is not None:
-                    yield f"{name}.parameters()[{f'{module_name}.{attr}'[len(name) + 1:]}]", param
-    elif objects > 0 and _of_a_user_class(value):  # a meter's sum, a policy's _moving_avg, a trainer's self.losses
-        for attr, item in attribute_items(value):
-            if not attr.startswith("__") and type(item) not in _INERT:
-                yield from tensors_in(f"{name}.{attr}", item, objects - 1, containers)
+    them), in the order of a walk that looks into each value before its next sibling.  Of a value's own code
+    only a tensor's ``grad_fn`` and a module's ``named_modules`` are asked: kinds are told by type, containers
+    read by their base types' methods (:func:`first_items`, :func:`sequence_items`, :func:`attribute_items`),
+    keys spelled by :func:`key_text`, and only in the path of a tensor found (a census meets many values that
+    hold none: one loop, no path built for them)."""
+    return iter(_walk(name, value, objects, containers, {}))
+
+
+def _walk(name: str, value: Any, objects: int, containers: int, files: dict[str, bool]) -> list[tuple[str, torch.Tensor]]:
+    """:func:`tensors_in`, as a list (``files``: :func:`_is_users_file`'s answers for this look)."""
+    found: list[tuple[str, torch.Tensor]] = []
+    stack: list[tuple[Any, Any, int, int]] = [(value, name, objects, containers)]
+    pop, push = stack.pop, stack.extend
+    while stack:
+        value, path, objects, containers = pop()
+        kind = type(value)
+        if issubclass(kind, torch.Tensor):
+            if value.grad_fn is not None:
+                found.append((_spelled(path), value))
+            continue
+        if issubclass(kind, (list, tuple)):
+            if containers > 0:
+                first, items = sequence_items(value, last=True)
+                if _INERT.issuperset(map(type, items)):  # (numbers, strings: told at C speed, the usual list)
+                    continue
+                inside: list[tuple[Any, Any, int, int]] = [
+                    (item, (path, i, False), objects, containers - 1)
+                    for i, item in enumerate(items, first) if type(item) not in _INERT
+                ]  # fmt: skip
+                push(reversed(inside))
+        elif issubclass(kind, dict):
+            if containers > 0:
+                items = first_items(value)
+                if _INERT.issuperset(map(type, map(_SECOND, items))):
+                    continue
+                inside = [
+                    (item, (path, key, False), objects, containers - 1) for key, item in items if type(item) not in _INERT
+                ]  # fmt: skip
+                push(reversed(inside))
+        elif issubclass(kind, torch.nn.Module):
+            push(reversed(_module_values(_spelled(path), value, objects, containers)))
+        elif objects > 0 and _of_a_user_class(value, files):  # a meter's sum, a policy's _moving_avg, a trainer's self.losses
+            inside = [
+                (item, (path, attr, True), objects - 1, containers)
+                for attr, item in attribute_items(value) if not attr.startswith("__") and type(item) not in _INERT
+            ]  # fmt: skip
+            push(reversed(inside))
+    return found
+
+
+def _module_values(name: str, module: torch.nn.Module, objects: int, containers: int) -> list[tuple[Any, str, int, int]]:
+    """What :func:`tensors_in` looks into of a module named ``name``, in order: for each of its submodules, its
+    public attributes that are not modules (a list kept on ``self`` too), its buffers (a running statistic
+    updated outside ``no_grad``), its parameters with a graph (a parameter updated in place outside ``no_grad``)."""
+    inside: list[tuple[Any, str, int, int]] = []
+    for module_name, submodule in list(module.named_modules(prefix=name)):
+        for attr, item in list(vars(submodule).items()):
+            if not attr.startswith("_") and type(item) not in _INERT and not issubclass(type(item), torch.nn.Module):
+                inside.append((item, f"{module_name}.{attr}", objects - 1, containers))
+        for attr, buffer in list(submodule._buffers.items()):
+            if buffer is not None:
+                inside.append((buffer, f"{module_name}.{attr}", _OBJECT_LEVELS, _CONTAINER_LEVELS))
+        for attr, param in list(submodule._parameters.items()):
+            if param is not None and param.grad_fn is not None:
+                inside.append((param, f"{name}.parameters()[{f'{module_name}.{attr}'[len(name) + 1:]}]", 0, 0))
+    return inside
+
+
+def _spelled(path: Any) -> str:
+    """The text of a path of :func:`tensors_in`: ``losses[3].sum``, ``meters['loss']``."""
+    pieces = []
+    while type(path) is tuple:
+        path, piece, attribute = path
+        pieces.append(f".{piece}" if attribute else f"[{key_text(piece)}]")
+    pieces.append(path)
+    return "".join(reversed(pieces))
 
 
 def first_items(mapping: Any, limit: int | None = _CONTAINER_LIMIT) -> list[tuple[Any, Any]]:
@@ -148,10 +194,11 @@ def key_text(key: Any) -> str:
 
 def tensors_among(names: Iterable[tuple[str, Any]]) -> list[tuple[str, torch.Tensor]]:
     """:func:`tensors_in` of each (name, value) whose name is not a dunder."""
+    files: dict[str, bool] = {}
     return [
-        pair for name, value in names
-        if type(value) not in _INERT and not name.startswith("__") for pair in tensors_in(name, value)
-    ]
+        pair for name, value in names if type(value) not in _INERT and not name.startswith("__")
+        for pair in _walk(name, value, _OBJECT_LEVELS, _CONTAINER_LEVELS, files)
+    ]  # fmt: skip
 
 
 def hook_closures(values: Iterable[Any]) -> Iterator[tuple[types.FunctionType, list[tuple[str, torch.Tensor]]]]:
@@ -219,9 +266,10 @@ def value_at(frame: FrameType | None, path: str, names: dict | None) -> Any:
     return value
 
 
-def _of_a_user_class(value: Any) -> bool:
+def _of_a_user_class(value: Any, files: dict[str, bool] | None = None) -> bool:
     """Whether ``value`` is an instance (with attributes) of a class the user's own code defines; a module,
-    class or function (whose type is a builtin) counts when its own module's file is the user's."""
+    class or function (whose type is a builtin) counts when its own module's file is the user's (``files``:
+    :func:`_is_users_file`'s answers for one look at many values)."""
     kind = type(value)
     if kind is types.ModuleType:
         module = value
@@ -233,7 +281,7 @@ def _of_a_user_class(value: Any) -> bool:
     if isinstance(name, str) and name in _BUILTIN_MODULES:  # sys, gc, time: no file, never the user's
         return False
     filename = getattr(module, "__file__", None) or ""  # none: __main__ in a notebook or with python -c
-    if not _is_users_file(filename):
+    if not _is_users_file(filename, files):
         return False
     try:
         return hasattr(value, "__dict__")
@@ -241,11 +289,14 @@ def _of_a_user_class(value: Any) -> bool:
         return False
 
 
-def _is_users_file(filename: str) -> bool:
+def _is_users_file(filename: str, files: dict[str, bool] | None = None) -> bool:
     """Whether a module's ``filename`` is the user's: not torch's, graphwatch's, the standard library's or an
     installed package's.  Kept per name, unless the answer depends on the working directory (a name that is
-    not its own absolute path: a relative one, or none)."""
+    not its own absolute path: a relative one, or none, as ``__main__``'s in a notebook); that answer is kept in
+    ``files`` (one look at many values, in one working directory), when given."""
     known = _USERS_FILES.get(filename)
+    if known is None and files is not None:
+        known = files.get(filename)
     if known is not None:
         return known
     users = is_user_file(filename) and "-packages" not in filename
@@ -253,6 +304,8 @@ def _is_users_file(filename: str) -> bool:
         if len(_USERS_FILES) >= _USERS_FILES_LIMIT:
             _USERS_FILES.clear()
         _USERS_FILES[filename] = users
+    elif files is not None:
+        files[filename] = users
     return users
 
 
