@@ -110,7 +110,9 @@ def write_results(
         (
             "The machine is shared (other engineers run test suites on its 2 cores; see the load averages), so wall time "
             "mostly measures waiting for a core. **All ms figures are CPU time of this process** (`time.process_time`, which "
-            "includes any helper threads, e.g. the profiler's), and ratios are medians of *paired* rounds (each configuration "
+            "includes any helper threads, e.g. the profiler's), but for graphwatch's own calls (walk, step end, "
+            "snapshot: wall clock, a vDSO read, where the CPU clock's system call would be charged to its ratios), and "
+            "ratios are medians of *paired* rounds (each configuration "
             "against the bare run of the same round, order rotated), which cancels most of the remaining drift. Wall-time "
             "ratios are listed too, for comparison. IQR columns show how much the paired ratio moved from round to round."
         ),
