@@ -30,6 +30,7 @@ from .errors import (
 )
 from .model import Finding, Trace, load_trace
 from .session import Session, active_session, watch
+from .version import __version__ as __version__
 
 if TYPE_CHECKING:
     from .rendering.dot import make_dot
@@ -37,8 +38,6 @@ if TYPE_CHECKING:
 # Names whose modules load on first use (``graphwatch.make_dot``), not at ``import graphwatch``: a short script
 # and every pytest run (the plugin imports graphwatch) would pay for them (tests/test_import_cost.py).
 _LAZY_NAMES = {"make_dot": ".rendering.dot"}
-
-__version__ = "0.1.0"
 
 if "IPython" in sys.modules:  # a notebook or an IPython prompt: findings show as the report shows them
     from .rendering.notebook import register_displays

@@ -14,9 +14,9 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from . import __version__
 from .options import LEVELS
 from .runner import EXIT_INTERRUPTED, EXIT_SIGTERM
+from .version import __version__
 
 EXIT_USAGE = 2  # a user error: nothing ran, or the report could not be written
 EXIT_STRICT = 3  # --strict: the script succeeded but leaks a graph

@@ -39,6 +39,7 @@ from ..analysis.evidence import counted, human_bytes
 from ..analysis.growth import live_counts_measured
 from ..errors import UsageError
 from ..model import StepRecord, Trace, save_trace, write_atomically
+from ..version import __version__
 from .charts import NODES_COLOR, bar_chart, byte_unit, line_chart
 from .findings_html import finding_articles
 from .gallery import Picture, gallery_html, legend_html, render_pictures
@@ -298,8 +299,6 @@ def _contents_html(runs: Sequence[_Run], heading: str) -> str:
 
 
 def _page(runs: Sequence[_Run], headline: tuple[str, bool] | None = None) -> str:
-    from .. import __version__
-
     traces = [run.trace for run in runs]
     multi, ranks = len(runs) > 1, is_rank_set(traces)
     body = [_verdict_html(traces, "h1", headline)] + ([_contents_html(runs, "Ranks" if ranks else "Runs")] if multi else [])
