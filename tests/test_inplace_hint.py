@@ -233,5 +233,7 @@ def test_a_parameter_updated_in_place_is_named_without_an_out_of_place_patch() -
         with pytest.raises(RuntimeError) as raised:
             y.backward()
     text = str(raised.value)
-    assert "then changed in place at " in text and "(`w.add_(1)`)" in text
+    assert "a parameter, then updated in place at " in text and "(`w.add_(1)`)" in text
+    assert "ran after the update at " in text and "run this backward before the update at " in text
+    assert "instead of x.add_(1)" not in text and ".clone() it first" not in text  # (the update is what trains)
     assert not any(r.edits for r in finding_of(gw).remedies)  # type: ignore[attr-defined]

@@ -38,6 +38,7 @@ from .analysis import FindingLog, explain_backward_twice
 from .analysis.ddp_errors import ddp_finding
 from .analysis.explain import handed_off
 from .analysis.torch_errors import (
+    carried_update,
     inplace_finding,
     is_leaf_inplace_error,
     is_non_scalar_error,
@@ -212,8 +213,9 @@ class BackwardWatch:
         roots = [t.grad_fn for ref in losses if (t := ref()) is not None]
         cause = InplaceFinder(recorder, [r for r in roots if r is not None], sys._getframe(1)).cause(handle, tensor)
         finding = inplace_finding(recorder.trace, cause, recorder.step)
-        self._log.add(finding)
-        recorder.keep_detail(recorder.step)
+        if not carried_update(recorder.trace, cause, recorder.step):  # (else the carried graph's finding is the one)
+            self._log.add(finding)
+            recorder.keep_detail(recorder.step)
         return finding.message
 
     def explain_no_graph(self, record: BackwardRecord, exc: RuntimeError) -> LossWithoutGraphError:

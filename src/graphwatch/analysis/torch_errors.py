@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import re
 
-from ..model import Edit, Finding, Remedy, Trace
+from ..model import CallSite, Edit, Finding, Remedy, Trace
 from ..model.causes import InplaceCause, NoGraphCause
 from ..model.error_causes import LeafInplaceCause, NonScalarCause, UnusedInputCause
 from .error_remedies import edited_line
@@ -47,6 +47,7 @@ from .graph_cuts import cut_finding
 from .kept_fixes import training_lines
 
 INPLACE_KIND = "modified-in-place"
+CARRIED_KIND = "graph-carried-across-steps"
 NO_GRAPH_KIND = "loss-without-graph"
 _NO_GRAPH = "does not require grad and does not have a grad_fn"
 
@@ -54,6 +55,13 @@ _NO_GRAPH = "does not require grad and does not have a grad_fn"
 def is_no_graph_error(error: BaseException) -> bool:
     """True for torch's error about backwarding a tensor that has no graph."""
     return isinstance(error, RuntimeError) and _NO_GRAPH in str(error)
+
+
+def carried_update(trace: Trace, cause: InplaceCause, step: int) -> bool:
+    """Whether the parameter changed in place was updated after an earlier step's graph saved it, and the trace
+    has that graph's ``graph-carried-across-steps`` finding: the finding of the cause, with its fix (as for an
+    ``optimizer.step()``, :mod:`graphwatch.capture.hooks.inplace_hints`); the error's paragraph says the rest."""
+    return cause.update and cause.saved_step < step and any(f.kind == CARRIED_KIND for f in trace.findings)
 
 
 def inplace_finding(trace: Trace, cause: InplaceCause, step: int) -> Finding:
@@ -69,6 +77,10 @@ def inplace_finding(trace: Trace, cause: InplaceCause, step: int) -> Finding:
         fix = _optimizer_step(trace, cause, lines)
         remedies.append(Remedy(fix, [], "which update comes first, and which gradients each optimizer step sees, "
                                "need your judgement"))
+    elif cause.update:
+        fix = _parameter_update(trace, cause, lines, step, [changed, *also] if changed is not None else [])
+        remedies.append(Remedy(fix, [], "the update is what trains the parameter: which graph each backward reaches "
+                               "needs your judgement"))
     elif changed is None:
         lines[0] += (". Something changed it in place after autograd saved it; use the out-of-place form "
                      "(e.g. x = x.add(1) instead of x.add_(1)) or .clone() it first (graphwatch could not tell "
@@ -124,6 +136,35 @@ def _optimizer_step(trace: Trace, cause: InplaceCause, lines: list[str]) -> str:
     fix = (f"run this backward before that optimizer step{order}, or recompute the forward after the step (a GAN: "
            "the generator's loss on a fresh D(fake) made after D's step)")
     lines.append(f"Fix (no patch: the order of the updates needs your judgement): {fix}.")
+    return fix
+
+
+def _parameter_update(trace: Trace, cause: InplaceCause, lines: list[str], step: int, updates: list[CallSite]) -> str:
+    """What ``lines`` say of a saved parameter that an update changed in place (the user's own, ``updates``, or an
+    optimizer's the session did not see), and the fix: the backward kept off the graph saved before the update,
+    never the update out of place or on a copy (the parameter would not train)."""
+    backward = trace.site(cause.backward_at)
+    if updates:
+        named = ", ".join(describe(s) for s in updates[:-1]) + " and " if len(updates) > 1 else ""
+        lines[0] += f", a parameter, then updated in place at {named}{describe(updates[-1])}"
+        update = f"the update at {updates[0].where}"
+    else:
+        lines[0] += (", a parameter; an update changed it in place after the graph saved it (graphwatch could not "
+                     "tell which line: your own update, or an optimizer's step)")
+        update = "that update"
+    if cause.saved_step < step:
+        lines[0] += (f"; step {step}'s backward at {describe(backward)} runs into step {cause.saved_step}'s graph "
+                     f"again, which saved the parameter before {update}: a graph of an earlier step is reused.")
+        fix = ("detach what carries the graph into the next step at the start of each step (and drop "
+               "retain_graph=True), so that each backward uses only its own step's graph (the graph-carried-across-"
+               "steps finding names what carries it); the update itself is right: out of place, or on a copy, the "
+               "parameter would not train")
+    else:
+        lines[0] += f"; the backward at {describe(backward)} ran after {update} through the same graph."
+        fix = (f"run this backward before {update} (each backward of a graph first, then the update), or recompute "
+               "the forward after the update; the update itself is right: out of place, or on a copy, the parameter "
+               "would not train")
+    lines.append(f"Fix (no patch: it needs your judgement): {fix}.")
     return fix
 
 

@@ -80,6 +80,7 @@ class InplaceCause:
     loop_at: int | None = None  # the loop whose steps write the tensor from its own earlier slices (a recurrence)
     optimizer_at: int | None = None  # the optimizer.step() of this step that updated the saved parameter
     backward_at: int | None = None  # the backward that needed the saved tensor
+    update: bool = False  # the saved tensor is a parameter (or a view of one): an update changed it, as training does
 
 
 @dataclass(slots=True)

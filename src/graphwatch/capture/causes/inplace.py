@@ -14,8 +14,10 @@ Sources, best first:
   the name the saving line spells (an attention map's border zeroed by four assignments).
 
 An ``optimizer.step()`` of this step that updated a saved parameter is the cause itself (no line of the user's
-changed it); ``t[..., i + 1] = f(t[..., i])`` in a ``for`` loop over ``i`` is a recurrence written into one
-tensor, whose loop is named (its fix is a list of states, stacked: never a ``.clone()`` before the loop).
+changed it); any other change of a parameter (or of a view of one) is an update too, under ``torch.no_grad()``,
+which no node records: its statement is read from the source (:mod:`.parameter_updates`).
+``t[..., i + 1] = f(t[..., i])`` in a ``for`` loop over ``i`` is a recurrence written into one tensor, whose loop
+is named (its fix is a list of states, stacked: never a ``.clone()`` before the loop).
 
 A module built with ``inplace=True`` (``nn.Dropout(p, inplace=True)``, ``nn.ReLU(inplace=True)`` in a
 ``Sequential``) is found from the module objects the frames reach, through the class whose method ran the
@@ -47,6 +49,7 @@ from ..lines.callsite import display_path
 from ..lines.frames import named_values, resolve, user_frames
 from ..lines.source import dotted_name, innermost_function, inplace_statement, module_node, own_statements
 from .inplace_source import Write, alias_roots, code_of, writes
+from .parameter_updates import update_writes
 from .second_backward import _VIEWS
 
 if TYPE_CHECKING:
@@ -101,9 +104,13 @@ class InplaceFinder:
             cause.optimizer_at, cause.found_by = update[1], "optimizer"
             return cause
         saving = next((n for n in self.nodes if any(d is handle for d in saved_data(n, node_type(n)))), None)
-        changer = self._changing_node(handle, tensor, saving)
+        base = tensor if tensor._base is None else tensor._base  # (linear saves weight.t(): its base is the weight)
+        cause.update = base.is_leaf and base.requires_grad  # a parameter (or a leaf trained as one)
+        changer = None if cause.update else self._changing_node(handle, tensor, saving)
         found: list[Write] = []
-        if changer is not None:
+        if cause.update:  # changed under no_grad (or through .data): an update, which no node records
+            found = self._update_writes(handle, base)
+        elif changer is not None:
             cause.op = changer.name()
             line = self._node_line(changer)
             if self._changes_here(line):  # the op saved a tensor there, and the line changes one in place
@@ -128,6 +135,15 @@ class InplaceFinder:
             self._what_changed(cause, site, tensor, handle)
             cause.loop_at = self._recurrence(site)
         return cause
+
+    def _update_writes(self, handle: SavedHandle, parameter: torch.Tensor) -> list[Write]:
+        """The statements that updated the saved parameter (:func:`.parameter_updates.update_writes`)."""
+        backward = self.recorder.backward
+        at = self.trace.site(backward.site) if backward is not None else None
+        if at is None:
+            return []
+        earlier = handle.step < self.recorder.step
+        return update_writes(self.trace, at, handle.site, earlier, self.frames, lambda c: self._callee(at, c), parameter)
 
     # ------------------------------------------------------------------ the node
     def _helper_call(self, changed_at: int | None, saved_at: int | None) -> int | None:
