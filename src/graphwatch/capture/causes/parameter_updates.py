@@ -6,10 +6,10 @@ is read from the source.
 Where to look: a graph saved by an earlier step than the failing backward's (a graph carried across steps) was
 saved before the loop's lines ran again, so the whole loop around the backward (or the whole function that runs
 it, a ``train_step()`` called once a step); a graph of this step, the lines between the one that saved the
-parameter and the backward.  Of the in-place statements there, the updates: those
-in a ``with torch.no_grad():`` block or on ``.data`` (a parameter cannot be changed in place otherwise); of those,
-the ones whose name is the parameter in the frame that runs them (``w -= lr * w.grad``), else all of them when
-they change one name (``for p in params: p -= lr * p.grad``), else none (graphwatch cannot tell).
+parameter and the backward.  Of the in-place statements there, the updates: those in a ``with torch.no_grad():``
+block or on ``.data`` (a parameter cannot be changed in place otherwise); of those, the ones whose name is the
+parameter in the frame that runs them (``w -= lr * w.grad``), else all of them when they change one name
+(``for p in params: p -= lr * p.grad``), else none (graphwatch cannot tell).
 
 Example::
 
