@@ -22,7 +22,7 @@ Example::
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import CodeType, FrameType
 
 import torch
@@ -64,35 +64,21 @@ def update_writes(
 
 
 def loop_around(scope: ast.AST, line: int) -> ast.For | ast.While | ast.AsyncFor | None:
-    """The innermost loop of ``scope`` (not of a function inside it) whose body holds ``line``."""
+    """The innermost loop of ``scope`` whose body holds ``line`` (a line of ``scope``'s own, as a backward's in its
+    innermost function is: no loop of a function defined inside it can hold that line)."""
     loops = [
-        s for s in _blocks(scope) if isinstance(s, (ast.For, ast.While, ast.AsyncFor))
+        s for s in ast.walk(scope) if isinstance(s, (ast.For, ast.While, ast.AsyncFor))
         and s.body[0].lineno <= line <= (s.end_lineno or s.lineno)
     ]  # fmt: skip
     return max(loops, key=lambda s: s.lineno, default=None)
 
 
 def no_grad_spans(scope: ast.AST) -> list[tuple[int, int]]:
-    """(first line, last line) of each ``with torch.no_grad():`` (or ``inference_mode``) block of ``scope``."""
+    """(first line, last line) of each ``with torch.no_grad():`` (or ``inference_mode``) block in ``scope``."""
     return [
-        (s.lineno, s.end_lineno or s.lineno) for s in _blocks(scope)
+        (s.lineno, s.end_lineno or s.lineno) for s in ast.walk(scope)
         if isinstance(s, (ast.With, ast.AsyncWith)) and any(is_no_grad(item.context_expr) for item in s.items)
     ]  # fmt: skip
-
-
-def _blocks(scope: ast.AST) -> Iterator[ast.stmt]:
-    """The compound statements of ``scope`` itself (loops, branches, ``with`` blocks), nested ones too, not
-    those of the functions and classes it defines (:func:`~graphwatch.capture.lines.source.own_statements` gives
-    the simple ones)."""
-    stack = list(getattr(scope, "body", []))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue
-        inner = [s for block in ("body", "orelse", "finalbody", "handlers", "cases") for s in getattr(node, block, None) or []]
-        if inner and isinstance(node, ast.stmt):  # (an except clause or a match case is no statement: looked into)
-            yield node
-        stack.extend(inner)
 
 
 def updates_of(found: list[Write], scope: ast.AST, frame: FrameType | None, parameter: torch.Tensor) -> list[Write]:
