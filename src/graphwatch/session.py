@@ -529,9 +529,10 @@ class Session:
             raise StepLimitReached(self.stop_after or 0)
         own = time.perf_counter()
         roots, retain_graph, create_graph, accumulate = parse_engine_args(t_outputs, args, kwargs)
-        if recorder.boundary_pending and recorder.made_since_boundary(roots):
-            recorder.commit_boundary()  # a new graph, though its forward saved nothing: a new step
         frame = sys._getframe(1)
+        if recorder.boundary_pending and recorder.made_since_boundary(roots):
+            # a new graph, though its forward saved nothing: a new step (recorder.commit_boundary, called here)
+            self._end_step(recorder.pending_source, frame)
         positions = self._loop.positions(frame)
         site = recorder.sites.users_own(recorder.sites.at(positions, frame), frame)  # (not a framework's line)
         record = BackwardRecord(  # (recorder.trace: the session's property makes patches, not needed here)

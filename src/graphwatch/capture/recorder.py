@@ -329,7 +329,11 @@ class Recorder:
 
     def made_since_boundary(self, roots: list) -> bool:
         """Whether any of these nodes was made after the pending step boundary."""
-        return any(root._sequence_nr() >= self._pending_seq for root in roots)
+        first = self._pending_seq
+        for root in roots:  # (a loop, not any() over a generator: every backward of a step seen light asks)
+            if root._sequence_nr() >= first:
+                return True
+        return False
 
     def nodes_made(self) -> int:
         """Autograd nodes (of this thread) made since the current step started, up to its end if one is pending."""
