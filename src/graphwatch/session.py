@@ -134,7 +134,10 @@ class Session:
         self._log = FindingLog(self._recorder.trace.findings)
         self._grads = GradResetTracker()
         # what each optimizer steps and which parameters get gradients (trace.optimizers, trace.parameters)
-        self.ledger = ParameterLedger(step=lambda: self._recorder.step, site=self._recorder.sites.from_frame)
+        self.ledger = ParameterLedger(
+            step=lambda: self._recorder.step, site=self._recorder.sites.from_frame, reached=self._grads.reached
+        )
+        self._recorder.trace.optimizers = self.ledger.stepped  # (until the session's end: ledger.records())
         self._installed: list[Callable[[], None]] = []
         self._explicit = False
         self._loop = LoopSteps()
@@ -475,7 +478,10 @@ class Session:
             current.optimizer_site = site = recorder.sites.at(positions, frame)
             reason = self._signals.optimizer(site)
             if self._plan.is_full(recorder.step):  # a light step walks no graph, so it cannot tell accumulations
-                current.stale_grads += self._grads.before_step(optimizer)
+                stale = self._grads.before_step(optimizer)
+                if stale and not current.stale_grads:  # (the first optimizer whose step found them: the one named)
+                    current.stale_site = site
+                current.stale_grads += stale
             elif reason is not None:
                 self._plan.suspect(recorder.step, reason)
         self._own.parts["optimizer hooks"] += time.perf_counter() - own  # (OwnTime.add, inlined: the hot path)

@@ -14,7 +14,7 @@ Example::
 
 from __future__ import annotations
 
-from ..model import BackwardRecord, Edit, Finding, Remedy, StepRecord, Trace
+from ..model import BackwardRecord, CallSite, Edit, Finding, NodeRecord, Remedy, StepRecord, Trace
 from .carried_fixes import carried_detach, carried_remedies, carried_shape, use_in_step
 from .evidence import (
     backwards_of,
@@ -84,9 +84,9 @@ def carried_across_steps(trace: Trace, step: StepRecord) -> list[Finding]:
         pairs = [(trace.nodes.get(p), trace.nodes.get(c)) for p, c in bw.crossings]
         user, carrier = next(((p, c) for p, c in pairs if c is not None), (None, None))
         site, name = carrier_line(trace, carrier) if carrier else (None, None)
-        made = trace.site(carrier.site) if carrier else None
+        made = trace.site(carrier.site) if carrier and not carrier.site_inferred else None
         earliest = min(s for s in bw.earlier_steps if s < bw.step)
-        used = trace.site(user.site) if user is not None else None
+        used = _use_line(trace, user, name)
         shape = carried_shape(trace, carrier, bw) if carrier is not None else "cached"
         evidence = {
             "key": site.where if site else trace.where(bw.site),
@@ -172,36 +172,66 @@ def _render_carried(ev: dict) -> str:
     )
 
 
+def _use_line(trace: Trace, user: NodeRecord | None, name: str | None) -> CallSite | None:
+    """The line of ``user``, the node of this step that used the carried value ``name``.  A line inferred from
+    the op before it (its own op saved no tensor: ``NodeRecord.site_inferred``) may be another statement's, the
+    one before the use; it is kept only where it reads the value (its last dotted part, as text)."""
+    site = trace.site(user.site) if user is not None else None
+    if site is None or user is None or not user.site_inferred:
+        return site
+    return site if name and name.split(".")[-1].split("[")[0] in site.source else None
+
+
 def missing_zero_grad(trace: Trace, step: StepRecord) -> list[Finding]:
     """``optimizer.step()`` ran on gradients that were never reset since its previous step."""
     if not step.stale_grads:
         return []
     backward_sites = [trace.where(bw.site) for bw in backwards_of(trace, step) if bw.api == "backward"]
-    where = trace.where(step.optimizer_site)
-    site = trace.site(step.optimizer_site)
+    stepped = step.stale_site if step.stale_site is not None else step.optimizer_site  # (a trace before the field)
+    where = trace.where(stepped)
+    site = trace.site(stepped)
     evidence = {
         "key": where,
         "sites": [where, *backward_sites[:1]],
         "steps": [step.index],
         "parameters": step.stale_grads,
         "optimizer_at": describe(site),
-        "optimizer": optimizer_name(site.source) if site else "optimizer",
+        "optimizer": _stepped_optimizer(trace, stepped),
         "backward_at": backward_sites[0] if backward_sites else None,
     }
-    return [make_finding("missing-zero-grad", "warning", step.index, evidence, [_zero_grad_remedy(trace, step, evidence)])]
+    return [make_finding("missing-zero-grad", "warning", step.index, evidence, [_zero_grad_remedy(trace, step, evidence, stepped)])]
 
 
-def _zero_grad_remedy(trace: Trace, step: StepRecord, ev: dict) -> Remedy:
-    """``optimizer.zero_grad()`` before the step's first backward: a patch when that backward runs in the
-    function that steps the optimizer (where the optimizer's name means that optimizer)."""
-    before = f"before the backward at {ev['backward_at']}" if ev["backward_at"] else "before each backward"
+def _stepped_optimizer(trace: Trace, site_id: int | None) -> str:
+    """The variable holding the optimizer stepped at ``site_id``: as the session found it in the frame that stepped
+    it (``optimizer`` in ``scaler.step(optimizer)``, a ``GradScaler``'s line), else the name the line calls
+    ``.step()`` on, else ``optimizer``."""
+    named = next((o.name for o in trace.optimizers if o.site == site_id and o.name), None)
+    site = trace.site(site_id)
+    return named or (optimizer_name(site.source) if site is not None else "optimizer")
+
+
+def _zero_grad_remedy(trace: Trace, step: StepRecord, ev: dict, stepped: int | None) -> Remedy:
+    """``optimizer.zero_grad()`` (of the optimizer stepped at ``stepped``) before the step's first backward: a
+    patch when that backward runs in the function that steps the optimizer (where the optimizer's name means that
+    optimizer).  Where that backward's line ran more than once in the step (gradients accumulated over
+    micro-batches on purpose), a zero before it would keep only the last micro-batch's gradients: the call goes
+    right after the optimizer's step instead."""
     call = f"{ev['optimizer']}.zero_grad()"
+    backwards = [bw for bw in backwards_of(trace, step) if bw.api == "backward"]
+    stepping = trace.site(stepped)
+    repeats = sum(bw.site == backwards[0].site for bw in backwards) if backwards else 0
+    why = f"`{ev['optimizer']}.step()` at {ev['optimizer_at']} used gradients no `zero_grad()` reset since its last step"
+    if repeats > 1 and stepping is not None:
+        text = (f"call `{call}` right after the optimizer step at {stepping.where}, once per step: its "
+                f"{repeats} backwards at {ev['backward_at']} accumulate into one update, and a zero before each "
+                "would keep only the last one's gradients")
+        return Remedy(text, [Edit("insert-after", stepping.file, stepping.line, call)], why, mechanical=True)
+    before = f"before the backward at {ev['backward_at']}" if ev["backward_at"] else "before each backward"
     text = f"call `{call}` {before} (to accumulate over micro-batches on purpose, step and zero once every N backwards)"
-    backward = next((trace.site(bw.site) for bw in backwards_of(trace, step) if bw.api == "backward"), None)
-    stepping = trace.site(step.optimizer_site)
+    backward = trace.site(backwards[0].site) if backwards else None
     if backward is None or stepping is None or (backward.file, backward.function) != (stepping.file, stepping.function):
         return Remedy(text)
-    why = f"`{ev['optimizer']}.step()` at {stepping.where} used gradients no `zero_grad()` reset since its last step"
     return Remedy(text, [Edit("insert-before", backward.file, backward.line, call)], why, mechanical=True)
 
 

@@ -63,6 +63,8 @@ def _finding(trace: Trace, optimizer: OptimizerRecord, owned: list, starved: lis
         "names": [p.label for p in starved],
         "parameters_text": _summary(starved, owned),
         "others_train": others,
+        # a backward reached each of them at some of those steps: their gradients were reset before the step
+        "reset_after_backward": all(p.reset_steps for p in starved),
     }
     last = max(len(trace.steps) - 1, 0)
     return make_finding("untrained-parameters", "warning", last, evidence, [_advice(evidence)])
@@ -105,7 +107,14 @@ def _summary(starved: list[ParameterRecord], owned: list[ParameterRecord]) -> st
 
 
 def _advice(ev: dict) -> Remedy:
-    """Words, never an edit: which part should train takes judgement."""
+    """Words, never an edit: which part should train takes judgement (and where a ``zero_grad()`` goes, whose
+    line graphwatch does not see)."""
+    if ev.get("reset_after_backward"):
+        return Remedy(
+            f"find what resets the gradients of {ev['parameters_text']} between the backward and "
+            f"`{ev['optimizer']}.step()`, most likely `{ev['optimizer']}.zero_grad()` (or the model's) called after "
+            "the backward: call it before the backward, or after the step"
+        )
     return Remedy(
         f"find what cuts {ev['parameters_text']} off from the loss whose backward runs before "
         f"`{ev['optimizer']}.step()`: a `.detach()`, `.data` or `torch.no_grad()` between them and that loss "
@@ -119,6 +128,13 @@ def _advice(ev: dict) -> Remedy:
 def _render_untrained(ev: dict) -> str:
     at = f" at {ev['optimizer_at']}" if ev["optimizer_at"] else ""
     some = ev["parameters"] < ev["owned"]
+    ran = (f"`{ev['optimizer']}.step()`{at} ({ev['optimizer_kind']}) ran {counted(ev['optimizer_steps'], 'time')}, "
+           f"but {ev['parameters_text']} never held a gradient at any of them (at least {ev['bare_steps']} of those "
+           "steps while requiring one)")
+    if ev.get("reset_after_backward"):
+        return (f"{ran}, although a backward reached them before some of those steps: something between the "
+                "backward and the step reset their gradients, most likely a `zero_grad()` called after the backward "
+                "instead of before it, so the optimizer never changes them")
     if some:
         cause = ("it trains the others, so these are most likely in a module the forward never calls, or one whose "
                  "output is cut from the loss by `.detach()`, `.data` or `torch.no_grad()`")  # fmt: skip
@@ -126,8 +142,4 @@ def _render_untrained(ev: dict) -> str:
         trained = f" while {', '.join(ev['others_train'])} trains" if ev["others_train"] else ""
         cause = (f"it trains nothing{trained}: the network it owns is cut off from the loss, most likely by a "
                  "`.detach()`, `.data` or `torch.no_grad()` between its output and that loss, or it is never called")  # fmt: skip
-    return (
-        f"`{ev['optimizer']}.step()`{at} ({ev['optimizer_kind']}) ran {counted(ev['optimizer_steps'], 'time')}, "
-        f"but {ev['parameters_text']} never held a gradient at any of them (at least {ev['bare_steps']} of those "
-        f"steps while requiring one): no backward reached them, so the optimizer never changes them; {cause}"
-    )
+    return f"{ran}: no backward reached them, so the optimizer never changes them; {cause}"

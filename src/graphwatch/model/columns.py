@@ -76,7 +76,7 @@ STEP_COLUMNS = Columns(
         "index": "q", "nodes_created": "q", "saved_packed": "q", "saved_bytes_packed": "q", "saved_counted_only": "q",
         "live_activation_bytes": "q", "live_leaf_bytes": "q", "live_nodes": "q", "backward_seconds": "d",
         "backward_cpu_seconds": "d", "seconds": "d", "cpu_seconds": "d", "rss_bytes": "q", "cuda_allocated": "n",
-        "cuda_reserved": "n", "optimizer_steps": "q", "optimizer_site": "n", "stale_grads": "q", "detail": "b",
+        "cuda_reserved": "n", "optimizer_steps": "q", "optimizer_site": "n", "stale_grads": "q", "stale_site": "n", "detail": "b",
     },
     choices={"source": STEP_SOURCES},
     ranges=("backwards",),

@@ -358,6 +358,7 @@ class StepRecord:
     optimizer_steps: int = 0
     optimizer_site: int | None = None
     stale_grads: int = 0  # parameters whose gradients were not reset since the previous optimizer step
+    stale_site: int | None = None  # CallSite id of the first optimizer.step() of the step that found such gradients
     holders: list[Holder] = field(default_factory=list)
     detail: bool = True  # False once per-node records of this step were dropped
 

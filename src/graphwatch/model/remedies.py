@@ -45,6 +45,8 @@ EDIT_KINDS: dict[str, str] = {
     "of two backwards that one optimizer's step needs both of)",
     "remove-statement": "the statement on `line` removed (a second backward of the same tensor)",
     "insert-before": "the statement `target` inserted before `line` (e.g. `optimizer.zero_grad()`)",
+    "insert-after": "the statement `target` inserted after `line`, in the same block (e.g. `optimizer.zero_grad()` "
+    "after the `optimizer.step()` of a step that accumulates several backwards)",
     "out-of-place": "the in-place operation on `line` made out of place (`x.relu_()` -> `x = x.relu()`, "
     "`inplace=True` -> `inplace=False`)",
 }

@@ -54,6 +54,9 @@ class ParameterRecord:
     first_grad_step: int | None = None  # None: never held a (non-zero) gradient when its optimizer stepped
     first_held_step: int | None = None  # the first step its optimizer stepped it holding any gradient (zeros too)
     bare_steps: int = 0  # its optimizer's steps before that at which it required a gradient and held none
+    # of those, the steps after a backward that reached it (seen where the session walked the graph): something
+    # between that backward and the step reset its gradient (a `zero_grad()` called after the backward)
+    reset_steps: int = 0
 
     @property
     def key(self) -> tuple[int, int, int, tuple[int, ...]]:

@@ -1,4 +1,4 @@
-"""Codemods that change one call or put one statement before a line: ``retain_graph=True`` dropped,
+"""Codemods that change one call or put one statement before or after a line: ``retain_graph=True`` dropped,
 a statement inserted (``optimizer.zero_grad()``).
 
 Example::
@@ -43,6 +43,26 @@ def drop_retain(tree: SourceTree, edit: Edit) -> str | None:
 @codemod("insert-before")
 def insert_before(tree: SourceTree, edit: Edit) -> str | None:
     """The statement ``edit.target`` inserted before the statement on ``edit.line``, at its indentation."""
+    return _inserted(tree, edit, after=False)
+
+
+@codemod("insert-after")
+def insert_after(tree: SourceTree, edit: Edit) -> str | None:
+    """The statement ``edit.target`` inserted after the statement on ``edit.line``, at its indentation (in the
+    same block: an ``optimizer.step()`` run once every few backwards keeps its new neighbour to itself).
+
+    >>> from graphwatch.analysis.codemods import apply_edits
+    >>> print(apply_edits("if last:\\n    opt.step()\\n", [Edit("insert-after", "t.py", 2, "opt.zero_grad()")]), end="")
+    if last:
+        opt.step()
+        opt.zero_grad()
+    """
+    return _inserted(tree, edit, after=True)
+
+
+def _inserted(tree: SourceTree, edit: Edit, after: bool) -> str | None:
+    """The file with the statement ``edit.target`` put next to the one-line statement on ``edit.line`` (None:
+    no such statement there, or a target that is not one simple statement)."""
     statement = tree.statement_at(edit.line)
     try:
         new = cst.parse_statement(edit.target + "\n")
@@ -50,4 +70,4 @@ def insert_before(tree: SourceTree, edit: Edit) -> str | None:
         return None
     if statement is None or not isinstance(new, cst.SimpleStatementLine):
         return None
-    return tree.replaced(statement, cst.FlattenSentinel([new, statement]))
+    return tree.replaced(statement, cst.FlattenSentinel([statement, new] if after else [new, statement]))

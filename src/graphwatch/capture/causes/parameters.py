@@ -69,13 +69,21 @@ class ParameterLedger:
 
     ``step``: the index of the step in progress (the session's), read at each optimizer step.  ``site``: the
     call site id of a frame (the session's :meth:`~graphwatch.capture.lines.callsite.SiteTable.from_frame`), read at
-    each optimizer's first step.
+    each optimizer's first step.  ``reached``: whether a backward since the optimizer's last step reached a
+    parameter (the session's :meth:`~graphwatch.capture.hooks.optimizer.GradResetTracker.reached`).
     """
 
-    def __init__(self, step: Callable[[], int], site: Callable[[FrameType], int | None] | None = None) -> None:
+    def __init__(
+        self, step: Callable[[], int], site: Callable[[FrameType], int | None] | None = None,
+        reached: Callable[[torch.Tensor], bool] | None = None,
+    ) -> None:  # fmt: skip
         self._step = step
         self._site = site
+        self._reached = reached
         self._seen: dict[int, _Seen] = {}  # id(optimizer) -> its records
+        # the records of the optimizers that stepped so far, in the order of their first step: a session's trace
+        # holds this list while it runs (a step's finding names the optimizer its step stepped), then records()
+        self.stepped: list[OptimizerRecord] = []
         self._handle: Any = None
         self._unstepped: list[OptimizerRecord] = []
         self._unstepped_params: list[ParameterRecord] = []
@@ -122,6 +130,7 @@ class ParameterLedger:
             record = OptimizerRecord(index=len(self._seen), kind=type(optimizer).__name__, name=_variable_name(frame, optimizer))
             record.site = self._site(frame) if self._site is not None else None
             seen = self._seen[id(optimizer)] = _Seen(optimizer, record)
+            self.stepped.append(record)
         step = self._step()
         record = seen.record
         record.steps += 1
@@ -135,12 +144,16 @@ class ParameterLedger:
             seen.pending = [i for i, entry in enumerate(seen.params) if entry.first_grad_step is None]
         if seen.pending:
             closure = args[1] if len(args) > 1 else kwargs.get("closure")  # (args[0]: the optimizer itself)
-            _note_gradients(seen, optimizer, step, count_bare=closure is None)
+            _note_gradients(seen, optimizer, step, count_bare=closure is None, reached=self._reached)
 
 
-def _note_gradients(seen: _Seen, optimizer: torch.optim.Optimizer, step: int, count_bare: bool) -> None:
+def _note_gradients(
+    seen: _Seen, optimizer: torch.optim.Optimizer, step: int, count_bare: bool,
+    reached: Callable[[torch.Tensor], bool] | None = None,
+) -> None:  # fmt: skip
     """Note, for each pending parameter, the first step it holds a gradient, then a non-zero one; or count the
-    step as bare (``count_bare``) when it requires a gradient and holds none."""
+    step as bare (``count_bare``) when it requires a gradient and holds none, and as reset too when a backward
+    since the last step ``reached`` it."""
     params = [param for group in optimizer.param_groups for param in group["params"]]
     entries = seen.params
     for i in seen.pending:
@@ -149,6 +162,8 @@ def _note_gradients(seen: _Seen, optimizer: torch.optim.Optimizer, step: int, co
             if param.grad is None:
                 if count_bare and param.requires_grad:
                     entry.bare_steps += 1
+                    if reached is not None and reached(param):
+                        entry.reset_steps += 1
                 continue
             entry.first_held_step = step
         if _has_gradient(param):

@@ -4,9 +4,11 @@
 ``optimizer.step()`` of every optimizer.  The post hook ends a step.  The
 pair also tells whether gradients were reset between two optimizer steps:
 after a step graphwatch notes each gradient tensor and its version counter;
-before the next step, a gradient that is the same tensor and whose version
-moved by no more than the backwards that accumulated into it was never
-zeroed (``zero_grad()`` either replaces it with None or bumps its version).
+before the next step, a gradient that is the same tensor, and whose version
+had not moved when the first backward since that step started to accumulate
+into it, was never zeroed (``zero_grad()`` either replaces it with None or
+bumps its version; what the backwards and ``clip_grad_norm_`` do to it after
+that, in place, bumps it too, and does not count).
 
 :class:`OptimizerSteps` notes each optimizer's last step (weakly), what names an ``optimizer.step()`` as the
 cause of a "modified by an inplace operation" error.  A wrapper (accelerate's ``AcceleratedOptimizer``,
@@ -20,7 +22,7 @@ Example::
     >>> opt = torch.optim.SGD([p], lr=0.1)
     >>> tracker = GradResetTracker()
     >>> for _ in range(2):
-    ...     (p * 2).sum().backward(); tracker.accumulated([p])
+    ...     tracker.accumulated([p]); (p * 2).sum().backward()  # (told as the backward starts)
     ...     stale = tracker.before_step(opt); opt.step(); tracker.after_step(opt)
     >>> stale
     1
@@ -96,28 +98,36 @@ class GradResetTracker:
         # id(param) -> (weak ref to its grad after the last optimizer step, grad version then)
         self._after: dict[int, tuple[weakref.ref, int]] = {}
         self._accumulations: dict[int, int] = {}  # id(param) -> backwards into it since then
+        # id(param) -> its grad's version as the first of those backwards started (absent: it had no grad then)
+        self._first_versions: dict[int, int] = {}
 
     def accumulated(self, params: Iterable[torch.Tensor]) -> None:
-        """A backward accumulated gradients into ``params``."""
-        counts = self._accumulations
+        """A backward that accumulates gradients into ``params`` starts."""
+        counts, firsts = self._accumulations, self._first_versions
         for param in params:
             key = id(param)
-            counts[key] = counts.get(key, 0) + 1
+            count = counts.get(key, 0)
+            if not count and (grad := param.grad) is not None:
+                firsts[key] = grad._version
+            counts[key] = count + 1
+
+    def reached(self, param: torch.Tensor) -> bool:
+        """Whether a backward since the last optimizer step of ``param`` (that the tracker saw) reached it."""
+        return id(param) in self._accumulations
 
     def before_step(self, optimizer: torch.optim.Optimizer) -> int:
         """How many of the optimizer's gradients were not reset since its previous step."""
         if not self._after or not self._accumulations:  # a first step, or no backward since the last one
             return 0
         stale = 0
-        after, accumulations = self._after, self._accumulations
+        after, accumulations, firsts = self._after, self._accumulations, self._first_versions
         for param in _params(optimizer):
             grad = param.grad
             seen = after.get(id(param))
             if seen is None or seen[0]() is not grad or grad is None:  # (None last: mypy narrows on `is`)
                 continue
-            accumulated = accumulations.get(id(param), 0)
-            if accumulated and grad._version - seen[1] <= accumulated:
-                stale += 1
+            if accumulations.get(id(param)) and firsts.get(id(param)) == seen[1]:
+                stale += 1  # untouched from the last step to the first backward since: no zero_grad() between
         return stale
 
     def after_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -126,6 +136,7 @@ class GradResetTracker:
         for param in _params(optimizer):
             key = id(param)
             accumulations.pop(key, None)
+            self._first_versions.pop(key, None)
             grad = param.grad
             if grad is None:
                 after.pop(key, None)
