@@ -127,7 +127,7 @@ def test_an_earlier_steps_graph_reached_after_a_hand_written_update_names_the_up
     assert f"saved at {at(carried_rnn, 'carried')}" in text and "(step 1), a parameter, then updated in place at " in text
     assert f"{update} (`p -= 0.01 * p.grad" in text
     assert f"step 2's backward at {at(carried_rnn, 'backward')}" in text and "runs into step 1's graph again" in text
-    assert "detach what carries the graph into the next step" in text and "the update itself is right" in text
+    assert "cut what carries the graph into the next step" in text and "the update itself is right" in text
     # the graph carried across steps is the cause, with its own finding and patch (as for an optimizer's step)
     assert [f.kind for f in gw.findings] == ["graph-carried-across-steps"]
 

@@ -197,8 +197,12 @@ def _made_detached(carrier: NodeRecord, site: CallSite | None, name: str | None)
 
 def _detach_made(carrier: NodeRecord, site: CallSite | None, name: str | None, trusted: bool) -> Remedy:
     """Keep a detached copy where the value is made: the patch when what made it is not trained (``trusted``),
-    advice otherwise (the user knows whether a gradient should flow there)."""
-    copy = f"`{name}.detach()`" if name else "a detached copy (`.detach()`)"
+    advice otherwise (the user knows whether a gradient should flow there).  The copy is spelled as the value's
+    type ran: a list of tensors detached item by item, never ``.detach()`` on the list."""
+    from .codemods.detach import detached
+
+    value = detached(name, carrier.carried_type or "other") if name else None
+    copy = f"`{value}`" if value else "a detached copy of each tensor in it" if name else "a detached copy (`.detach()`)"
     edits: list[Edit] = []
     where = site.where if site is not None else "the line that makes it"
     made = _made_detached(carrier, site, name)

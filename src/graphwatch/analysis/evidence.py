@@ -23,6 +23,7 @@ from ..model import BackwardRecord, CallSite, NodeRecord, StepRecord, Trace
 _TARGET = re.compile(r"^\s*([A-Za-z_][\w.]*(?:\[[^\]]*\])?)\s*(?:,[^=]*)?(?:[-+*/@]?=)(?!=)")
 _NEAR = 512  # records of other steps read in a row before giving up: a step's nodes are recorded together
 _BACKWARD_ON = re.compile(r"([A-Za-z_][\w.]*(?:\[[^\]]*\])?)\s*\.backward\(")
+_BACKWARD_SCALED = re.compile(r"\.scale\(\s*([A-Za-z_][\w.]*)\s*\)\s*\.backward\(")  # a GradScaler's
 _BACKWARD_OF = re.compile(r"(?:autograd\.backward|autograd\.grad|\bgrad)\(\s*\[?\s*([A-Za-z_][\w.]*)")
 _CALL_ON = re.compile(r"([A-Za-z_][\w.]*)\.step\(")
 
@@ -72,8 +73,13 @@ def stored_part(source: str, within: str) -> str | None:
 
 
 def backward_target(source: str) -> str | None:
-    """The tensor a line calls backward on: ``loss`` in ``loss.backward()`` or ``autograd.grad(loss, ...)``."""
-    match = _BACKWARD_ON.search(source) or _BACKWARD_OF.search(source)
+    """The tensor a line calls backward on: ``loss`` in ``loss.backward()``, ``scaler.scale(loss).backward()`` or
+    ``autograd.grad(loss, ...)``.
+
+    >>> backward_target("scaler.scale(loss).backward()"), backward_target("(a + b).backward()")
+    ('loss', None)
+    """
+    match = _BACKWARD_SCALED.search(source) or _BACKWARD_ON.search(source) or _BACKWARD_OF.search(source)
     return match.group(1) if match else None
 
 

@@ -82,6 +82,16 @@ def _not_retain(names: dict[str, str]) -> Remedy:
     )
 
 
+def _pair(first: str, second: str) -> str:
+    """The two tensors two backwards ran from, as their lines name them: "`loss_a` and `loss_b`", else "the two
+    losses" (a line that names no tensor: ``(a + b).backward()``).
+
+    >>> _pair("loss_d", "loss_g"), _pair("", "loss_g")
+    ('`loss_d` and `loss_g`', 'the two losses')
+    """
+    return f"`{first}` and `{second}`" if first and second else "the two losses"
+
+
 def _how(pattern: str, names: dict[str, str], shared_named: bool = False) -> str:
     if pattern == "same-step" and shared_named:
         pattern = "shared"
@@ -90,9 +100,9 @@ def _how(pattern: str, names: dict[str, str], shared_named: bool = False) -> str
         "{freeing_where} ran through its graph first and freed it; the one at {backward_where} needs it again.",
         "grad": "the `torch.autograd.grad` at {freeing_where} ran through the graph ({carrier_text}) without "
         "keeping it, and the backward at {backward_where} ({step}) runs through it again{fed}.",
-        "same-tensor": "`{second}` is backwarded twice in {step}: the backward at {freeing_where} freed its graph, "
+        "same-tensor": "{second} is backwarded twice in {step}: the backward at {freeing_where} freed its graph, "
         "and the one at {backward_where} needs it again.",
-        "same-step": "`{first}` and `{second}` share one graph in {step}: the backward at {freeing_where} freed the "
+        "same-step": "{pair} share one graph in {step}: the backward at {freeing_where} freed the "
         "shared part, and the one at {backward_where} runs through it again.",
         "recurrent": "The graph of {carrier_step} is carried into {step} by {carrier_text}{produced}: "
         "each step feeds it into the next without `.detach()`{used}, so this backward runs on into the previous "
@@ -193,8 +203,8 @@ def explain_backward_twice(
         "step": step_name(path[0].step if path and carrier is None else backward.step),
         "backward_where": where,
         "freeing_where": trace.where(freeing.site) if freeing else "the earlier backward",
-        "first": backward_name(trace, freeing, "loss_a") if freeing else "loss_a",
-        "second": backward_name(trace, backward, "loss_b"),
+        "second": f"`{second}`" if (second := backward_name(trace, backward, "")) else "the loss",
+        "pair": _pair(backward_name(trace, freeing, "") if freeing else "", second),
         "carrier": carrier_name or "the tensor",
         "carrier_text": f"`{carrier_name}`" if carrier_name else "the tensor",
         "carrier_at": describe(carrier_site) if carrier_site is not None else "",

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -224,17 +225,34 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
     if evidence["parameters"]:
         through = any(h.backwarded for h in holders)  # no_grad would change the gradients that flow there
         remedies.append(parameters_remedy(trace, name[: -len(".parameters()")], None if through else site))
-    elif never_backwarded:
-        remedies.append(evaluation_remedy(trace, evaluation[0]))
+    elif never_backwarded:  # (the holder's own line where it is one of them: two evaluations, two holders)
+        remedies.append(evaluation_remedy(trace, next((e for e in evaluation if site and e.where == site.where), evaluation[0])))
     spelled = _spelled(site, name) if site is not None and not backwarded and not evidence["parameters"] else None
     if site is not None and evidence["item_path"]:  # the line stores more than the tensor: a tuple holding it
         remedies.append(_part_remedy(site, holders[-1], within(holders[-1].name, name)))
         spelled = None
     keep = holder_remedy(site, spelled, holders) if site is not None and spelled is not None else None
     remedies += [keep] if keep is not None else [] if remedies else [Remedy(GENERIC)]
+    source = _made_from_holder(step, name, site)
+    if source is not None:  # (its own patch, beside that holder's, would be applied to a value made a number there)
+        remedies = [Remedy(f"`{name}` is made from `{source}` (its line, {site.where if site else '?'}, reads it), "
+                           f"which keeps the same graphs: the fix of `{source}`'s finding frees these too")]
     edited = [f"{edit.file}:{edit.line}" for remedy in remedies for edit in remedy.edits]  # where its fix goes too
     evidence["sites"] = list(dict.fromkeys(evidence["sites"][:1] + edited + evidence["sites"][1:]))
     return make_finding("graph-kept-alive", "warning", step.index, evidence, remedies)
+
+
+def _made_from_holder(step: StepRecord, name: str, site: CallSite | None) -> str | None:
+    """Another holder of the same object whose attribute ``name``'s line reads (``self.avg = self.sum /
+    self.count`` for ``meter.avg`` beside ``meter.sum``), or None: the graphs ``name`` keeps come through it."""
+    owner, _, _ = name.rpartition(".")
+    if not owner or site is None:
+        return None
+    for holder in step.holders:
+        other_owner, _, attr = holder.name.rpartition(".")
+        if holder.name != name and other_owner == owner and re.search(rf"\bself\.{re.escape(attr)}\b", site.source):
+            return holder.name
+    return None
 
 
 def _container(name: str, site: CallSite | None) -> str:

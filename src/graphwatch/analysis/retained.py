@@ -25,7 +25,12 @@ from .findings import make_finding, renderer
 
 
 def _reused_later(backward: BackwardRecord, later: list[BackwardRecord]) -> bool:
-    return any(b.earlier_nodes_reached and backward.step in b.earlier_steps for b in later)
+    """Whether a later backward ran through the graph ``backward`` retained: through its step's nodes, or through
+    an earlier step's that it ran through too (a graph made before the loop, which every step's backward runs
+    into: the retain keeps that part for the next backward, and the graph carried so is the finding)."""
+    mine = {backward.step, *backward.earlier_steps}
+    # (a backward of a step seen light walked no graph, nodes_reached 0: whether it ran through this one is unknown)
+    return any(not b.nodes_reached or (b.earlier_nodes_reached and not mine.isdisjoint(b.earlier_steps)) for b in later)
 
 
 def _unused_retains(trace: Trace, step: StepRecord, later: list[BackwardRecord]) -> list[Finding]:
@@ -45,7 +50,7 @@ def _unused_retains(trace: Trace, step: StepRecord, later: list[BackwardRecord])
             "bytes": bw.held_bytes,
             "backward": describe_site(trace, bw.site),
             "backward_where": where,
-            "tensor": backward_name(trace, bw, "the loss"),
+            "tensor": backward_name(trace, bw, ""),
             "same_line_reused": in_a_loop,
         }
         findings.append(make_finding("retained-graph", "warning", bw.step, evidence, _retained_remedies(trace, bw, in_a_loop)))
@@ -110,5 +115,5 @@ def _render_retained(ev: dict) -> str:
     return (
         f"the backward at {ev['backward']} passes retain_graph=True, but no later backward ran through its "
         f"graph: up to {human_bytes(ev['bytes'])} of saved tensors outlived {when} for nothing, until "
-        f"`{ev['tensor']}` and its graph were dropped"
+        f"{f'`{tensor}`' if (tensor := ev['tensor']) else 'the loss'} and its graph were dropped"
     )

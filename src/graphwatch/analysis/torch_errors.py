@@ -155,10 +155,10 @@ def _parameter_update(trace: Trace, cause: InplaceCause, lines: list[str], step:
     if cause.saved_step < step:
         lines[0] += (f"; step {step}'s backward at {describe(backward)} runs into step {cause.saved_step}'s graph "
                      f"again, which saved the parameter before {update}: a graph of an earlier step is reused.")
-        fix = ("detach what carries the graph into the next step at the start of each step (and drop "
-               "retain_graph=True), so that each backward uses only its own step's graph (the graph-carried-across-"
-               "steps finding names what carries it); the update itself is right: out of place, or on a copy, the "
-               "parameter would not train")
+        fix = ("cut what carries the graph into the next step, so that each backward uses only its own step's "
+               "graph, and drop retain_graph=True (the graph-carried-across-steps finding names what carries it and "
+               "how: a state fed on is detached at the start of each step, a value made once and reused is made anew "
+               "in each step); the update itself is right: out of place, or on a copy, the parameter would not train")
     else:
         lines[0] += f"; the backward at {describe(backward)} ran after {update} through the same graph."
         fix = (f"run this backward before {update} (each backward of a graph first, then the update), or recompute "

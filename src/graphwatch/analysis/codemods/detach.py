@@ -95,6 +95,12 @@ def state_statement(module: cst.Module | None, target: str, value_type: str) -> 
     in its evaluation loop)."""
     if module is None or "," in target:
         return detach_statement(target, value_type), False
+    if starts_as_number(module, target):  # `total = 0.0` before the loop: no .detach() on the first step's number
+        statement = detach_statement(target, value_type)
+        if statement is None or not binds_torch(module):
+            return None, False
+        inner = statement.split(": ", 1)[1] if statement.startswith("if ") else statement
+        return f"if isinstance({target}, torch.Tensor): {inner}", False
     helper, several = own_helper(module), several_types(module, target)
     container = value_type not in ("Tensor", "Optional[Tensor]")
     if helper is not None and (several or container or f"{helper}({target})" in module.code):
@@ -116,6 +122,21 @@ def own_helper(module: cst.Module) -> str | None:
             if len(statement.params.params) == 1 and "isinstance(" in code and ".detach()" in code:
                 return statement.name.value
     return None
+
+
+def starts_as_number(module: cst.Module, target: str) -> bool:
+    """Whether the file assigns a number to ``target`` (``total = 0.0``, ``loss_sum = -1``): a sum that a loop
+    makes a tensor holds a plain number until the first one is added.
+
+    >>> starts_as_number(cst.parse_module("total = 0.0\\nfor x in xs:\\n    total = total + f(x)\\n"), "total")
+    True
+    """
+    for node in _nodes(module, cst.Assign):
+        if len(node.targets) == 1 and dotted(node.targets[0].target) == target:
+            value = node.value.expression if isinstance(node.value, cst.UnaryOperation) else node.value
+            if isinstance(value, (cst.Integer, cst.Float)):
+                return True
+    return False
 
 
 def several_types(module: cst.Module, target: str) -> bool:

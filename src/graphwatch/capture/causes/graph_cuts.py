@@ -230,9 +230,10 @@ class CutFinder:
 
 
 def _no_grad_block(tree: ast.AST, line: int) -> ast.With | None:
-    """The innermost ``with torch.no_grad():`` block of ``tree`` (not of a function in it) holding ``line``."""
+    """The innermost ``with torch.no_grad():`` block of ``tree`` (not of a function in it) whose body holds
+    ``line`` (also a body on the ``with``'s own line: ``with torch.no_grad(): loss = f(x)``)."""
     blocks = [s for s in _statements(tree) if isinstance(s, ast.With) and any(is_no_grad(i.context_expr) for i in s.items)
-              and s.lineno < line <= (s.end_lineno or s.lineno)]  # fmt: skip
+              and s.body[0].lineno <= line <= (s.end_lineno or s.lineno)]  # fmt: skip
     return max(blocks, key=lambda s: s.lineno, default=None)
 
 

@@ -78,7 +78,7 @@ def find_no_grad(recorder: Recorder, start: FrameType | None, backward_site: int
             continue
         line = frame.f_lineno
         blocks = [n for n in ast.walk(tree) if isinstance(n, ast.With) and any(is_no_grad(i.context_expr) for i in n.items)
-                  and n.lineno < line <= (n.end_lineno or n.lineno)]  # fmt: skip
+                  and n.body[0].lineno <= line <= (n.end_lineno or n.lineno)]  # fmt: skip  # (a one-line block too)
         if blocks:
             block = max(blocks, key=lambda n: n.lineno)
             cause.kind, cause.function = "with", frame.f_code.co_name

@@ -96,8 +96,10 @@ def _optimizer_hint(recorder: HintRecorder, handle: Any, site: int | None) -> st
         return (
             f"optimizer.step() at {where} updated this parameter in place after step {handle.step}'s "
             f"graph saved it, and step {recorder.step}'s backward runs into that graph again: a graph of an "
-            f"earlier step is reused{_carried_name(recorder)}. Detach what carries it at the start of each step "
-            "(and drop retain_graph=True), so that each backward uses only its own step's graph."
+            f"earlier step is reused{_carried_name(recorder)}. Cut what carries it, so that each backward uses only "
+            f"its own step's graph{_and_drop_retain(recorder, handle.step)}: a state fed into the next step (an "
+            "RNN's hidden state) is detached at the start of each step, a value made once and reused (a regularizer "
+            "computed before the loop) is made anew in each step: detached, it would no longer train what made it."
         )
     return (
         f"optimizer.step() at {where} updated this parameter in place after the graph saved it, and "
@@ -105,6 +107,16 @@ def _optimizer_hint(recorder: HintRecorder, handle: Any, site: int | None) -> st
         "optimizer step, or recompute the forward after the step (a GAN: the generator's loss on a fresh "
         "D(fake) made after D's step)."
     )
+
+
+def _and_drop_retain(recorder: HintRecorder, step: int) -> str:
+    """``, and drop retain_graph=True`` where a backward of ``step`` (whose graph was reused) or the running one
+    passed it; nothing where none did."""
+    trace = recorder.trace
+    steps = [trace.steps[step]] if step < len(trace.steps) else []
+    retained = any(trace.backwards[i].retain_graph for record in steps for i in record.backwards)
+    running = recorder.backward is not None and recorder.backward.retain_graph
+    return ", and drop retain_graph=True" if retained or running else ""
 
 
 def _carried_name(recorder: HintRecorder) -> str:
