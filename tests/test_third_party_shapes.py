@@ -258,3 +258,23 @@ scaler.scale(loss).backward()
 """
     finding = finding_of(diagnose(tmp_path, source), "backward-through-freed-graph")
     assert "`loss` is backwarded twice" in finding.message and "loss_b" not in finding.message
+
+
+def test_an_in_place_op_that_saved_nothing_is_found_in_the_source_not_in_a_module_built_inplace(
+    tmp_path: Path,
+) -> None:
+    source = """\
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.2, inplace=True), nn.Linear(16, 4), nn.Tanh())
+x, y = torch.randn(16, 8), torch.randn(16, 4)
+out = model(x)
+out.mul_(0.5)
+F.mse_loss(out, y).backward()
+"""
+    finding = finding_of(diagnose(tmp_path, source), "modified-in-place")
+    assert "then changed in place at train.py:9 (`out.mul_(0.5)`)" in finding.message
+    assert "LeakyReLU" not in finding.message and finding.fix.startswith("`out = out.mul(0.5)` at train.py:9")

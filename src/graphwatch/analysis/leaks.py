@@ -225,8 +225,8 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
     if evidence["parameters"]:
         through = any(h.backwarded for h in holders)  # no_grad would change the gradients that flow there
         remedies.append(parameters_remedy(trace, name[: -len(".parameters()")], None if through else site))
-    elif never_backwarded:  # (the holder's own line where it is one of them: two evaluations, two holders)
-        remedies.append(evaluation_remedy(trace, next((e for e in evaluation if site and e.where == site.where), evaluation[0])))
+    elif never_backwarded:
+        remedies.append(evaluation_remedy(trace, _evaluation_line(evaluation, site)))
     spelled = _spelled(site, name) if site is not None and not backwarded and not evidence["parameters"] else None
     if site is not None and evidence["item_path"]:  # the line stores more than the tensor: a tuple holding it
         remedies.append(_part_remedy(site, holders[-1], within(holders[-1].name, name)))
@@ -240,6 +240,21 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
     edited = [f"{edit.file}:{edit.line}" for remedy in remedies for edit in remedy.edits]  # where its fix goes too
     evidence["sites"] = list(dict.fromkeys(evidence["sites"][:1] + edited + evidence["sites"][1:]))
     return make_finding("graph-kept-alive", "warning", step.index, evidence, remedies)
+
+
+def _evaluation_line(evaluation: list[CallSite], site: CallSite | None) -> CallSite:
+    """Which of the ``evaluation`` lines to run under ``no_grad`` for the holder whose line is ``site``: the first
+    one whose names that line reads (the forward ``out = model(xv)`` of ``history.append(F.mse_loss(out, yv))``),
+    else the holder's own line where it is one (``test_b = net_b(x)`` beside ``test_a = net_a(x)``), else the
+    first."""
+    if site is None or all(line.where != site.where for line in evaluation):
+        return evaluation[0]
+    for line in evaluation:
+        if line.where == site.where:
+            return line
+        if any(re.search(rf"\b{re.escape(name)}\b", site.source) for name in assigned_names(line.source)):
+            return line
+    return evaluation[0]
 
 
 def _made_from_holder(step: StepRecord, name: str, site: CallSite | None) -> str | None:

@@ -113,10 +113,15 @@ class InplaceFinder:
         elif changer is not None:
             cause.op = changer.name()
             line = self._node_line(changer)
-            if self._changes_here(line):  # the op saved a tensor there, and the line changes one in place
+            # the clock's line of an op that saved nothing (`out.mul_(0.5)`) is the last op before it that saved
+            # (`out = self.model(x)`, whose inplace=True module is not what changed the tensor): look between that
+            # line and what used the result first, and at the line itself only when nothing there changes one
+            own = self._line_is_own(changer)
+            found = [] if own else self._statements_between(line, self._users_lines(changer), handle.site)
+            if not found and self._changes_here(line):
                 cause.changed_at, cause.found_by = line, "node"
                 cause.called_at = self._helper_call(line, handle.site)
-            else:  # the clock's line is the last op before it that saved: look between that and what used it
+            elif not found and own:
                 found = self._statements_between(line, self._users_lines(changer), handle.site)
         elif handle.site is not None:  # (a leaf changed under no_grad: no node; after the line that saved it)
             found = self._statements_between(handle.site, [], handle.site)
@@ -178,6 +183,14 @@ class InplaceFinder:
         if record is not None and record.site is not None and not record.site_inferred:
             return record.site
         return self.recorder.clock.site_of(node._sequence_nr())
+
+    def _line_is_own(self, node: Any) -> bool:
+        """Whether :meth:`_node_line` of ``node`` is the line of its own op (it saved a tensor, or the precise level
+        noted every call), not one read off an op before it."""
+        record = node_record(node)
+        if record is not None and record.site is not None:
+            return not record.site_inferred
+        return self.recorder.precise or self.recorder.clock.packed(node._sequence_nr())
 
     def _changes_here(self, site_id: int | None) -> bool:
         """Whether the statement at ``site_id`` changes a tensor in place: in-place syntax, or a call of a
