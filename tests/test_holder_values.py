@@ -101,3 +101,28 @@ def test_a_module_buffer_updated_outside_no_grad_is_a_named_holder(at: Callable[
     assert kept.evidence["holder"] == "model.running"
     assert kept.evidence["sites"][0] == at(RunningMean.forward, "buffer")
     assert "something outside" not in kept.message
+
+
+def test_a_deque_replay_buffer_and_a_modules_private_list_are_named_holders() -> None:
+    """The usual RL replay buffer is a ``collections.deque``; a LightningModule keeps ``self._losses``: both are
+    looked into (torch's own module internals are not)."""
+    from collections import deque
+
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    model._losses = []  # a private list on a module
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    replay: deque[tuple[torch.Tensor, torch.Tensor]] = deque(maxlen=50)
+    with graphwatch.watch(summary=False, snapshots="off") as gw:
+        for _ in range(6):
+            x = torch.randn(4, 8)
+            out = model(x)
+            loss = out.pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            replay.append((x, out))
+            model._losses.append(loss)
+    assert [h.name for h in last_holders(gw, "replay")][-1].startswith("replay[")
+    assert [h.name for h in last_holders(gw, "model._losses")][-1].startswith("model._losses[")
+    assert not any(h.name.startswith(("model._parameters", "model._forward_hooks")) for s in gw.trace.steps for h in s.holders)

@@ -21,6 +21,7 @@ import os
 import re
 import sys
 import types
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from operator import itemgetter
@@ -37,6 +38,10 @@ _CONTAINER_LEVELS = 2  # containers looked into, one inside the other: a replay 
 _OBJECT_LEVELS = 2  # objects of the user's classes looked into: a trainer's policy's attributes, not deeper
 _SECOND = itemgetter(1)  # a pair's second: a dict item's value
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_SEQUENCES = (list, tuple, deque)  # a deque: the usual replay buffer
+# what every nn.Module holds of torch's own (its parameters, buffers, submodules and hooks are read by their own
+# means): a module's other attributes, private ones too (a LightningModule's `self._losses`), are looked into
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
 
 
 # Exact types whose values hold no tensor and are never looked into: not a tensor, container or module, and
@@ -75,7 +80,7 @@ def _walk(name: str, value: Any, objects: int, containers: int, files: dict[str,
             if value.grad_fn is not None:
                 found.append((_spelled(path), value))
             continue
-        if issubclass(kind, (list, tuple)):
+        if issubclass(kind, _SEQUENCES):
             if containers > 0:
                 first, items = sequence_items(value, last=True)
                 if _INERT.issuperset(map(type, items)):  # (numbers, strings: told at C speed, the usual list)
@@ -112,7 +117,10 @@ def _module_values(name: str, module: torch.nn.Module, objects: int, containers:
     inside: list[tuple[Any, str, int, int]] = []
     for module_name, submodule in list(module.named_modules(prefix=name)):
         for attr, item in list(vars(submodule).items()):
-            if not attr.startswith("_") and type(item) not in _INERT and not issubclass(type(item), torch.nn.Module):
+            if (
+                attr not in _MODULE_INTERNALS and not attr.startswith("__") and type(item) not in _INERT
+                and not issubclass(type(item), torch.nn.Module)
+            ):  # fmt: skip
                 inside.append((item, f"{module_name}.{attr}", objects - 1, containers))
         for attr, buffer in list(submodule._buffers.items()):
             if buffer is not None:
@@ -146,17 +154,26 @@ def first_items(mapping: Any, limit: int | None = _CONTAINER_LIMIT) -> list[tupl
 
 
 def sequence_items(
-    sequence: list | tuple, limit: int = _CONTAINER_LIMIT, last: bool = False
+    sequence: list | tuple | deque, limit: int = _CONTAINER_LIMIT, last: bool = False
 ) -> tuple[int, Sequence[Any]]:
-    """(the index of the first, the items) of the first (or ``last``) ``limit`` items of a list or tuple, read at
-    once by its base type's own methods: a subclass's ``__len__`` or ``__getitem__`` is not called.
+    """(the index of the first, the items) of the first (or ``last``) ``limit`` items of a list, tuple or deque,
+    read by its base type's own methods: a subclass's ``__len__`` or ``__getitem__`` is not called.
 
     >>> sequence_items(list(range(100)), limit=3), sequence_items(tuple(range(100)), limit=2, last=True)
     ((0, [0, 1, 2]), (98, (98, 99)))
+    >>> sequence_items(deque(range(100), maxlen=50), limit=2, last=True)
+    (48, [98, 99])
     """
-    base: Any = list if issubclass(type(sequence), list) else tuple
+    kind = type(sequence)
+    base: Any = list if issubclass(kind, list) else deque if issubclass(kind, deque) else tuple
     first = max(base.__len__(sequence) - limit, 0) if last else 0
-    return first, base.__getitem__(sequence, slice(first, first + limit))
+    if base is not deque:
+        return first, base.__getitem__(sequence, slice(first, first + limit))
+    try:  # (no slices: item by item, near its end, as fast as near its start)
+        held: Any = sequence
+        return first, [deque.__getitem__(held, i) for i in range(first, min(first + limit, deque.__len__(held)))]
+    except IndexError:  # another thread emptied it meanwhile
+        return 0, []
 
 
 def attribute_items(value: Any, limit: int | None = _CONTAINER_LIMIT) -> list[tuple[str, Any]]:
