@@ -202,7 +202,7 @@ def _detach_made(carrier: NodeRecord, site: CallSite | None, name: str | None, t
     from .codemods.detach import detached
 
     value = detached(name, carrier.carried_type or "other") if name else None
-    copy = f"`{value}`" if value else "a detached copy of each tensor in it" if name else "a detached copy (`.detach()`)"
+    copy = f"`{value}`" if value else "`.detach()` on each tensor in it" if name else "`.detach()`"
     edits: list[Edit] = []
     where = site.where if site is not None else "the line that makes it"
     made = _made_detached(carrier, site, name)
