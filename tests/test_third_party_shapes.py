@@ -278,3 +278,40 @@ F.mse_loss(out, y).backward()
     finding = finding_of(diagnose(tmp_path, source), "modified-in-place")
     assert "then changed in place at train.py:9 (`out.mul_(0.5)`)" in finding.message
     assert "LeakyReLU" not in finding.message and finding.fix.startswith("`out = out.mul(0.5)` at train.py:9")
+
+
+def test_a_backward_of_ones_own_beside_lightnings_automatic_one_is_the_one_dropped(tmp_path: Path) -> None:
+    import pytest
+
+    pytest.importorskip("lightning")
+    source = """\
+import torch
+from torch import nn
+import lightning.pytorch as pl
+
+
+class Net(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(8, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self.layer(x), y)
+        loss.backward()
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=16)
+trainer = pl.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(Net(), data)
+"""
+    finding = finding_of(diagnose(tmp_path, source), "backward-through-freed-graph")
+    assert finding.fix.startswith("drop the `loss.backward()` at train.py:14: the framework called at train.py:24")
+    removed = [line for line in (finding.patch or "").splitlines() if line.startswith("-") and not line.startswith("---")]
+    assert removed == ["-        loss.backward()"]
+    patched_runs_clean(tmp_path, finding.patch)

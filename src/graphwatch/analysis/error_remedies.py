@@ -171,6 +171,29 @@ class RemedyMaker:
                f"the loss of the backward at {self._where(self.failing)} uses it: that term trains nothing as it is")
         return Remedy(text, [edit] if edit and line else [], why, bool(edit and line))
 
+    def framework_backward(self) -> Remedy | None:
+        """The second backward ran inside a framework (its line, the user's call into it, calls no backward:
+        ``trainer.fit(model)``), through the graph of the user's own ``loss.backward()`` in the function it
+        calls (a Lightning ``training_step`` under automatic optimization, a ``Trainer``'s ``compute_loss``): the
+        user's backward removed, the framework's does it."""
+        from .codemods import CODEMODS
+
+        failing, freeing = self.failing_site, self.freeing_site
+        if failing is None or freeing is None or failing.where == freeing.where or self.cause.stepped_between:
+            return None
+        name = backward_expression(freeing.source)
+        if name is None or backward_expression(failing.source) is not None or self.freeing.api != "backward":
+            return None
+        edit, _ = self._edit("remove-statement", freeing)
+        text = (f"drop the `{name}.backward()` at {freeing.where}: the framework called at {failing.where} "
+                f"(`{failing.source}`) backwards the loss itself (Lightning's automatic optimization backwards what "
+                "`training_step` returns, a Hugging Face `Trainer` what `compute_loss` returns); to call backward "
+                "yourself, switch that off (Lightning: `self.automatic_optimization = False` and "
+                "`self.manual_backward(loss)`)")
+        why = (f"the backward at {failing.where} ran inside an installed package (the line calls no backward), "
+               f"from a loss made from the one the backward at {freeing.where} had already backwarded")
+        return Remedy(text, [edit] if edit else [], why, edit is not None and "remove-statement" in CODEMODS)
+
     def remove_second(self) -> Remedy | None:
         """Drop the second backward of one tensor (never the only backward of a loop: same line)."""
         from .codemods import CODEMODS

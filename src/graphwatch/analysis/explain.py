@@ -143,7 +143,7 @@ def _remedies(pattern: str, maker: RemedyMaker | None) -> list[Remedy]:
     """The remedies, best first, of a graph not carried across steps: what the cause supports."""
     if maker is None:
         return []
-    found: list[Remedy | None] = [maker.cuts(), maker.create_graph()]
+    found: list[Remedy | None] = [maker.framework_backward(), maker.cuts(), maker.create_graph()]
     if pattern == "same-tensor":
         found.append(maker.remove_second())
     found.append(maker.detach_made())
