@@ -126,3 +126,35 @@ def test_a_deque_replay_buffer_and_a_modules_private_list_are_named_holders() ->
     assert [h.name for h in last_holders(gw, "replay")][-1].startswith("replay[")
     assert [h.name for h in last_holders(gw, "model._losses")][-1].startswith("model._losses[")
     assert not any(h.name.startswith(("model._parameters", "model._forward_hooks")) for s in gw.trace.steps for h in s.holders)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.td_errors: list[torch.Tensor] = []
+
+
+class Learner:
+    def __init__(self) -> None:
+        self.memory = Recorder()
+
+    def remember(self, loss: torch.Tensor) -> None:
+        self.memory.td_errors.append(loss)  # at: append
+
+
+def test_a_list_that_its_own_class_only_creates_is_named_at_the_line_of_the_object_that_appends_to_it(
+    at: Callable[[object, str], str],
+) -> None:
+    torch.manual_seed(0)
+    net = nn.Linear(8, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    learner = Learner()
+    with graphwatch.watch(summary=False, snapshots="off") as gw:
+        for _ in range(8):
+            loss = net(torch.randn(4, 8)).pow(2).mean()
+            learner.remember(loss)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    (kept,) = [f for f in gw.findings if f.kind == "graph-kept-alive"]
+    assert kept.evidence["holder"] == "learner.memory.td_errors"
+    assert kept.evidence["sites"][0] == at(Learner.remember, "append")  # not Recorder.__init__'s `= []`

@@ -159,8 +159,20 @@ def _attribute_site(recorder: Recorder, frame: FrameType | None, name: str, name
     owner_path, _, attr = held_value(name).rpartition(".")
     if not owner_path or not attr.isidentifier():
         return None
-    owner = value_at(frame, owner_path, names)
-    # a method that adds to it wins over one that assigns it, and one that assigns it each step over __init__
+    best = _class_line(value_at(frame, owner_path, names), f"self.{attr}")
+    parent_path, _, link = owner_path.rpartition(".")
+    if (best is None or not best[0][0]) and parent_path and link.isidentifier():
+        # nothing of the owner's class adds to it (``self.td_errors = []`` only): the object that holds the owner
+        # may (``self.agent.td_errors.append(loss)`` in a training_step)
+        added = _class_line(value_at(frame, parent_path, names), f"self.{link}.{attr}")
+        best = added if added is not None and added[0][0] else best
+    return None if best is None else recorder.sites.from_code(best[2], best[1])
+
+
+def _class_line(owner: Any, target: str) -> tuple[tuple[bool, bool], int, CodeType] | None:
+    """((adds, not in __init__), line, code) of the statement of ``owner``'s classes that best makes ``target``
+    (``self.attr``) hold a graph: a method that adds to it wins over one that assigns it, and one that assigns it
+    each step over ``__init__``."""
     best: tuple[tuple[bool, bool], int, CodeType] | None = None
     for cls in type(owner).__mro__:
         if cls.__module__.startswith(("torch.", "builtins")):
@@ -169,11 +181,11 @@ def _attribute_site(recorder: Recorder, frame: FrameType | None, name: str, name
             code = getattr(function, "__code__", None)
             if not isinstance(code, CodeType):
                 continue
-            found = _assignment(code, f"self.{attr}")
+            found = _assignment(code, target)
             rank = (found[1], method != "__init__") if found is not None else (False, False)
             if found is not None and (best is None or rank > best[0]):
                 best = (rank, found[0], code)
-    return None if best is None else recorder.sites.from_code(best[2], best[1])
+    return best
 
 
 class HolderSearch:
