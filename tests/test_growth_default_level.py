@@ -254,3 +254,27 @@ def test_the_light_level_measures_no_live_count() -> None:
     trace = watched(running_total, "light")
     assert not any(live_counts_measured(trace)(step.index) for step in trace.steps)
     assert "not measured" in render(trace)
+
+
+def test_an_evaluation_graph_held_from_one_evaluation_to_the_next_is_found_at_the_default_level_as_at_full() -> None:
+    """nanoGPT's ``estimate_loss()`` without ``no_grad``, run every 20 steps: the variable holds one evaluation's graph
+    (megabytes of saved tensors) until the next.  Step 0's evaluation is set-up; the one at step 20 runs on a step
+    seen light, with as many nodes as step 0's, so only a look at what the frames hold, after it, tells."""
+
+    def program() -> None:
+        model, opt = mlp()
+        val_x = torch.randn(256, 8)
+        val_loss = None
+        for step in range(41):
+            if step % 20 == 0:
+                val_loss = model(val_x).pow(2).mean()  # no torch.no_grad(): a graph, kept until the next evaluation
+            loss = model(torch.randn(16, 8)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        assert val_loss is not None
+
+    default, full = watched(program, "default"), watched(program, "full")
+    assert "graph-kept-alive" in kinds(full)
+    assert kinds(default) == kinds(full)
+    assert any(span.reason.startswith("`val_loss` holds a graph of step 20") for span in default.full_detail)

@@ -21,8 +21,9 @@ left costs a few attribute reads per backward and per step end:
 - at the first light step ends (:data:`CENSUS_AT`), a tensor the user's frames
   name (one level into lists, dicts, modules) whose ``grad_fn`` an older step
   than the last made: a list of validation losses kept from the start, which
-  the first steps' own node counts do not tell from a clean loop (later, the
-  sampled steps look at every graph the frames hold).
+  the first steps' own node counts do not tell from a clean loop, or an
+  evaluation's loss held from one evaluation to the next (later, the sampled
+  steps look at every graph the frames hold).
 
 Example::
 
@@ -43,7 +44,10 @@ from typing import Any
 
 from ..causes.holders import tensors_in_user_frames
 
-CENSUS_AT = (1, 2, 4, 8)  # light step ends (counted from the session's start) that look at what the frames hold
+# light step ends (counted from the session's start) that look at what the frames hold: up to the first sampled
+# step (detail.SAMPLED_EARLY), which looks at every graph they hold (an evaluation every 20 steps without no_grad,
+# whose graph a variable holds until the next: only the steps after its second are left to tell)
+CENSUS_AT = (1, 2, 4, 8, 16, 32)
 # A loop whose steps differ in length (a reinforcement-learning episode per step, longer as the agent learns)
 # makes more nodes than any step before again and again, on the same code path: each node-count signal since the
 # last finding widens the margin the next one needs, an eighth, a quarter, ... up to twice the most (or half the
