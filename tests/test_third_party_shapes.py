@@ -10,20 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from test_kept_value_use import HEAD as KEPT_HEAD
 from test_leak_fixes import diagnose, finding_of, patched_runs_clean, trains_like
 from test_patches import needs_patch_tool
 
 pytestmark = needs_patch_tool
 
-HEAD = """\
-import torch
-from torch import nn
-import torch.nn.functional as F
-
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-"""
+# (test_kept_value_use's script head, with F: seven lines, so that the lines asserted below are the scripts')
+HEAD = KEPT_HEAD.replace("from torch import nn\n", "from torch import nn\nimport torch.nn.functional as F\n")
 SUMS = "print([round(p.sum().item(), 4) for p in model.parameters()])\n"
 
 
@@ -31,7 +25,7 @@ SUMS = "print([round(p.sum().item(), 4) for p in model.parameters()])\n"
 ACCUMULATING = HEAD + """\
 for step in range(6):
     for micro_step in range(4):
-        x, y = torch.randn(32, 8), torch.randn(32, 4)
+        x, y = torch.randn(32, 8), torch.randn(32, 1)
         loss = F.mse_loss(model(x), y) / 4
         loss.backward()
     opt.step()
@@ -52,7 +46,7 @@ def test_a_grad_scalers_step_names_the_optimizer_it_steps(tmp_path: Path) -> Non
     source = HEAD + """\
 scaler = torch.amp.GradScaler("cpu", enabled=False)
 for step in range(6):
-    x, y = torch.randn(32, 8), torch.randn(32, 4)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
     scaler.scale(F.mse_loss(model(x), y)).backward()
     scaler.step(opt)
     scaler.update()
@@ -66,7 +60,7 @@ for step in range(6):
 def test_gradients_clipped_in_place_are_still_found_stale(tmp_path: Path) -> None:
     source = HEAD + """\
 for step in range(6):
-    x, y = torch.randn(32, 8), torch.randn(32, 4)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
     F.mse_loss(model(x), y).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
@@ -100,7 +94,7 @@ for step in range(6):
 def test_gradients_reset_between_the_backward_and_the_step_are_named_as_reset_not_as_cut_off(tmp_path: Path) -> None:
     source = HEAD + """\
 for step in range(30):
-    x, y = torch.randn(32, 8), torch.randn(32, 4)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
     F.mse_loss(model(x), y).backward()
     opt.zero_grad(set_to_none=True)
     opt.step()
@@ -116,7 +110,7 @@ def test_a_sum_that_starts_as_a_number_is_detached_only_once_it_is_a_tensor(tmp_
 total = 0.0
 for step in range(5):
     for micro_step in range(2):
-        x, y = torch.randn(32, 8), torch.randn(32, 4)
+        x, y = torch.randn(32, 8), torch.randn(32, 1)
         loss = F.mse_loss(model(x), y) / 2
         total = total + loss
     total.backward()
@@ -196,7 +190,7 @@ class AverageMeter:
 
 meter = AverageMeter()
 for step in range(12):
-    x, y = torch.randn(32, 8), torch.randn(32, 4)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
     loss = F.mse_loss(model(x), y)
     meter.update(loss, 32)
     opt.zero_grad()
@@ -237,7 +231,7 @@ for t in range(30):
 def test_a_one_line_no_grad_block_is_named_as_the_cut(tmp_path: Path) -> None:
     source = HEAD + """\
 for step in range(3):
-    x, y = torch.randn(32, 8), torch.randn(32, 4)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
     with torch.no_grad(): loss = F.mse_loss(model(x), y)
     opt.zero_grad()
     loss.backward()
@@ -251,7 +245,7 @@ for step in range(3):
 def test_a_scaled_loss_backwarded_twice_is_named_and_no_name_is_invented(tmp_path: Path) -> None:
     source = HEAD + """\
 scaler = torch.amp.GradScaler("cpu", enabled=False)
-x, y = torch.randn(32, 8), torch.randn(32, 4)
+x, y = torch.randn(32, 8), torch.randn(32, 1)
 loss = F.mse_loss(model(x), y)
 scaler.scale(loss).backward()
 scaler.scale(loss).backward()
