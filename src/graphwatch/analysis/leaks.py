@@ -233,10 +233,10 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
         spelled = None
     keep = holder_remedy(site, spelled, holders) if site is not None and spelled is not None else None
     remedies += [keep] if keep is not None else [] if remedies else [Remedy(GENERIC)]
-    source = _made_from_holder(step, name, site)
-    if source is not None:  # (its own patch, beside that holder's, would be applied to a value made a number there)
-        remedies = [Remedy(f"`{name}` is made from `{source}` (its line, {site.where if site else '?'}, reads it), "
-                           f"which keeps the same graphs: the fix of `{source}`'s finding frees these too")]
+    source = _made_from_holder(step, name, site) if site is not None else None
+    if source is not None and site is not None:  # (its own patch, beside that holder's, would meet a number there)
+        remedies = [Remedy(f"`{name}` is made from `{source}` (its line, {site.where}, reads it), which keeps the "
+                           f"same graphs: the fix of `{source}`'s finding frees these too")]
     edited = [f"{edit.file}:{edit.line}" for remedy in remedies for edit in remedy.edits]  # where its fix goes too
     evidence["sites"] = list(dict.fromkeys(evidence["sites"][:1] + edited + evidence["sites"][1:]))
     return make_finding("graph-kept-alive", "warning", step.index, evidence, remedies)
@@ -257,11 +257,11 @@ def _evaluation_line(evaluation: list[CallSite], site: CallSite | None) -> CallS
     return evaluation[0]
 
 
-def _made_from_holder(step: StepRecord, name: str, site: CallSite | None) -> str | None:
+def _made_from_holder(step: StepRecord, name: str, site: CallSite) -> str | None:
     """Another holder of the same object whose attribute ``name``'s line reads (``self.avg = self.sum /
     self.count`` for ``meter.avg`` beside ``meter.sum``), or None: the graphs ``name`` keeps come through it."""
     owner, _, _ = name.rpartition(".")
-    if not owner or site is None:
+    if not owner:
         return None
     for holder in step.holders:
         other_owner, _, attr = holder.name.rpartition(".")
