@@ -52,6 +52,16 @@ def backward_expression(source: str) -> str | None:
     return None
 
 
+def _calls_backward(source: str) -> bool:
+    """Whether a line calls a backward itself (``loss.backward()``, ``self.manual_backward(loss)``, the first line
+    of a call spread over several): not a call into a framework that runs one (``trainer.fit(model)``).
+
+    >>> _calls_backward("self.manual_backward(loss)"), _calls_backward("trainer.fit(model, data)")
+    (True, False)
+    """
+    return backward_expression(source) is not None or "backward(" in source or "grad(" in source
+
+
 def edited_line(site: CallSite, edit: Edit) -> str | None:
     """``site``'s line as ``edit`` leaves it (None: the edit cannot be made there, or has no codemod yet)."""
     from .codemods.expressions import edited_statement
@@ -182,7 +192,7 @@ class RemedyMaker:
         if failing is None or freeing is None or failing.where == freeing.where or self.cause.stepped_between:
             return None
         name = backward_expression(freeing.source)
-        if name is None or backward_expression(failing.source) is not None or self.freeing.api != "backward":
+        if name is None or _calls_backward(failing.source) or self.freeing.api != "backward":
             return None
         edit, _ = self._edit("remove-statement", freeing)
         text = (f"drop the `{name}.backward()` at {freeing.where}: the framework called at {failing.where} "
@@ -200,7 +210,7 @@ class RemedyMaker:
 
         if self.failing_site is None or self.freeing_site is None or self.failing_site.where == self.freeing_site.where:
             return None
-        if self.cause.stepped_between:
+        if self.cause.stepped_between or not _calls_backward(self.failing_site.source):  # (a framework ran it)
             return None
         edit, _ = self._edit("remove-statement", self.failing_site)
         name = backward_expression(self.failing_site.source) or "the tensor"
