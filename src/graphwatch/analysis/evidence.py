@@ -34,18 +34,21 @@ def assigned_name(source: str) -> str | None:
     return match.group(1) if match else None
 
 
-def reads_name(source: str, name: str) -> bool:
-    """Whether a line of source reads the variable ``name`` (not only assigns it); False for a line that does
-    not parse alone.
+def reads_name(source: str, name: str, dotted: bool = False) -> bool:
+    """Whether a line of source reads the variable ``name`` (with ``dotted``, also a dotted name: ``self.sum``),
+    not only assigns it; False for a line that does not parse alone.
 
     >>> reads_name("all_losses.append(current_loss / 4)", "current_loss"), reads_name("current = 0", "current")
+    (True, False)
+    >>> reads_name("self.avg = self.sum / self.count", "self.sum", dotted=True), reads_name("self.sum += v", "self.sum", True)
     (True, False)
     """
     try:
         tree = ast.parse(source.strip())
     except SyntaxError:
         return False
-    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in ast.walk(tree))
+    kinds = (ast.Name, ast.Attribute) if dotted else ast.Name
+    return any(isinstance(n, kinds) and isinstance(n.ctx, ast.Load) and ast.unparse(n) == name for n in ast.walk(tree))
 
 
 def stored_part(source: str, within: str) -> str | None:

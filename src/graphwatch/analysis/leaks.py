@@ -13,7 +13,6 @@ Example::
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -252,7 +251,7 @@ def _evaluation_line(evaluation: list[CallSite], site: CallSite | None) -> CallS
     for line in evaluation:
         if line.where == site.where:
             return line
-        if any(re.search(rf"\b{re.escape(name)}\b", site.source) for name in assigned_names(line.source)):
+        if any(reads_name(site.source, name, dotted=True) for name in assigned_names(line.source)):
             return line
     return evaluation[0]
 
@@ -265,7 +264,7 @@ def _made_from_holder(step: StepRecord, name: str, site: CallSite) -> str | None
         return None
     for holder in step.holders:
         other_owner, _, attr = holder.name.rpartition(".")
-        if holder.name != name and other_owner == owner and re.search(rf"\bself\.{re.escape(attr)}\b", site.source):
+        if holder.name != name and other_owner == owner and reads_name(site.source, f"self.{attr}", dotted=True):
             return holder.name
     return None
 

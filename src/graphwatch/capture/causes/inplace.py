@@ -112,11 +112,10 @@ class InplaceFinder:
             found = self._update_writes(handle, base)
         elif changer is not None:
             cause.op = changer.name()
-            line = self._node_line(changer)
+            line, own = self._node_line(changer)
             # the clock's line of an op that saved nothing (`out.mul_(0.5)`) is the last op before it that saved
             # (`out = self.model(x)`, whose inplace=True module is not what changed the tensor): look between that
             # line and what used the result first, and at the line itself only when nothing there changes one
-            own = self._line_is_own(changer)
             found = [] if own else self._statements_between(line, self._users_lines(changer), handle.site)
             if not found and self._changes_here(line):
                 cause.changed_at, cause.found_by = line, "node"
@@ -176,21 +175,15 @@ class InplaceFinder:
         consumers = [p for p, n in self.parents.get(saving, []) if n == number and p._sequence_nr() > first]
         return max(consumers, key=lambda p: p._sequence_nr(), default=None)
 
-    def _node_line(self, node: Any) -> int | None:
-        """The line that made ``node``: its record's, else the clock's at its sequence number (its own line if
-        it saved a tensor, else the last one before it that did)."""
+    def _node_line(self, node: Any) -> tuple[int | None, bool]:
+        """(the line that made ``node``, whether it is its own op's): its record's, else the clock's at its
+        sequence number: its own line if it saved a tensor (or the precise level noted every call), else the last
+        one before it that did."""
         record = node_record(node)
         if record is not None and record.site is not None and not record.site_inferred:
-            return record.site
-        return self.recorder.clock.site_of(node._sequence_nr())
-
-    def _line_is_own(self, node: Any) -> bool:
-        """Whether :meth:`_node_line` of ``node`` is the line of its own op (it saved a tensor, or the precise level
-        noted every call), not one read off an op before it."""
-        record = node_record(node)
-        if record is not None and record.site is not None:
-            return not record.site_inferred
-        return self.recorder.precise or self.recorder.clock.packed(node._sequence_nr())
+            return record.site, True
+        seq = node._sequence_nr()
+        return self.recorder.clock.site_of(seq), self.recorder.precise or self.recorder.clock.packed(seq)
 
     def _changes_here(self, site_id: int | None) -> bool:
         """Whether the statement at ``site_id`` changes a tensor in place: in-place syntax, or a call of a
@@ -214,7 +207,7 @@ class InplaceFinder:
             if user in seen:
                 continue
             seen.add(user)
-            site = self._node_line(user)
+            site, _ = self._node_line(user)
             if site is not None and any(True for _ in saved_data(user, node_type(user))):
                 lines.append(site)
             else:
