@@ -7,6 +7,7 @@ silent and the buggy one named with the right kind, variable and line
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -339,3 +340,39 @@ def test_a_step_function_that_retains_its_graph_is_reported(at: Callable[[object
     assert len(gw.trace.steps) == 4
     finding = next(f for f in gw.findings if f.kind == "retained-graph")
     assert finding.evidence["sites"] == [at(retaining_step, "retained")]
+
+
+# ------------------------------------------------------- where the walks stop
+def test_positions_stop_at_the_frame_the_session_was_entered_in() -> None:
+    """The frames above the one a session was entered in are the same for every event while it runs: the
+    positions of an event end there, once two user frames were found where a user frame is above it (so
+    that an event in the frame entered in keeps its caller, the line's call site)."""
+    from graphwatch.capture.steps.loop_steps import LoopSteps
+
+    def event() -> tuple[int, ...]:
+        return loop.positions(sys._getframe(0))
+
+    def nested() -> tuple[int, ...]:
+        return event()
+
+    def entered_here() -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        unstopped = nested()
+        loop.stop_at(sys._getframe(0))
+        return unstopped, nested(), event()
+
+    loop = LoopSteps()
+    unstopped, stopped, direct = entered_here()
+    codes = [id(event.__code__), id(nested.__code__), id(entered_here.__code__)]
+    assert stopped[::2] == tuple(codes)  # this test's own frames, above the one entered in, are left out
+    assert len(unstopped) > len(stopped) and unstopped[:4] == stopped[:4]
+    assert direct[::2] == (codes[0], codes[2])  # two user frames found: it stops there
+
+    def entered_in_middle() -> tuple[int, ...]:
+        loop.stop_at(sys._getframe(0))
+        return loop.positions(sys._getframe(0))  # an event in the frame entered in
+
+    def outer() -> tuple[int, ...]:
+        return entered_in_middle()
+
+    loop = LoopSteps()
+    assert outer()[::2][:2] == (id(entered_in_middle.__code__), id(outer.__code__))  # its caller is kept

@@ -285,6 +285,7 @@ class Session:
             raise
         self.trace.rank, self.trace.world_size = rank_and_world_size()
         site = self._recorder.sites.here(2)
+        self._loop.stop_at(sys._getframe(1))
         self._entered_at = self.trace.where(site) if site is not None else "graphwatch run (or @graphwatch.step)"
         self._own.start()
         return self

@@ -171,6 +171,10 @@ class LoopSteps:
         self._receivers: dict[tuple[CodeType, str], bool] = {}  # is this receiver an optimizer?
         self.in_optimizer_step = 0  # depth of optimizer.step() calls running now
         self.optimizer_seen = False
+        # The code of the frame the session was entered in, and the positions' length from which a walk may stop
+        # there (:meth:`stop_at`): the frames above it are the same for every event while the session runs.
+        self._stop_code: CodeType | None = None
+        self._stop_length = 0
 
     # ------------------------------------------------------------ the plan
     def plan_of(self, code: CodeType) -> LoopPlan | None:
@@ -204,13 +208,30 @@ class LoopSteps:
             return kind == "step" or (frees_graph and not self.optimizer_seen)
         return answer
 
+    def stop_at(self, entered: FrameType | None) -> None:
+        """The session was entered in frame ``entered``: while it runs, the frames above that one are the same
+        for every event, so that :meth:`positions` stops there.  Where a user frame is above it (a ``with``
+        block in a function that ``main()`` calls), only once two user frames were found below: the first
+        four numbers (a :class:`~graphwatch.capture.lines.callsite.SiteTable` position) stay the same.  A
+        session entered in a frame that returns (a callback's ``on_fit_start``) meets no event below it: there
+        the walks go on to the outermost frame, as without this."""
+        if entered is None:
+            return
+        self._stop_code = entered.f_code
+        above = entered.f_back
+        while above is not None and not self._is_user(above.f_code):
+            above = above.f_back
+        self._stop_length = 4 if above is not None else 0
+
     def positions(self, frame: FrameType | None) -> tuple[int, ...]:
-        """Where the innermost user frames from ``frame`` outwards are: (code id, instruction) of each, flat.
-        (Its first four numbers are the innermost user frame's and its user caller's: a
+        """Where the innermost user frames from ``frame`` outwards are: (code id, instruction) of each, flat,
+        up to the frame the session was entered in (:meth:`stop_at`).  (Its first four numbers are the
+        innermost user frame's and its user caller's: a
         :class:`~graphwatch.capture.lines.callsite.SiteTable` position.)"""
         positions: list[int] = []
         add = positions.append
         user_code = self._user_code
+        stop, stop_length = self._stop_code, self._stop_length
         left = _MAX_CALLERS
         while frame is not None:
             code = frame.f_code
@@ -221,8 +242,14 @@ class LoopSteps:
                 left -= 1
                 if not left:
                     break
+            if code is stop and len(positions) >= stop_length:
+                break
             frame = frame.f_back
         return tuple(positions)
+
+    def _is_user(self, code: CodeType) -> bool:
+        is_user = self._user_code.get(id(code))
+        return self._classify(code) if is_user is None else is_user
 
     def _classify(self, code: CodeType) -> bool:
         self._codes.append(code)
