@@ -278,3 +278,60 @@ def test_an_evaluation_graph_held_from_one_evaluation_to_the_next_is_found_at_th
     assert "graph-kept-alive" in kinds(full)
     assert kinds(default) == kinds(full)
     assert any(span.reason.startswith("`val_loss` holds a graph of step 20") for span in default.full_detail)
+
+
+def estimate_loss_program() -> None:
+    """nanoGPT's ``estimate_loss()`` without its ``@torch.no_grad()``: a few losses written into a tensor, every 20
+    steps, and their mean kept in ``val_loss`` until the next evaluation.  Its second layer saves its weight's
+    transpose, a view that the optimizer's steps change in place since."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def estimate_loss() -> torch.Tensor:
+        losses = torch.zeros(5)
+        for k in range(5):
+            losses[k] = model(torch.randn(32, 8)).pow(2).mean()
+        return losses.mean()
+
+    val_loss = None
+    for step in range(41):
+        if step % 20 == 0:
+            val_loss = estimate_loss()  # at: evaluation
+        loss = model(torch.randn(16, 8)).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    assert val_loss is not None
+
+
+def test_a_kept_evaluation_seen_light_gets_the_no_grad_fix_that_the_full_level_gives() -> None:
+    """Found from a step seen light, the evaluation is told from the training forward as at the full level: no
+    backward ran through what ``val_loss`` holds (every backward since freed its graph, and that graph still keeps
+    its saved tensors), and the training forward's nodes of a step not finished yet take no line from the
+    evaluation that starts step 0 with the same ops.  So the fix is the same: the evaluation's line under
+    ``no_grad``, a patch."""
+    default, full = watched(estimate_loss_program, "default"), watched(estimate_loss_program, "full")
+    fixes = {}
+    for trace in (default, full):
+        finding = next(f for f in trace.findings if f.kind == "graph-kept-alive")
+        edit = finding.remedies[0].edits[0]
+        fixes[trace.options["level"]] = (edit.kind, edit.line, finding.patch is not None)
+    line = marked_line("evaluation")
+    assert fixes == {"default": ("no-grad", line, True), "full": ("no-grad", line, True)}
+
+
+def test_reading_a_light_steps_saved_tensors_after_the_fact_makes_no_autograd_node() -> None:
+    """A census reads the saved tensors of a graph made on a step seen light; one of them a view of a parameter
+    that an optimizer step changed since (``weight.t()``).  Asking a stale view whether it is a leaf would rebuild
+    its autograd node: graphwatch must not make nodes in the user's graphs, so every step makes as many as bare."""
+    with graphwatch.watch(summary=False, snapshots="off") as gw:
+        estimate_loss_program()
+    made = [step.nodes_created for step in gw.trace.steps]
+    training = made[1]  # a step with no evaluation: the training forward's nodes
+    assert all(count == training for i, count in enumerate(made) if i % 20 and i < 40), made
+
+
+def marked_line(tag: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if text.rstrip().endswith(f"# at: {tag}"))

@@ -227,13 +227,16 @@ class Recorder:
     def post_hoc_saved(self, tensor: torch.Tensor, step: int, output: bool = False) -> SavedRecord:
         """The record of a tensor a node of a light step saved with no hook (read from the node now; ``output``:
         the op's own output), counted alive until :meth:`post_hoc_released` (:mod:`~graphwatch.capture.graph.post_hoc`)."""
+        base = None if output else tensor._base
         if output:
             kind = "activation"
+        elif base is not None:  # a view (``weight.t()``): its own is_leaf is not read, which would rebuild the
+            # autograd node of a view whose base changed in place since (an optimizer's step): a node made here
+            kind = ("parameter" if base.requires_grad else "input") if base.is_leaf else "activation"
         elif tensor.is_leaf:
             kind = "parameter" if tensor.requires_grad else "input"
         else:
-            base = tensor._base
-            kind = "activation" if base is None or not base.is_leaf else "parameter"
+            kind = "activation"
         try:
             untyped = tensor.untyped_storage()
             key: tuple | None = (untyped.data_ptr(), tensor.is_cuda)

@@ -19,6 +19,9 @@ Example::
     (8, False)
     >>> templates.site(3, True, [(1, "ExpBackward0")])  # another op there: not the same code
     (None, False)
+    >>> templates.keep(Template(5, ["MulBackward0", "SumBackward0", None, None, None], [(0, 9)], frozenset({0})))
+    >>> templates.site(2, False, [(1, "SumBackward0")])  # a step half made: either code, two lines
+    (None, False)
 """
 
 from __future__ import annotations
@@ -98,8 +101,11 @@ class LineTemplates:
             templates = [found] if found is not None else []
         else:
             templates = [t for t in self._by_count.values() if t.count >= count]
-        for template in templates:
-            ops = template.ops
-            if all(offset < len(ops) and ops[offset] == op for offset, op in nodes):
-                return template.site_at(nodes[0][0]), nodes[0][0] in template.packed
-        return None, False
+        answers = {
+            (template.site_at(nodes[0][0]), nodes[0][0] in template.packed)
+            for template in templates
+            if all(offset < len(template.ops) and template.ops[offset] == op for offset, op in nodes)
+        }
+        # a step not finished yet may run the code of any template that made as many nodes so far (the training
+        # step, or the evaluation that starts the one before it with the same ops): a line only where they agree
+        return answers.pop() if len(answers) == 1 else (None, False)
