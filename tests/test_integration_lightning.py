@@ -282,3 +282,15 @@ def test_the_callback_changes_no_parameter(module, options, tmp_path: Path) -> N
         results.append([p.detach().clone() for p in fitted.parameters()])
     assert len(results[0]) == len(results[1]) > 0
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_without_the_callback_a_session_counts_optimizer_steps_once_one_ran(tmp_path: Path) -> None:
+    """As ``graphwatch run`` on a script that calls ``trainer.fit(...)``: no loop of the user's is around the
+    backwards, so the source cannot tell where an iteration ends (README, "How steps are counted").  An
+    optimizer step ends a step, and a backward does only before any optimizer stepped: the micro-batches of an
+    accumulation are one step with their optimizer step, not a step each."""
+    module = KeepsOutputs(keep_graph=False)
+    with graphwatch.watch(summary=False) as gw:
+        fit(module, tmp_path, None, accumulate_grad_batches=2)  # 5 batches: optimizer steps after 2, 4 and 5
+    assert [len(step.backwards) for step in gw.trace.steps] == [1, 1, 2, 1]
+    assert [step.optimizer_steps for step in gw.trace.steps] == [0, 1, 1, 1]

@@ -23,8 +23,11 @@ its iteration, from the source of the function that runs it:
    when it frees its graph (no ``retain_graph``/``create_graph``): a gradient
    penalty's ``grad(..., create_graph=True)`` is part of the step's forward.
 
-When the source cannot be read, an optimizer step ends the step, and a
-backward that frees its graph does so while no optimizer has stepped.
+When the source cannot be read, or no user frame has a loop around the event
+(the loop is a framework's: ``trainer.fit(...)``), an optimizer step ends the
+step, and a backward that frees its graph does so while no optimizer has
+stepped (so the micro-batches of an accumulation are one step with their
+optimizer step, after the first optimizer step).
 
 Example::
 
@@ -290,7 +293,7 @@ class LoopSteps:
                 return False
             if loop is not None:
                 return True
-        return True if frames else None
+        return None  # no loop of the user's around the event (``trainer.fit(...)``): the loop is not in their source
 
     def _may_train(self, frame: FrameType, event: Event) -> bool:
         """Is this candidate a training event?  Backwards are; ``x.step()`` when ``x`` is an optimizer."""
