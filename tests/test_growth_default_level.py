@@ -184,6 +184,33 @@ def test_a_leak_that_starts_after_steps_seen_light_is_seen_in_full_detail_from_t
     assert growth["default"]["nodes"] == growth["full"]["nodes"]
 
 
+def late_appends(clean: int = 10, leaking: int = 20) -> None:
+    """Losses appended to a list from step ``clean`` on (Lightning's example, a store filled after warm-up): an
+    append makes no node, so no step makes more than the one before it, and the list is found by a look at what
+    the frames hold some light steps later."""
+    kept: list[torch.Tensor] = []
+    state = {"step": 0}
+
+    def keep(out: torch.Tensor, loss: torch.Tensor) -> None:
+        state["step"] += 1
+        if state["step"] > clean:
+            kept.append(loss)
+
+    train(keep, clean + leaking)
+
+
+def test_a_late_leak_found_some_light_steps_after_it_started_shows_the_growth_full_shows() -> None:
+    """The steps seen light between the leak's start and the look that found it kept the graphs the last step
+    still holds: each counts what is alive from its own step and before, as at ``level="full"``."""
+    default, full = watched(late_appends, "default"), watched(late_appends, "full")
+    measured = live_counts_measured(default)
+    assert not all(measured(i) for i in range(10, 20))  # found some light steps after it started
+    assert kinds(default) == kinds(full) == {"graph-kept-alive", "memory-growth"}
+    growth = {t.options["level"]: next(f for f in t.findings if f.kind == "memory-growth").evidence for t in (default, full)}
+    assert growth["default"]["nodes"] == growth["full"]["nodes"]
+    assert abs(growth["default"]["nodes_per_step"] - growth["full"]["nodes_per_step"]) < 0.25 * growth["full"]["nodes_per_step"]
+
+
 def test_a_bounded_window_of_kept_graphs_goes_back_to_light_steps_once_it_stops_growing() -> None:
     default, full = watched(bounded_window, "default"), watched(bounded_window, "full")
     assert kinds(default) == kinds(full) and "memory-growth" not in kinds(default)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import TypeVar
 
 from ..model import Finding, Remedy, Trace
@@ -109,6 +110,8 @@ def memory_growth(trace: Trace, explained_by: list[Finding]) -> list[Finding]:
     xs = [float(row[0]) for row in rows]
     saved = [float(row[1]) for row in rows]
     nodes = [float(row[2]) for row in rows]
+    if trace.options.get("level") == "default":
+        saved, nodes = _alive_since(trace, xs, saved, "saved_alive_by_step"), _alive_since(trace, xs, nodes, "nodes_alive_by_step")
     by_bytes, by_nodes = growth(xs, saved, MIN_BYTES), growth(xs, nodes, MIN_NODES)
     fit = by_bytes or by_nodes
     if fit is None:
@@ -136,6 +139,38 @@ def memory_growth(trace: Trace, explained_by: list[Finding]) -> list[Finding]:
         ),
     }
     return [make_finding("memory-growth", "warning", rows[-1][0], evidence, [_growth_advice(evidence)])]
+
+
+def _alive_since(trace: Trace, xs: list[float], values: list[float], table: str) -> list[float]:
+    """The live counts ``values`` of the steps ``xs`` (a ``table`` of the step records: ``nodes_alive_by_step`` or
+    ``saved_alive_by_step``), each step seen light raised to what the last step measured with its table (a step
+    seen in full detail) still holds of that step and the ones before it: a graph made in step ``s`` and alive
+    then was alive at every step from ``s`` on.  A light step's record repeats the last measured count; a graph
+    kept from a light step on (a leak that starts late) counts from the step that made it, as ``level="full"``
+    counts it.  A lower bound: what died before that step is not counted.
+
+    >>> from graphwatch.model import DetailSpan, StepRecord
+    >>> steps = [StepRecord(index=i, source="optimizer", live_nodes=4) for i in range(5)]
+    >>> steps[4].nodes_alive_by_step = {2: 3, 3: 3, 4: 3}
+    >>> spans = [DetailSpan(0, 2, "first steps"), DetailSpan(4, 5, "held")]
+    >>> trace = Trace(options={"level": "default"}, steps=steps, full_detail=spans)
+    >>> _alive_since(trace, [0.0, 1.0, 2.0, 3.0, 4.0], [4.0, 4.0, 4.0, 4.0, 9.0], "nodes_alive_by_step")
+    [4.0, 4.0, 4.0, 6.0, 9.0]
+    """
+    measured = live_counts_measured(trace)
+    last = next((i for i in range(len(xs) - 1, -1, -1) if measured(int(xs[i]))), None)
+    alive = getattr(trace.steps[int(xs[last])], table) if last is not None else {}
+    if not alive:
+        return values
+    made = sorted(alive.items())
+    steps, totals = [step for step, _ in made], list(accumulate(count for _, count in made))
+    filled = list(values)
+    for i in range(last or 0):
+        index = int(xs[i])
+        if not measured(index):
+            below = bisect_right(steps, index)  # (graphs of the steps up to this one, alive at the last measured)
+            filled[i] = max(values[i], float(totals[below - 1]) if below else 0.0)
+    return filled
 
 
 def _growth_advice(ev: dict) -> Remedy:
