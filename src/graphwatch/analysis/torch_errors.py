@@ -196,6 +196,20 @@ def _through_call(trace: Trace, cause: InplaceCause) -> Remedy | None:
     return Remedy(text, [], "the function changes its caller's tensor: where the change is needed is your judgement")
 
 
+# why the out-of-place form is not patched (InplaceCause.unsafe): the remedy's words, and its reason
+_UNSAFE = {
+    "view": ("the in-place operation at {where} changed a view whose base may need the change: make it out of place "
+             "only if nothing reads the base afterwards", "the changed tensor is a view of another"),
+    "alias": ("the in-place operation at {where} changed {name}, which a later line reads through another name: make "
+              "it out of place only if that name need not see the change", "the changed tensor has another name"),
+    "helper": ("the in-place operation at {where} changed a tensor its function was given: make it out of place only "
+               "if the caller need not see the change", "the changed tensor is the caller's"),
+    "outside": ("the in-place operation at {where} changed {name}, a tensor that required no grad (an input, data or a "
+                "buffer) and that graphwatch cannot tell the function made: make it out of place only if nothing "
+                "else holds it and reads the change", "the changed tensor may be held outside its function"),
+}  # fmt: skip
+
+
 def _out_of_place(trace: Trace, cause: InplaceCause, changed_where: str) -> Remedy | None:
     site = trace.site(cause.built_at) if cause.module else trace.site(cause.changed_at)
     if site is None or (cause.module is None and cause.target is None):
@@ -205,9 +219,9 @@ def _out_of_place(trace: Trace, cause: InplaceCause, changed_where: str) -> Reme
     if line is None:
         return None
     if not cause.safe:
-        return Remedy(f"the in-place operation at {changed_where} changed a view whose base may need the change: "
-                      f"make it out of place only if nothing reads the base afterwards (e.g. `{line}`)", [],
-                      "the changed tensor is a view of another", False)
+        text, why = _UNSAFE.get(cause.unsafe, _UNSAFE["view"])
+        name = f"`{cause.target}`" if cause.target else "the tensor"
+        return Remedy(text.format(where=changed_where, name=name) + f" (e.g. `{line}`)", [], why, False)
     why = (f"`{cause.module}` changes its input in place (its result is the same out of place)" if cause.module
            else f"the statement at {changed_where} changes `{cause.target}` in place after autograd saved it")
     text = f"`{line}` at {site.where}" + (f" (where `{cause.module}` is built)" if cause.module else "")

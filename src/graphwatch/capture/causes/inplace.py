@@ -48,7 +48,7 @@ from ..hooks.inplace_hints import optimizer_update
 from ..lines.callsite import display_path
 from ..lines.frames import named_values, resolve, user_frames
 from ..lines.source import dotted_name, innermost_function, inplace_statement, module_node, own_statements
-from .inplace_source import Write, alias_roots, code_of, writes
+from .inplace_source import Write, alias_roots, bound_to_a_view, code_of, made_in_function, statement_start, writes
 from .parameter_updates import update_writes
 from .second_backward import _VIEWS
 
@@ -221,16 +221,18 @@ class InplaceFinder:
         (``saved_at``) spells, then the caller's line that ran the function."""
         saving = self.trace.site(saved_at)
         statement = _statement(saving) if saving is not None else None
-        scope = self.trace.site(before)
+        scope, calling = self.trace.site(before), False
         while scope is not None:
-            found = self._writes_after(scope, users, statement)
+            found = self._writes_after(scope, users, statement, calling)
             if found:
                 return found
-            statement, scope = _statement(scope), self.trace.site(scope.caller)
+            statement, scope, calling = _statement(scope), self.trace.site(scope.caller), True
         return []
 
-    def _writes_after(self, first: CallSite, users: list[int], statement: ast.stmt | None) -> list[Write]:
-        """The in-place statements of the function that ran ``first``, in source order: after that line and
+    def _writes_after(self, first: CallSite, users: list[int], statement: ast.stmt | None,
+                      calling: bool = False) -> list[Write]:
+        """The in-place statements of the function that ran ``first``, in source order: after that line (from
+        it, when ``first`` is a caller's line, whose statement goes on after the call returns: ``x += f(x)``) and
         up to the first of ``users`` (lines that ran after it) in that function, else up to the running
         backward's line there, else to the function's end (what it returned was used by a caller); also
         those of the user functions it called there on a tensor it passed.  Of those, the ones changing a
@@ -248,7 +250,8 @@ class InplaceFinder:
         if last is None:
             return []
         scope = function or tree
-        found = writes(scope, _filename(first), first.line, last, lambda call: self._callee(first, call))
+        start = statement_start(scope, first.line) - 1 if calling else first.line
+        found = writes(scope, _filename(first), start, last, lambda call: self._callee(first, call))
         roots = alias_roots(scope, last + 1)
         spelled = {roots.get(n, n) for n in (dotted_name(n) for n in ast.walk(statement)
                    if isinstance(n, (ast.Name, ast.Attribute))) if n} if statement is not None else set()  # fmt: skip
@@ -297,11 +300,16 @@ class InplaceFinder:
         is_view = tensor._base is not None if handle.is_input else made_by_view
         name = inplace_statement(statement) if statement is not None else None
         if name is not None or (statement is not None and passes_inplace(statement)):
-            # a leaf changed in place is a parameter's update (or an input's): making it out of place would
-            # rebind the name to a new tensor; that is never the fix
+            # a tensor that required no grad when saved (an input, data, a buffer) may be held outside the
+            # function too: out of place, the change would not reach those holders, unless the function made it
             # a helper's write changes the tensor its caller passed: out of place there, the caller's is unchanged
-            through = cause.called_at is not None or self._read_through_another_name(site, name)
-            cause.target, cause.safe = name or "", not is_view and not handle.leaf and not through
+            outside = handle.leaf and not made_in_function(site.file, site.line, name)
+            another = self._read_through_another_name(site, name)
+            is_view = is_view or (another and bound_to_a_view(site.file, site.line, name))
+            unsafe = [why for why, found in (("view", is_view), ("helper", cause.called_at is not None),
+                                             ("alias", another), ("outside", outside)) if found]  # fmt: skip
+            cause.target, cause.safe = name or "", not unsafe
+            cause.unsafe = unsafe[0] if unsafe else ""
             return
         if statement is not None:
             self._module(cause, site, statement)

@@ -25,7 +25,14 @@ from types import CodeType
 from typing import Any
 
 from ..lines.callsite import is_user_file
-from ..lines.source import dotted_name, function_node, inplace_statement, own_statements
+from ..lines.source import (
+    dotted_name,
+    function_node,
+    innermost_function,
+    inplace_statement,
+    module_node,
+    own_statements,
+)
 
 # Tensor methods whose result shares the tensor's storage (and version counter)
 _VIEW_METHODS = frozenset({
@@ -81,6 +88,131 @@ def alias_roots(scope: ast.AST, until: int) -> dict[str, str]:
         else:
             roots.pop(name, None)  # rebound to a new tensor
     return roots
+
+
+_NEW_TENSOR_FUNCTIONS = frozenset({
+    "zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange", "linspace", "cat", "stack",
+    "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
+})  # torch's functions whose result is always a new tensor  # fmt: skip
+_KEEPING_METHODS = frozenset({"append", "extend", "insert", "add", "setdefault", "put"})  # a container keeps it
+
+
+def makes_new_tensor(value: ast.expr) -> bool:
+    """Whether an expression always makes a new tensor (never returns one it was given, as ``.to()`` and
+    ``.float()`` may): arithmetic, ``.clone()``, torch's functions that make one.
+
+    >>> [makes_new_tensor(ast.parse(e).body[0].value) for e in ("x + 0", "-x", "x.clone()", "torch.cat(xs)",
+    ...                                                          "x.float()", "x", "x[0]")]
+    [True, True, True, True, False, False, False]
+    """
+    if isinstance(value, ast.BinOp) or (isinstance(value, ast.UnaryOp) and isinstance(value.op, (ast.USub, ast.Invert))):
+        return True
+    if not isinstance(value, ast.Call) or not isinstance(value.func, ast.Attribute):
+        return False
+    return value.func.attr == "clone" or (
+        value.func.attr in _NEW_TENSOR_FUNCTIONS and dotted_name(value.func.value) == "torch"
+    )  # fmt: skip
+
+
+def made_here(function: ast.FunctionDef | ast.AsyncFunctionDef, line: int, name: str) -> int | None:
+    """The line of the statement that bound the local ``name`` to a new tensor (``x = x + 0``,
+    ``x = h.clone()``) before the statement at ``line``, in its block or one around it (not across a loop), with
+    no other binding of ``name`` between them and no other holder given it there (``self.cache = x``,
+    ``xs.append(x)``): the tensor ``name`` holds at ``line`` is the function's own, which nothing outside it can
+    read.  None when graphwatch cannot tell (a parameter, a global, a binding in a branch).
+
+    >>> tree = ast.parse("def f(self, x):\\n    x = x + 0\\n    x += self.fc(x)\\n    y = x\\n    y += 1")
+    >>> made_here(tree.body[0], 3, "x"), made_here(tree.body[0], 5, "y")
+    (2, None)
+    """
+    if "." in name or any(isinstance(n, (ast.Global, ast.Nonlocal)) and name in n.names for n in ast.walk(function)):
+        return None
+    path = _blocks_to(function, line)
+    for body, index in reversed(path):
+        for statement in reversed(body[:index]):
+            if _hands_on(statement, name):
+                return None
+            if isinstance(statement, ast.AugAssign) or not any(
+                isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, (ast.Store, ast.Del))
+                for n in ast.walk(statement)
+            ):  # (``x += 1`` changes the same tensor)
+                continue
+            fresh = isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
+                and isinstance(statement.targets[0], ast.Name) and makes_new_tensor(statement.value)  # fmt: skip
+            return statement.lineno if fresh else None
+        if _in_loop(function, body):  # (a binding later in the loop reaches the line in the next pass)
+            return None
+    return None
+
+
+def _blocks_to(function: ast.AST, line: int) -> list[tuple[list[ast.stmt], int]]:
+    """(block, index) of the statement holding ``line`` in each block from the function's body inwards."""
+    path: list[tuple[list[ast.stmt], int]] = []
+    body: list[ast.stmt] = getattr(function, "body", [])
+    while True:
+        index = next((i for i, s in enumerate(body) if s.lineno <= line <= (s.end_lineno or s.lineno)), None)
+        if index is None:
+            return path
+        path.append((body, index))
+        holder = body[index]
+        blocks: list[list[ast.stmt]] = [getattr(holder, b, None) or [] for b in ("body", "orelse", "finalbody")]
+        inner = next((b for b in blocks if b and b[0].lineno <= line <= (b[-1].end_lineno or b[-1].lineno)), None)
+        if inner is None:
+            return path
+        body = inner
+
+
+def _in_loop(function: ast.AST, body: list[ast.stmt]) -> bool:
+    """Whether ``body`` is the body (or else-block) of a loop of ``function``."""
+    return any(isinstance(n, (ast.For, ast.AsyncFor, ast.While)) and (n.body is body or n.orelse is body)
+               for n in ast.walk(function))  # fmt: skip
+
+
+def _hands_on(statement: ast.stmt, name: str) -> bool:
+    """Whether ``statement`` gives another holder the tensor of ``name`` itself or a view of it:
+    ``out = x``, ``self.cache = x[0]``, ``xs.append(x)``."""
+    for node in ast.walk(statement):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _viewed(node.value) == name:
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _KEEPING_METHODS \
+                and any(_viewed(a) == name for a in node.args):  # fmt: skip
+            return True
+    return False
+
+
+def is_view_binding(scope: ast.AST, line: int, name: str) -> bool:
+    """Whether the last assignment of ``scope``'s own statements to ``name`` before ``line`` binds it to a view
+    of another name's tensor (``ht = h.t()``, ``col = h[:, 0]``), not to that tensor itself (``out = h``).
+
+    >>> tree = ast.parse("ht = h.t()\\nout = h\\nht.mul_(2)\\nout.mul_(2)")
+    >>> is_view_binding(tree, 3, "ht"), is_view_binding(tree, 4, "out")
+    (True, False)
+    """
+    bound = [s for s in own_statements(scope) if isinstance(s, ast.Assign) and s.lineno < line
+             and name in map(dotted_name, s.targets)]  # fmt: skip
+    last = max(bound, key=lambda s: s.lineno, default=None)
+    return last is not None and _viewed(last.value) not in (None, name) and dotted_name(last.value) is None
+
+
+def made_in_function(file: str, line: int, name: str | None) -> bool:
+    """Whether the tensor ``name`` holds at ``line`` of ``file`` was made by that line's function, and given to no
+    other holder there (:func:`made_here`)."""
+    tree = module_node(file) if name else None
+    function = innermost_function(tree, line) if tree is not None else None
+    return function is not None and name is not None and made_here(function, line, name) is not None
+
+
+def bound_to_a_view(file: str, line: int, name: str | None) -> bool:
+    """Whether ``name`` at ``line`` of ``file`` was bound, in its function, to a view of another name's tensor
+    (:func:`is_view_binding`)."""
+    tree = module_node(file) if name else None
+    scope = (innermost_function(tree, line) or tree) if tree is not None else None
+    return scope is not None and name is not None and is_view_binding(scope, line, name)
+
+
+def statement_start(scope: ast.AST, line: int) -> int:
+    """The first line of the simple statement of ``scope`` that holds ``line`` (a call spread over lines)."""
+    return next((s.lineno for s in own_statements(scope) if s.lineno <= line <= (s.end_lineno or s.lineno)), line)
 
 
 def writes(scope: Scope, file: str, first: int, last: int, callee: Callable[[ast.Call], CodeType | None]) -> list[Write]:

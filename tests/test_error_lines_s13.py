@@ -1,0 +1,134 @@
+"""Lines graphwatch named wrongly, or not at all, on shapes of third-party training code (nanoGPT's residual
+block, a yunjey GAN and style transfer): each program runs under ``graphwatch run`` in a scratch folder
+(:func:`test_leak_fixes.diagnose`), and a patch, where one is offered, is applied with the real ``patch -p0`` and
+the patched program runs again, clean, and trains as a known-good fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from test_leak_fixes import diagnose, finding_of, patched_runs_clean, trains_like
+from test_patches import needs_patch_tool
+
+pytestmark = needs_patch_tool
+
+SUMS = 'print([round(p.sum().item(), 4) for p in model.parameters()])\n'
+
+# ------------------------------------------------------------------ a residual added in place
+# (LayerNorm saves its input; the in-place add changes it before the backward)
+RESIDUAL = """\
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(16)
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        x = x + 0
+        x += self.fc(self.ln(x))
+        return x
+
+
+torch.manual_seed(0)
+model = nn.Sequential(Block(), nn.Linear(16, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    x, y = torch.randn(32, 16), torch.randn(32, 4)
+    loss = F.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+""" + SUMS
+
+
+def test_an_inplace_residual_on_a_tensor_its_function_made_is_patched_and_called_no_view(tmp_path: Path) -> None:
+    """The input is data (it requires no grad), so the tensor ``x + 0`` required none when LayerNorm saved it:
+    graphwatch called it a view and withheld the patch, though the function made it on the line before."""
+    finding = finding_of(diagnose(tmp_path, RESIDUAL), "modified-in-place")
+    assert "then changed in place at train.py:14 (`x += self.fc(self.ln(x))`)" in finding.message
+    assert "view" not in finding.message
+    assert finding.fix == "`x = x + self.fc(self.ln(x))` at train.py:14"
+    patched_runs_clean(tmp_path, finding.patch)
+    trains_like(tmp_path, RESIDUAL.replace("x += self.fc", "x = x + self.fc"))
+
+
+def test_an_inplace_residual_on_the_callers_data_tensor_gets_no_patch_and_no_view_said(tmp_path: Path) -> None:
+    """``x`` is the caller's batch: out of place, the caller's tensor would no longer change; graphwatch cannot
+    tell that nothing reads it, so it says why it withholds the patch, truly (no view is involved)."""
+    source = RESIDUAL.replace("        x = x + 0\n", "")
+    finding = finding_of(diagnose(tmp_path, source), "modified-in-place")
+    assert "then changed in place at train.py:13 (`x += self.fc(self.ln(x))`)" in finding.message
+    assert "view" not in finding.message and finding.patch is None
+    assert finding.fix == (
+        "the in-place operation at train.py:13 changed `x`, a tensor that required no grad (an input, data or a "
+        "buffer) and that graphwatch cannot tell the function made: make it out of place only if nothing else holds "
+        "it and reads the change (e.g. `x = x + self.fc(self.ln(x))`)"
+    )
+
+
+NANOGPT_BLOCK = """\
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+
+    def forward(self, input):
+        return F.layer_norm(input, self.weight.shape, self.weight, None, 1e-5)
+
+
+class MLP(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.c_fc, self.c_proj = nn.Linear(n, 4 * n), nn.Linear(4 * n, n)
+
+    def forward(self, x):
+        x = self.c_fc(x)
+        x = F.gelu(x)
+        x = self.c_proj(x)
+        return x
+
+
+class Block(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.ln_1, self.attn = LayerNorm(n), nn.Linear(n, n)
+        self.ln_2, self.mlp = LayerNorm(n), MLP(n)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        x += self.mlp(self.ln_2(x))
+        return x
+
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), Block(16), Block(16), nn.Linear(16, 1))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for step in range(3):
+    x, y = torch.randn(4, 6, 8), torch.randn(4, 6, 1)
+    loss = F.mse_loss(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+""" + SUMS
+
+
+def test_a_residual_added_in_place_after_a_call_into_the_users_module_names_its_line(tmp_path: Path) -> None:
+    """The in-place add saves nothing: the last line that saved ran inside ``MLP.forward``, whose caller's line
+    is the in-place statement itself (it goes on once the call returns); graphwatch said it could not tell."""
+    finding = finding_of(diagnose(tmp_path, NANOGPT_BLOCK), "modified-in-place")
+    assert "could not tell" not in finding.message
+    assert "then changed in place at train.py:35 (`x += self.mlp(self.ln_2(x))`)" in finding.message
+    assert finding.fix == "`x = x + self.mlp(self.ln_2(x))` at train.py:35"
+    patched_runs_clean(tmp_path, finding.patch)
+    trains_like(tmp_path, NANOGPT_BLOCK.replace("x += self.mlp", "x = x + self.mlp"))
