@@ -132,3 +132,135 @@ def test_a_residual_added_in_place_after_a_call_into_the_users_module_names_its_
     assert finding.fix == "`x = x + self.mlp(self.ln_2(x))` at train.py:35"
     patched_runs_clean(tmp_path, finding.patch)
     trains_like(tmp_path, NANOGPT_BLOCK.replace("x += self.mlp", "x = x + self.mlp"))
+
+
+# ------------------------------------------------------------------ parameters cut off from the loss
+GAN = """\
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+D = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1), nn.Sigmoid())
+criterion = nn.BCELoss()
+d_optimizer = torch.optim.Adam(D.parameters(), lr=2e-4)
+g_optimizer = torch.optim.Adam(G.parameters(), lr=2e-4)
+for step in range(12):
+    images = torch.randn(16, 8)
+    real_labels, fake_labels = torch.ones(16, 1), torch.zeros(16, 1)
+    d_loss = criterion(D(images), real_labels) + criterion(D(G(torch.randn(16, 4))), fake_labels)
+    d_optimizer.zero_grad()
+    g_optimizer.zero_grad()
+    d_loss.backward()
+    d_optimizer.step()
+
+    fake_images = G(torch.randn(16, 4)).detach()
+    outputs = D(fake_images)
+    g_loss = criterion(outputs, real_labels)
+    d_optimizer.zero_grad()
+    g_optimizer.zero_grad()
+    g_loss.backward()
+    g_optimizer.step()
+"""
+
+
+def test_a_generator_detached_at_its_own_step_is_named_at_the_detach_not_as_reset_gradients(tmp_path: Path) -> None:
+    """D's backward reaches G (its fake is not detached) and the zero_grad() before G's backward clears that
+    gradient: graphwatch blamed a zero_grad() after the backward, and cited only the step's line."""
+    finding = finding_of(diagnose(tmp_path, GAN), "untrained-parameters")
+    assert ("the statement at train.py:19 (`fake_images = G(torch.randn(16, 4)).detach()`) cuts them off from the "
+            "loss whose backward runs before `g_optimizer.step()`") in finding.message
+    assert "reset" not in finding.message and "zero_grad" not in finding.fix
+    assert finding.evidence["sites"] == ["train.py:19", "train.py:25"]
+    assert finding.fix.startswith("if `g_optimizer` is meant to train all 4 parameters of G with the loss whose "
+                                  "backward runs before `g_optimizer.step()`, drop the `.detach()` at train.py:19")
+
+
+STYLE = """\
+import torch
+from torch import nn
+
+
+class Features(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+
+    def forward(self, x):
+        features = []
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+            features.append(x)
+        return features
+
+
+torch.manual_seed(0)
+net = Features().eval()
+content, style = torch.randn(1, 8), torch.randn(1, 8)
+target = content.clone().requires_grad_(True)
+optimizer = torch.optim.Adam([target], lr=0.01)
+for step in range(12):
+    target_features = net(target.detach())
+    content_features, style_features = net(content), net(style)
+    loss = 0
+    for f1, f2, f3 in zip(target_features, content_features, style_features):
+        g1, g3 = f1.t() @ f1, f3.t() @ f3
+        loss += torch.mean((f1 - f2) ** 2) + torch.mean((g1 - g3) ** 2)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_an_image_optimized_through_a_detached_copy_names_the_detach(tmp_path: Path) -> None:
+    """The parameter is the image itself, detached where the features are computed; the walk back from the
+    loss goes through the loop over the features' layers."""
+    finding = finding_of(diagnose(tmp_path, STYLE), "untrained-parameters")
+    assert "the statement at train.py:24 (`target_features = net(target.detach())`) cuts them off" in finding.message
+    assert "(the `.detach()` of `target` on their way to that loss, whose graph reaches none of them)" in finding.message
+    assert finding.evidence["sites"][0] == "train.py:24"
+
+
+def test_an_encoder_run_under_no_grad_names_the_block_and_the_statement(tmp_path: Path) -> None:
+    source = """\
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+encoder, head = nn.Linear(8, 16), nn.Linear(16, 1)
+opt = torch.optim.SGD([*encoder.parameters(), *head.parameters()], lr=0.1)
+for step in range(12):
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    with torch.no_grad():
+        features = torch.relu(encoder(x))
+    loss = (head(features) - y).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+    finding = finding_of(diagnose(tmp_path, source), "untrained-parameters")
+    assert ("the statement at train.py:10 (`features = torch.relu(encoder(x))`), run under the `with "
+            "torch.no_grad():` at train.py:9 (`with torch.no_grad():`), cuts them off") in finding.message
+    assert "compute `torch.relu(encoder(x))` at train.py:10 outside the `with torch.no_grad():` block" in finding.fix
+
+
+def test_parameters_of_a_module_never_called_keep_the_general_words(tmp_path: Path) -> None:
+    """No cut on the loss's way (the module is never called): nothing is named that the program does not do."""
+    source = """\
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+used, unused = nn.Linear(8, 1), nn.Linear(8, 1)
+opt = torch.optim.SGD([*used.parameters(), *unused.parameters()], lr=0.1)
+for step in range(12):
+    x = torch.randn(32, 8)
+    loss = used(x.detach()).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+    finding = finding_of(diagnose(tmp_path, source), "untrained-parameters")
+    assert "the statement at" not in finding.message and "cuts them off" not in finding.message
+    assert "most likely in a module the forward never calls" in finding.message
+    assert finding.evidence["sites"] == ["train.py:12"]

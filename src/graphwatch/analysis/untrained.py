@@ -11,7 +11,9 @@ and no gradient ever is *starved*.  Silent on a frozen parameter
 (``requires_grad=False``), on one that gets gradients on some steps only, on a
 gradient of zeros (a gradient arrived), and on short runs.  One finding per
 optimizer names it and its starved parameters, and says in words what can cut
-them off (no patch: which part should train takes judgement).
+them off (no patch: which part should train takes judgement): the line of the ``.detach()``, ``.data`` or
+``torch.no_grad()`` that cuts them off from the loss backwarded before the step, where the capture found one
+(:mod:`graphwatch.capture.causes.parameter_cuts`), else in general words.
 
 Example::
 
@@ -27,7 +29,7 @@ Example::
 from __future__ import annotations
 
 from ..model import Finding, OptimizerRecord, ParameterRecord, Remedy, Trace
-from .evidence import counted, optimizer_name
+from .evidence import counted, describe, optimizer_name
 from .findings import make_finding, renderer
 
 MIN_STEPS = 10  # steps of its optimizer at which a parameter required a gradient and held none
@@ -46,12 +48,12 @@ def untrained_parameters(trace: Trace) -> list[Finding]:
 
 
 def _finding(trace: Trace, optimizer: OptimizerRecord, owned: list, starved: list) -> Finding:
-    site = trace.site(optimizer.site)
+    site, cut, block = trace.site(optimizer.site), trace.site(optimizer.cut_at), trace.site(optimizer.cut_block_at)
     name = optimizer.name or (optimizer_name(site.source) if site is not None and site.source else "")
     others = [o.label for o in trace.optimizers if o is not optimizer and _trains(trace, o)]
     evidence = {
         "key": f"untrained:{optimizer.index}:{optimizer.kind}:{name}",
-        "sites": [site.where] if site is not None else [],
+        "sites": [s.where for s in (cut, block, site) if s is not None],
         "steps": [optimizer.first_step or 0],
         "optimizer": name or f"optimizer {optimizer.index}",
         "optimizer_kind": optimizer.kind,
@@ -65,6 +67,12 @@ def _finding(trace: Trace, optimizer: OptimizerRecord, owned: list, starved: lis
         "others_train": others,
         # a backward reached each of them at some of those steps: their gradients were reset before the step
         "reset_after_backward": all(p.reset_steps for p in starved),
+        # the line that cuts them off from the loss backwarded before the step (that loss's graph reaches none)
+        "cut": describe(cut) if cut is not None else None,
+        "cut_at": cut.where if cut is not None else None,
+        "cut_op": optimizer.cut_op,
+        "cut_what": optimizer.cut_what,
+        "cut_block": describe(block) if block is not None else None,
     }
     last = max(len(trace.steps) - 1, 0)
     return make_finding("untrained-parameters", "warning", last, evidence, [_advice(evidence)])
@@ -109,6 +117,17 @@ def _summary(starved: list[ParameterRecord], owned: list[ParameterRecord]) -> st
 def _advice(ev: dict) -> Remedy:
     """Words, never an edit: which part should train takes judgement (and where a ``zero_grad()`` goes, whose
     line graphwatch does not see)."""
+    if ev.get("cut"):
+        if ev.get("cut_block"):
+            where = f"compute `{ev['cut_what']}` at {ev['cut_at']} outside the `with torch.no_grad():` block"
+        else:
+            where = f"drop the {ev['cut_op']} at {ev['cut_at']}, on the way from them to that loss"
+        return Remedy(
+            f"if `{ev['optimizer']}` is meant to train {ev['parameters_text']} with the loss whose backward runs "
+            f"before `{ev['optimizer']}.step()`, {where} (a GAN detaches the generator's output for the "
+            "discriminator's loss only, never at the generator's step); if they are meant to stay fixed, call "
+            f"`requires_grad_(False)` on them or leave them out of `{ev['optimizer']}`"
+        )
     if ev.get("reset_after_backward"):
         return Remedy(
             f"find what resets the gradients of {ev['parameters_text']} between the backward and "
@@ -131,6 +150,12 @@ def _render_untrained(ev: dict) -> str:
     ran = (f"`{ev['optimizer']}.step()`{at} ({ev['optimizer_kind']}) ran {counted(ev['optimizer_steps'], 'time')}, "
            f"but {ev['parameters_text']} never held a gradient at any of them (at least {ev['bare_steps']} of those "
            "steps while requiring one)")
+    if ev.get("cut"):
+        under = f", run under the `with torch.no_grad():` at {ev['cut_block']}," if ev.get("cut_block") else ""
+        op = "statement computing " if ev.get("cut_block") else f"{ev['cut_op']} of "
+        return (f"{ran}: the statement at {ev['cut']}{under} cuts them off from the loss whose backward runs "
+                f"before `{ev['optimizer']}.step()` (the {op}`{ev['cut_what']}` on their way to that loss, whose "
+                "graph reaches none of them), so the optimizer never changes them")
     if ev.get("reset_after_backward"):
         return (f"{ran}, although a backward reached them before some of those steps: something between the "
                 "backward and the step reset their gradients, most likely a `zero_grad()` called after the backward "

@@ -35,6 +35,13 @@ class OptimizerRecord:
     first_step: int | None = None  # the step of its first .step(); None: it never stepped
     steps: int = 0  # how many times .step() ran
     site: int | None = None  # the call site (Trace.sites) of its first .step(), where the session knows it
+    # where parameters it stepped without a gradient were cut off from the loss backwarded before that step, where
+    # found (capture/causes/parameter_cuts.py): the statement, its op ("`.detach()`", "`.data`",
+    # "`torch.no_grad()`"), the expression cut ("G(z)"), and the ``with torch.no_grad():`` line
+    cut_at: int | None = None
+    cut_op: str = ""
+    cut_what: str = ""
+    cut_block_at: int | None = None
 
     @property
     def label(self) -> str:

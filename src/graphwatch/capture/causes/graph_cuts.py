@@ -104,7 +104,7 @@ def cut_ops(statement: ast.AST, value: Value) -> list[str]:
     return list(dict.fromkeys(op for _, op in sorted(found)))
 
 
-def _statements(tree: ast.AST) -> Iterator[ast.stmt]:
+def code_statements(tree: ast.AST) -> Iterator[ast.stmt]:
     """The statements of one code object (not those of functions or classes defined in it)."""
     stack = list(getattr(tree, "body", []))
     while stack:
@@ -116,14 +116,14 @@ def _statements(tree: ast.AST) -> Iterator[ast.stmt]:
             stack.extend(getattr(statement, block, None) or [])
 
 
-def _stored(statement: ast.stmt) -> set[str]:
+def stored_names(statement: ast.stmt) -> set[str]:
     """The dotted names a statement assigns (``a``, ``self.h``; each part of a tuple)."""
     targets = getattr(statement, "targets", None) or [getattr(statement, "target", None)]
     parts = [n for t in targets if t is not None for n in ast.walk(t) if isinstance(n, ast.expr)]
     return {name for name in map(dotted_name, parts) if name}
 
 
-def _loaded(node: ast.AST) -> list[str]:
+def loaded_names(node: ast.AST) -> list[str]:
     """The dotted names ``node`` reads, longest first at each place (``self.model`` before ``self``)."""
     names = [dotted_name(n) for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))
              and isinstance(n.ctx, ast.Load)]  # fmt: skip
@@ -146,9 +146,9 @@ class CutFinder:
             tree = function_node(frame.f_code)
             if tree is None:
                 return
-            statements = [s for s in _statements(tree) if _simple(s)]
+            statements = [s for s in code_statements(tree) if _simple(s)]
             here = next((s for s in statements if s.lineno <= frame.f_lineno <= (s.end_lineno or s.lineno)), None)
-            needed = set(_loaded(here)) if here is not None else set()  # the backward's statement, or the call
+            needed = set(loaded_names(here)) if here is not None else set()  # the backward's statement, or the call
             if not self._walk(frame, tree, statements, frame.f_lineno, needed) or self.cause.kind:
                 return
 
@@ -158,28 +158,28 @@ class CutFinder:
         needed = {n for n in needed if _without_graph(value(n)) or value(n) is None}
         earlier = sorted((s for s in statements if s.lineno < line), key=lambda s: s.lineno, reverse=True)
         for statement in earlier:
-            stored = _stored(statement) & needed
+            stored = stored_names(statement) & needed
             if not stored:
                 continue
             if self._explains(frame, tree, statement, value):
                 return set()
-            needed = (needed - stored) | {n for n in _loaded(statement) if _without_graph(value(n))}
+            needed = (needed - stored) | {n for n in loaded_names(statement) if _without_graph(value(n))}
         return needed & set(frame.f_code.co_varnames[: frame.f_code.co_argcount + frame.f_code.co_kwonlyargcount])
 
     def _explains(self, frame: FrameType, tree: ast.AST, statement: ast.stmt, value: Value) -> bool:
         """Whether ``statement`` cut the graph (and the cause says how)."""
         cause, sites = self.cause, self.recorder.sites
-        block = _no_grad_block(tree, statement.lineno)
-        if block is not None and any(_trains(value(name)) for name in _loaded(statement)):
+        block = no_grad_block(tree, statement.lineno)
+        if block is not None and any(_trains(value(name)) for name in loaded_names(statement)):
             cause.kind, cause.function = "with", frame.f_code.co_name
             cause.block_at, cause.cut_at = sites.from_frame(frame, block.lineno), sites.from_frame(frame, statement.lineno)
             return True
-        stored = {name.split(".")[0] for name in _stored(statement)}  # (their values now are the statement's)
+        stored = {name.split(".")[0] for name in stored_names(statement)}  # (their values now are the statement's)
         ops = cut_ops(statement, lambda name: None if name.split(".")[0] in stored else value(name))
         if ops:
             cause.kind, cause.op, cause.cut_at = "op", ", ".join(ops), sites.from_frame(frame, statement.lineno)
             return True
-        for name in _loaded(statement):
+        for name in loaded_names(statement):
             called = value(name)
             if self._decorated(called, name):
                 cause.call_at = sites.from_frame(frame, statement.lineno)
@@ -229,10 +229,10 @@ class CutFinder:
                 return
 
 
-def _no_grad_block(tree: ast.AST, line: int) -> ast.With | None:
+def no_grad_block(tree: ast.AST, line: int) -> ast.With | None:
     """The innermost ``with torch.no_grad():`` block of ``tree`` (not of a function in it) whose body holds
     ``line`` (also a body on the ``with``'s own line: ``with torch.no_grad(): loss = f(x)``)."""
-    blocks = [s for s in _statements(tree) if isinstance(s, ast.With) and any(is_no_grad(i.context_expr) for i in s.items)
+    blocks = [s for s in code_statements(tree) if isinstance(s, ast.With) and any(is_no_grad(i.context_expr) for i in s.items)
               and s.body[0].lineno <= line <= (s.end_lineno or s.lineno)]  # fmt: skip
     return max(blocks, key=lambda s: s.lineno, default=None)
 
@@ -265,7 +265,7 @@ def freezing_lines(tree: ast.AST | None, root: str) -> list[tuple[int, int | Non
             continue
         around = [n for n in loops if n.lineno < statement.lineno <= (n.end_lineno or n.lineno)]
         loop = max(around, key=lambda n: n.lineno, default=None)
-        names = _loaded(loop.iter if loop is not None else statement)
+        names = loaded_names(loop.iter if loop is not None else statement)
         found.append((not any(n.split(".")[0] == root for n in names), statement.lineno, loop.lineno if loop else None))
     return [(line, loop_line) for _, line, loop_line in sorted(found)]
 

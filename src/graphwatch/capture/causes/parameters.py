@@ -40,12 +40,14 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from ...errors import notify
 from ...model.training import OptimizerRecord, ParameterRecord
 from ..hooks.optimizer import is_wrapper, unwrapped
 from ..lines.callsite import in_installed_package
 from ..lines.frames import local_value, user_frames
 from .held_values import attribute_items
 from .holders import parameter_names
+from .parameter_cuts import find_parameter_cut
 
 _PARAMS = itemgetter("params")  # a param group's parameters
 _NAMING_FRAMES = 8  # the innermost user frames whose variables name an optimizer or a parameter
@@ -54,7 +56,7 @@ _NAMING_FRAMES = 8  # the innermost user frames whose variables name an optimize
 class _Seen:
     """One optimizer's records, and which of its parameters have not had a non-zero gradient yet."""
 
-    __slots__ = ("count", "params", "pending", "record", "ref")
+    __slots__ = ("count", "params", "pending", "record", "ref", "searched")
 
     def __init__(self, optimizer: torch.optim.Optimizer, record: OptimizerRecord) -> None:
         self.ref = weakref.ref(optimizer)
@@ -62,19 +64,22 @@ class _Seen:
         self.params: list[ParameterRecord] = []
         self.count = -1  # parameters it owned when they were last listed
         self.pending: list[int] = []  # indices in params of those with no non-zero gradient so far
+        self.searched = False  # whether the cut between its bare parameters and the loss was looked for
 
 
 class ParameterLedger:
     """Records what each optimizer trains while entered (see the module's docstring).
 
     ``step``: the index of the step in progress (the session's), read at each optimizer step.  ``site``: the
-    call site id of a frame (the session's :meth:`~graphwatch.capture.lines.callsite.SiteTable.from_frame`), read at
-    each optimizer's first step.  ``reached``: whether a backward since the optimizer's last step reached a
-    parameter (the session's :meth:`~graphwatch.capture.hooks.optimizer.GradResetTracker.reached`).
+    call site id of a frame, or of a line of it (the session's
+    :meth:`~graphwatch.capture.lines.callsite.SiteTable.from_frame`), read at each optimizer's first step, and where
+    the parameters it steps without a gradient were cut off (:mod:`.parameter_cuts`).  ``reached``: whether a
+    backward since the optimizer's last step reached a parameter (the session's
+    :meth:`~graphwatch.capture.hooks.optimizer.GradResetTracker.reached`).
     """
 
     def __init__(
-        self, step: Callable[[], int], site: Callable[[FrameType], int | None] | None = None,
+        self, step: Callable[[], int], site: Callable[..., int | None] | None = None,
         reached: Callable[[torch.Tensor], bool] | None = None,
     ) -> None:  # fmt: skip
         self._step = step
@@ -145,6 +150,27 @@ class ParameterLedger:
         if seen.pending:
             closure = args[1] if len(args) > 1 else kwargs.get("closure")  # (args[0]: the optimizer itself)
             _note_gradients(seen, optimizer, step, count_bare=closure is None, reached=self._reached)
+            if not seen.searched:
+                self._note_cut(seen, optimizer, sys._getframe(1))
+
+    def _note_cut(self, seen: _Seen, optimizer: torch.optim.Optimizer, frame: FrameType) -> None:
+        """At the first step at which parameters that never held a gradient hold none: where they were cut off
+        from the loss backwarded before the step (:func:`.parameter_cuts.find_parameter_cut`), on the record."""
+        bare = [i for i in seen.pending if seen.params[i].first_held_step is None and seen.params[i].bare_steps]
+        user = next(user_frames(frame), None)
+        if not bare or user is None or self._site is None:
+            return
+        seen.searched = True
+        params = [param for group in optimizer.param_groups for param in group["params"]]
+        try:
+            cut = find_parameter_cut(user, [params[i] for i in bare])
+        except Exception as error:  # looking closer must never stop the run
+            notify(f"graphwatch: could not look for what cuts the parameters off ({error!r})", stacklevel=2)
+            return
+        if cut is not None:
+            record = seen.record
+            record.cut_at, record.cut_op, record.cut_what = self._site(user, cut.line), cut.op, cut.what
+            record.cut_block_at = self._site(user, cut.block) if cut.block is not None else None
 
 
 def _note_gradients(
