@@ -264,3 +264,61 @@ for step in range(12):
     assert "the statement at" not in finding.message and "cuts them off" not in finding.message
     assert "most likely in a module the forward never calls" in finding.message
     assert finding.evidence["sites"] == ["train.py:12"]
+
+
+# ------------------------------------------------------------------ tensors made before the loop
+PRECOMPUTED = """\
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8)).eval()
+for p in net.parameters():
+    p.requires_grad_(False)
+style = torch.randn(1, 8)
+target = torch.randn(1, 8, requires_grad=True)
+optimizer = torch.optim.Adam([target], lr=0.01)
+style_features = net(style) * target.sum()
+for step in range(4):
+    loss = (net(target) - style_features).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_tensor_made_by_a_set_up_line_before_the_loop_is_said_made_before_the_loop(tmp_path: Path) -> None:
+    """The session counts step 0 from its start: a tensor the set-up made was said "made in step 0"."""
+    trace = diagnose(tmp_path, PRECOMPUTED)
+    error = finding_of(trace, "backward-through-freed-graph")
+    assert ("`style_features` made at train.py:11 (`style_features = net(style) * target.sum()`) before the loop "
+            "at train.py:12 is kept and used again in step 1") in error.message
+    assert "created at train.py:11 (`style_features = net(style) * target.sum()`) before the loop at train.py:12" \
+        in error.message
+    assert "in step 0" not in error.message and "freed by step 0's backward" in error.message
+    assert "instead of keeping it from before the loop at train.py:12" in error.fix
+    carried = finding_of(trace, "graph-carried-across-steps")
+    assert "before the loop at train.py:12 is kept and used again in later steps" in carried.message
+
+
+def test_a_tensor_kept_from_the_first_pass_of_the_loop_is_still_said_made_in_step_0(tmp_path: Path) -> None:
+    source = PRECOMPUTED.replace("style_features = net(style) * target.sum()\nfor step in range(4):\n",
+                                 "style_features = None\nfor step in range(4):\n"
+                                 "    if style_features is None:\n"
+                                 "        style_features = net(style) * target.sum()\n")
+    error = finding_of(diagnose(tmp_path, source), "backward-through-freed-graph")
+    assert "made at train.py:14 (`style_features = net(style) * target.sum()`) in step 0" in error.message
+    assert "before the loop" not in error.message
+
+
+def test_a_tensor_made_at_the_top_of_a_step_function_is_not_said_made_before_the_loop(tmp_path: Path) -> None:
+    """The function that makes it and backwards runs once per step, and holds no loop: the line is step 0's."""
+    source = PRECOMPUTED.replace(
+        "style_features = net(style) * target.sum()\nfor step in range(4):\n"
+        "    loss = (net(target) - style_features).pow(2).mean()\n",
+        "cache = {}\n\n\ndef train_step():\n"
+        "    features = cache.setdefault('style', net(style) * target.sum())\n"
+        "    loss = (net(target) - features).pow(2).mean()\n",
+    ).replace("    optimizer.step()\n", "    optimizer.step()\n\n\nfor step in range(4):\n    train_step()\n")
+    error = finding_of(diagnose(tmp_path, source), "backward-through-freed-graph")
+    assert "in step 0" in error.message and "before the loop" not in error.message

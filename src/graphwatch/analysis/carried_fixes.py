@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from ..capture.lines.source import assigned_names
 from ..model import BackwardRecord, CallSite, Edit, NodeRecord, Remedy, Trace
-from .evidence import carried_pattern, carrier_line, site_chain, step_name
+from .evidence import carried_pattern, carrier_line, made_when, site_chain
 from .kept_fixes import _file_source, parameters_remedy
 
 if TYPE_CHECKING:
@@ -75,7 +75,8 @@ def carried_remedies(
     made = _detach_made(carrier, site, name, trusted=shape == "constant")
     if shape == "constant":
         return [made, Remedy(f"or {compute}")]
-    return [Remedy(f"{compute} instead of keeping it from {step_name(carrier.step)}"), made]
+    when = made_when(trace, carrier.step, site, trace.site(backward.site))  # "in step 0", "before the loop at ..."
+    return [Remedy(f"{compute} instead of keeping it from {when.removeprefix('in ')}"), made]
 
 
 def carried_detach(trace: Trace, carrier: NodeRecord, backward: BackwardRecord) -> str | None:

@@ -23,6 +23,7 @@ from .evidence import (
     describe,
     describe_site,
     human_bytes,
+    made_when,
     optimizer_name,
     step_name,
 )
@@ -99,6 +100,8 @@ def carried_across_steps(trace: Trace, step: StepRecord) -> list[Finding]:
             "carrier_at": describe(site) if site else None,
             "carrier_where": site.where if site else None,
             "carrier_step": carrier.step if carrier else earliest,
+            # "before the loop at train.py:12" for a tensor made by a set-up line before the loop, else "in step 3"
+            "carrier_made": made_when(trace, carrier.step, site, trace.site(bw.site)) if carrier else None,
             "used_at": describe(used) if used and used is not site else None,
             "pattern": shape if shape in ("recurrent", "parameters") else "cached",
             "constant": shape == "constant",
@@ -156,7 +159,8 @@ def _render_carried(ev: dict) -> str:
         at = f" at {ev['carrier_at']}" if ev["carrier_at"] else ""
         how = f"{tensor}, updated in place outside `torch.no_grad()`{at}, records a graph that the next step's forward uses"
     else:
-        how = f"{tensor}{made} in {step_name(ev['carrier_step'])} is kept and used again in later steps{used}"
+        when = ev.get("carrier_made") or f"in {step_name(ev['carrier_step'])}"
+        how = f"{tensor}{made} {when} is kept and used again in later steps{used}"
     rows = ev["per_step"]
     spent = _share(rows[0]) if len(rows) == 1 else f"{_share(rows[0])}; ... {_share(rows[-1])}"
     growth = ""

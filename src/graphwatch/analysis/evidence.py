@@ -17,7 +17,7 @@ import ast
 import re
 from collections.abc import Iterable, Sequence
 
-from ..capture.lines.source import assigned_names
+from ..capture.lines.source import assigned_names, innermost_function, module_node
 from ..model import BackwardRecord, CallSite, NodeRecord, StepRecord, Trace
 
 _TARGET = re.compile(r"^\s*([A-Za-z_][\w.]*(?:\[[^\]]*\])?)\s*(?:,[^=]*)?(?:[-+*/@]?=)(?!=)")
@@ -142,6 +142,39 @@ def spans_text(spans: Iterable[Sequence[int]]) -> str:
 def step_name(step: int) -> str:
     """'step 3', or 'before the session' for step -1."""
     return "before the session" if step < 0 else f"step {step}"
+
+
+def made_when(trace: Trace, step: int, made: CallSite | None, event: CallSite | None) -> str:
+    """When a tensor was made, for "made at X {when}": "in step 3"; for one made in step 0 by a line that ran
+    before the loop around the backward at ``event`` (in the function both lines' calls share, the line is
+    before every loop there that holds the event's line), "before the loop at train.py:12", as the first step
+    had not begun (the session counts step 0 from its start, set-up lines included); "before the session".
+
+    >>> trace = Trace()
+    >>> made_when(trace, 2, None, None), made_when(trace, -1, None, None)
+    ('in step 2', 'before the session')
+    """
+    loop = _loop_after(trace, made, event) if step == 0 and made is not None and event is not None else None
+    return f"before the loop at {loop}" if loop else ("before the session" if step < 0 else f"in step {step}")
+
+
+def _loop_after(trace: Trace, made_site: CallSite, event_site: CallSite) -> str | None:
+    """file:line of the outermost loop around the event's line, in the innermost function of the made line's
+    chain that the event's chain runs too, when the made line there comes before that loop; else None."""
+    events = [event_site, *site_chain(trace, event_site.caller)]
+    for made in [made_site, *site_chain(trace, made_site.caller)]:
+        event = next((e for e in events if (e.file, e.function) == (made.file, made.function)), None)
+        if event is None:
+            continue
+        tree = module_node(made.file)
+        if tree is None:
+            return None
+        scope = innermost_function(tree, event.line)
+        loops = [n for n in ast.walk(scope or tree) if isinstance(n, (ast.For, ast.AsyncFor, ast.While))
+                 and n.lineno <= event.line <= (n.end_lineno or n.lineno) and innermost_function(tree, n.lineno) is scope]  # fmt: skip
+        outer = min(loops, key=lambda n: n.lineno, default=None)
+        return f"{made.file}:{outer.lineno}" if outer is not None and made.line < outer.lineno else None
+    return None
 
 
 def describe_site(trace: Trace, site_id: int | None) -> str:

@@ -34,6 +34,7 @@ from .evidence import (
     carrier_line,
     describe,
     describe_site,
+    made_when,
     same_line,
     step_name,
 )
@@ -110,7 +111,7 @@ def _how(pattern: str, names: dict[str, str], shared_named: bool = False) -> str
         "parameters": "The graph of {carrier_step} is carried into {step} by {carrier_text}, updated in place "
         "outside `torch.no_grad()`{at}: each update records a graph that the next step's forward uses, so this "
         "backward runs on into the previous step's graph, which that step's backward freed.",
-        "cached": "{carrier_text} made{at} in {carrier_step} is kept and used again in {step}{used}: "
+        "cached": "{carrier_text} made{at} {carrier_made} is kept and used again in {step}{used}: "
         "its graph was freed by {carrier_step}'s backward.",
         "handoff": "{carrier_text} produced{at} in {carrier_step} is used by two backwards: the one at "
         "{freeing_where} ran through its graph first and freed it; the one at {backward_where} ({step}) needs it "
@@ -118,7 +119,8 @@ def _how(pattern: str, names: dict[str, str], shared_named: bool = False) -> str
     }
     at = names["carrier_at"]  # (empty: the line that made it is not known)
     known = {"at": f" at {at}" if at else "", "made": f" made at {at}" if at else "", "produced": f" produced at {at}" if at else ""}
-    return table[pattern].format(**names, **known)
+    made = names.get("carrier_made") or f"in {names['carrier_step']}"  # ("before the loop at ...": a set-up line's)
+    return table[pattern].format(**{**names, "carrier_made": made}, **known)
 
 
 def _pattern_of(
@@ -210,6 +212,7 @@ def explain_backward_twice(
         "carrier_at": describe(carrier_site) if carrier_site is not None else "",
         "carrier_where": carrier_site.where if carrier_site else "the line that makes it",
         "carrier_step": step_name(carrier.step) if carrier else "",
+        "carrier_made": made_when(trace, carrier.step, carrier_site, trace.site(backward.site)) if carrier else "",
         "used_where": used_site.where if used_site else where,
         "used": f" (it is used at {describe(used_site)})" if used_site and used_site is not carrier_site else "",
         "fed": f" (its loss is made from `{cause.grad_result}`, that call's result)" if cause.grad_result else "",
@@ -219,7 +222,7 @@ def explain_backward_twice(
     if carrier is None and cause.cuts and cause.cuts[0].name:  # the whole failing loss is older: name the cut
         cut_site = trace.site(cause.cuts[0].made_at)
         names.update(carrier_text=f"`{cause.cuts[0].name}`", carrier_at=describe(cut_site) if cut_site else "",
-                     carrier_step=step_name(backward.step))
+                     carrier_step=step_name(backward.step), carrier_made="")
     if freeing is not None and same_line(trace, freeing.site, backward.site):
         names["backward_where"] += " (the same line, run again)"
     maker = RemedyMaker(trace, cause, freeing, backward) if freeing is not None else None
@@ -235,9 +238,10 @@ def explain_backward_twice(
         else "something had already freed"
     )
     made = f" at {describe_site(trace, stale.site)}" if not stale.site_inferred else ""  # (an inferred line: none)
+    when = made_when(trace, stale.step, None if stale.site_inferred else trace.site(stale.site), trace.site(backward.site))
     lines = [
         f"graphwatch: the backward at {describe_site(trace, backward.site)} ({step_name(backward.step)}) reached "
-        f"{stale.op}, created{made} in {step_name(stale.step)}, whose saved "
+        f"{stale.op}, created{made} {when}, whose saved "
         f"tensors {freed}.",
         _how(pattern, names, shared_named=cause.shared is not None and not across),
     ]
