@@ -11,9 +11,9 @@ is the cause) and goes back through the statement that
 last bound each name it reads (the loop that binds a loop variable: ``for f1, f2 in zip(feats, targets)``), up
 to :data:`_LOOKED_AT` statements.  It stops at the first binding that cuts what reaches the parameters:
 
-- ``.detach()`` (``.detach_()``) or ``.data`` of an expression that calls a module owning one of them
-  (``G(z).detach()``), or reads one of them (``vgg(target.detach())``), or reads a name whose tensor's graph
-  reaches one, or a name bound (earlier) from such an expression (``fake = G(z)`` ... ``fake.detach()``);
+- ``.detach()`` (``.detach_()``) or ``.data`` of an expression that reaches all of them: it calls modules that
+  own them (``G(z).detach()``), or reads them (``vgg(target.detach())``), or reads names whose tensors' graphs
+  reach them, or a name bound (earlier) from such an expression (``fake = G(z)`` ... ``fake.detach()``);
 - a statement inside a ``with torch.no_grad():`` block whose value is such an expression.
 
 Nothing is said when no such line is found: the parameters' module may be one the forward never calls, or the
@@ -170,38 +170,41 @@ def _cut_operand(node: ast.AST) -> tuple[str, ast.expr] | None:
 
 
 class _Reach:
-    """Whether an expression, read in ``frame``, reaches one of ``parameters``: it calls a module that owns one
-    (or a method of one), or reads one, or a tensor whose graph reaches one."""
+    """Whether an expression, read in ``frame``, reaches all of ``parameters`` (a cut said to cut them off must
+    cut off every one): together, the modules it calls own them, or they are tensors it reads, or the graphs of
+    the tensors it reads reach them."""
 
     def __init__(self, frame: FrameType, parameters: list[torch.Tensor]) -> None:
         self.frame = frame
         self.ids = {id(p) for p in parameters}
 
     def expression(self, expression: ast.expr) -> bool:
+        covered: set[int] = set()
         for node in ast.walk(expression):
-            name = dotted_name(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
-            if name is None:
-                continue
-            value = resolve(self.frame, name)
-            if isinstance(value, torch.nn.Module) or isinstance(getattr(value, "__self__", None), torch.nn.Module):
-                module = value if isinstance(value, torch.nn.Module) else value.__self__
-                if any(id(p) in self.ids for p in module.parameters()):
-                    return True
-            elif isinstance(value, torch.Tensor) and self._tensor(value) is True:
-                return True
-        return False
+            if isinstance(node, ast.Call):  # a module called (its own name: never the model it is an attribute of)
+                callee = dotted_name(node.func)
+                module = resolve(self.frame, callee) if callee else None
+                if isinstance(module, torch.nn.Module):
+                    covered |= {id(p) for p in module.parameters()} & self.ids
+            elif isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load):
+                name = dotted_name(node)
+                value = resolve(self.frame, name) if name else None
+                if isinstance(value, torch.Tensor):
+                    covered |= self._reached(value) or set()
+        return covered == self.ids
 
     def misses(self, statement: ast.stmt) -> bool:
         """Whether the loss ``statement`` backwards is a name holding a tensor with a graph that, walked to its
         end, reaches none of the parameters."""
         name = _loss_name(statement)
         loss = resolve(self.frame, name) if name is not None else None
-        return isinstance(loss, torch.Tensor) and loss.grad_fn is not None and self._tensor(loss) is False
+        return isinstance(loss, torch.Tensor) and loss.grad_fn is not None and self._reached(loss) == set()
 
-    def _tensor(self, tensor: torch.Tensor) -> bool | None:
-        """Whether ``tensor`` is one of the parameters or its graph reaches one; None: too large a graph to tell."""
+    def _reached(self, tensor: torch.Tensor) -> set[int] | None:
+        """``id()`` of the parameters ``tensor`` is or its graph reaches; None: too large a graph to tell."""
         if id(tensor) in self.ids:
-            return True
+            return {id(tensor)}
+        found: set[int] = set()
         stack: list[Any] = [tensor.grad_fn]
         seen: set[Any] = set()
         while stack:
@@ -212,6 +215,6 @@ class _Reach:
                 return None
             seen.add(node)
             if id(getattr(node, "variable", None)) in self.ids:
-                return True
+                found.add(id(node.variable))
             stack.extend(child for child, _ in node.next_functions)
-        return False
+        return found

@@ -157,10 +157,12 @@ class ParameterLedger:
         """At the first step at which parameters that never held a gradient hold none: where they were cut off
         from the loss backwarded before the step (:func:`.parameter_cuts.find_parameter_cut`), on the record."""
         bare = [i for i in seen.pending if seen.params[i].first_held_step is None and seen.params[i].bare_steps]
-        user = next(user_frames(frame), None)
-        if not bare or user is None or self._site is None:
+        if not bare:
             return
         seen.searched = True
+        user = next(user_frames(frame), None)
+        if user is None or self._site is None:
+            return
         params = [param for group in optimizer.param_groups for param in group["params"]]
         try:
             cut = find_parameter_cut(user, [params[i] for i in bare])
