@@ -66,10 +66,30 @@ def test_an_inplace_residual_on_the_callers_data_tensor_gets_no_patch_and_no_vie
     assert "then changed in place at train.py:13 (`x += self.fc(self.ln(x))`)" in finding.message
     assert "view" not in finding.message and finding.patch is None
     assert finding.fix == (
-        "the in-place operation at train.py:13 changed `x`, a tensor that required no grad (an input, data or a "
-        "buffer) and that graphwatch cannot tell the function made: make it out of place only if nothing else holds "
-        "it and reads the change (e.g. `x = x + self.fc(self.ln(x))`)"
+        "the in-place operation at train.py:13 changed `x`, a tensor its function was given (the caller's tensor "
+        "changes too): make it out of place only if the caller need not see the change (e.g. "
+        "`x = x + self.fc(self.ln(x))`)"
     )
+
+
+def test_an_inplace_residual_on_an_activation_the_function_was_given_gets_no_patch(tmp_path: Path) -> None:
+    """The block's input is the previous layer's output (it requires grad): out of place, the caller's tensor,
+    which the caller reads again here, would no longer change, and the model would compute something else."""
+    source = RESIDUAL.replace("        x = x + 0\n", "").replace(
+        "model = nn.Sequential(Block(), nn.Linear(16, 4))",
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.inp, self.block, self.out = nn.Linear(16, 16), Block(), nn.Linear(16, 4)\n\n"
+        "    def forward(self, x):\n"
+        "        h = self.inp(x)\n"
+        "        self.block(h)\n"
+        "        return self.out(h)\n\n\n"
+        "model = Net()",
+    )
+    finding = finding_of(diagnose(tmp_path, source), "modified-in-place")
+    assert "then changed in place at train.py:13 (`x += self.fc(self.ln(x))`)" in finding.message
+    assert finding.patch is None and "a tensor its function was given (the caller's tensor changes too)" in finding.fix
 
 
 NANOGPT_BLOCK = """\

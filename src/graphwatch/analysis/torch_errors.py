@@ -202,8 +202,9 @@ _UNSAFE = {
              "only if nothing reads the base afterwards", "the changed tensor is a view of another"),
     "alias": ("the in-place operation at {where} changed {name}, which a later line reads through another name: make "
               "it out of place only if that name need not see the change", "the changed tensor has another name"),
-    "helper": ("the in-place operation at {where} changed a tensor its function was given: make it out of place only "
-               "if the caller need not see the change", "the changed tensor is the caller's"),
+    "helper": ("the in-place operation at {where} changed {name}, a tensor its function was given (the caller's "
+               "tensor changes too): make it out of place only if the caller need not see the change",
+               "the changed tensor is the caller's"),
     "outside": ("the in-place operation at {where} changed {name}, a tensor that required no grad (an input, data or a "
                 "buffer) and that graphwatch cannot tell the function made: make it out of place only if nothing "
                 "else holds it and reads the change", "the changed tensor may be held outside its function"),

@@ -76,7 +76,7 @@ class InplaceCause:
     note: str | None = None  # why the module's line is not named
     safe: bool = False  # the out-of-place form keeps what the program computes (not a view's base to change)
     unsafe: str = ""  # why not, when the line is named: "view" (the changed tensor views another), "alias" (a
-    # later line reads it through another name), "helper" (a function changed its caller's tensor), "outside"
+    # later line reads it through another name), "helper" (a function changed a tensor it was given: its caller's), "outside"
     # (a tensor that required no grad, which graphwatch cannot tell the function made: an input, data, a buffer)
     changed_also: list[int] = field(default_factory=list)  # the later lines that changed it too (same name)
     called_at: int | None = None  # the caller's line that ran the function holding ``changed_at`` (a helper)

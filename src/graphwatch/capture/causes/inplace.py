@@ -48,7 +48,16 @@ from ..hooks.inplace_hints import optimizer_update
 from ..lines.callsite import display_path
 from ..lines.frames import named_values, resolve, user_frames
 from ..lines.source import dotted_name, innermost_function, inplace_statement, module_node, own_statements
-from .inplace_source import Write, alias_roots, bound_to_a_view, code_of, made_in_function, statement_start, writes
+from .inplace_source import (
+    Write,
+    alias_roots,
+    bound_to_a_view,
+    code_of,
+    holds_argument_at,
+    made_in_function,
+    statement_start,
+    writes,
+)
 from .parameter_updates import update_writes
 from .second_backward import _VIEWS
 
@@ -301,13 +310,14 @@ class InplaceFinder:
         name = inplace_statement(statement) if statement is not None else None
         if name is not None or (statement is not None and passes_inplace(statement)):
             # a tensor that required no grad when saved (an input, data, a buffer) may be held outside the
-            # function too: out of place, the change would not reach those holders, unless the function made it
-            # a helper's write changes the tensor its caller passed: out of place there, the caller's is unchanged
+            # function too: out of place, the change would not reach those holders, unless the function made it;
+            # a write in a helper, or on the tensor the function was given, changes the caller's tensor too
             outside = handle.leaf and not made_in_function(site.file, site.line, name)
+            given = cause.called_at is not None or holds_argument_at(site.file, site.line, name)
             another = self._read_through_another_name(site, name)
             is_view = is_view or (another and bound_to_a_view(site.file, site.line, name))
-            unsafe = [why for why, found in (("view", is_view), ("helper", cause.called_at is not None),
-                                             ("alias", another), ("outside", outside)) if found]  # fmt: skip
+            unsafe = [why for why, found in (("view", is_view), ("helper", given), ("alias", another),
+                                             ("outside", outside)) if found]  # fmt: skip
             cause.target, cause.safe = name or "", not unsafe
             cause.unsafe = unsafe[0] if unsafe else ""
             return

@@ -127,20 +127,44 @@ def made_here(function: ast.FunctionDef | ast.AsyncFunctionDef, line: int, name:
     """
     if "." in name or any(isinstance(n, (ast.Global, ast.Nonlocal)) and name in n.names for n in ast.walk(function)):
         return None
-    path = _blocks_to(function, line)
-    for body, index in reversed(path):
+    found = _last_binding(function, line, name)
+    fresh = isinstance(found, ast.Assign) and len(found.targets) == 1 and isinstance(found.targets[0], ast.Name) \
+        and makes_new_tensor(found.value)  # fmt: skip
+    if found is None or not fresh:
+        return None
+    between = [s for body, index in _blocks_to(function, line) for s in body[:index] if s.lineno > found.lineno]
+    return None if any(_hands_on(s, name) for s in between) else found.lineno
+
+
+def holds_argument(function: ast.FunctionDef | ast.AsyncFunctionDef, line: int, name: str) -> bool:
+    """Whether ``name`` may still hold, at ``line``, the tensor the function was given for one of its parameters
+    (or another name for it): no plain assignment rebinds it before the line in its block or one around it.
+
+    >>> tree = ast.parse("def f(self, x, y):\\n    x += 1\\n    z = y\\n    z += 1\\n    y = y * 2\\n    y += 1")
+    >>> [holds_argument(tree.body[0], line, name) for line, name in ((2, "x"), (4, "z"), (6, "y"))]
+    [True, True, False]
+    """
+    arguments = function.args
+    found = _last_binding(function, line, name)
+    if not isinstance(found, ast.Assign):  # not rebound, or where graphwatch cannot tell (a branch, a loop)
+        return name in {a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)}
+    if len(found.targets) != 1 or not isinstance(found.targets[0], ast.Name):
+        return isinstance(found.value, (ast.Tuple, ast.List))  # (``x, y = y, x``: maybe another's argument)
+    base = _viewed(found.value)  # (``x = y``, ``x = y[0]``: another name's tensor)
+    return base is not None and holds_argument(function, found.lineno, base)
+
+
+def _last_binding(function: ast.AST, line: int, name: str) -> ast.stmt | None:
+    """The statement that last binds ``name`` before ``line`` in its block or one around it (a compound one: the
+    binding is somewhere in it), not across a loop (else None); ``x += 1`` binds nothing (the same tensor)."""
+    for body, index in reversed(_blocks_to(function, line)):
         for statement in reversed(body[:index]):
-            if _hands_on(statement, name):
-                return None
-            if isinstance(statement, ast.AugAssign) or not any(
+            if not isinstance(statement, ast.AugAssign) and any(
                 isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, (ast.Store, ast.Del))
                 for n in ast.walk(statement)
-            ):  # (``x += 1`` changes the same tensor)
-                continue
-            fresh = isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
-                and isinstance(statement.targets[0], ast.Name) and makes_new_tensor(statement.value)  # fmt: skip
-            return statement.lineno if fresh else None
-        if _in_loop(function, body):  # (a binding later in the loop reaches the line in the next pass)
+            ):  # fmt: skip
+                return statement
+        if _in_loop(function, body):
             return None
     return None
 
@@ -200,6 +224,14 @@ def made_in_function(file: str, line: int, name: str | None) -> bool:
     tree = module_node(file) if name else None
     function = innermost_function(tree, line) if tree is not None else None
     return function is not None and name is not None and made_here(function, line, name) is not None
+
+
+def holds_argument_at(file: str, line: int, name: str | None) -> bool:
+    """Whether ``name`` at ``line`` of ``file`` may hold a tensor its function was given (:func:`holds_argument`):
+    changed in place, the caller's tensor changes too."""
+    tree = module_node(file) if name else None
+    function = innermost_function(tree, line) if tree is not None else None
+    return function is not None and name is not None and holds_argument(function, line, name)
 
 
 def bound_to_a_view(file: str, line: int, name: str | None) -> bool:
