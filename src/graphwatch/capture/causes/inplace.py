@@ -47,17 +47,8 @@ from ..graph.node_types import node_type, saved_data
 from ..hooks.inplace_hints import optimizer_update
 from ..lines.callsite import display_path
 from ..lines.frames import named_values, resolve, user_frames
-from ..lines.source import dotted_name, innermost_function, inplace_statement, module_node, own_statements
-from .inplace_source import (
-    Write,
-    alias_roots,
-    bound_to_a_view,
-    code_of,
-    holds_argument_at,
-    made_in_function,
-    statement_start,
-    writes,
-)
+from ..lines.source import dotted_name, inplace_statement, module_node
+from .inplace_source import Write, alias_roots, code_of, statement_start, unsafe_reason, writes
 from .parameter_updates import update_writes
 from .second_backward import _VIEWS
 
@@ -309,34 +300,11 @@ class InplaceFinder:
         is_view = tensor._base is not None if handle.is_input else made_by_view
         name = inplace_statement(statement) if statement is not None else None
         if name is not None or (statement is not None and passes_inplace(statement)):
-            # a tensor that required no grad when saved (an input, data, a buffer) may be held outside the
-            # function too: out of place, the change would not reach those holders, unless the function made it;
-            # a write in a helper, or on the tensor the function was given, changes the caller's tensor too
-            outside = handle.leaf and not made_in_function(site.file, site.line, name)
-            given = cause.called_at is not None or holds_argument_at(site.file, site.line, name)
-            another = self._read_through_another_name(site, name)
-            is_view = is_view or (another and bound_to_a_view(site.file, site.line, name))
-            unsafe = [why for why, found in (("view", is_view), ("helper", given), ("alias", another),
-                                             ("outside", outside)) if found]  # fmt: skip
-            cause.target, cause.safe = name or "", not unsafe
-            cause.unsafe = unsafe[0] if unsafe else ""
+            cause.unsafe = unsafe_reason(site.file, site.line, name, is_view, handle.leaf, cause.called_at is not None)
+            cause.target, cause.safe = name or "", not cause.unsafe
             return
         if statement is not None:
             self._module(cause, site, statement)
-
-    def _read_through_another_name(self, site: CallSite, name: str | None) -> bool:
-        """Whether a line after ``site`` in its function reads the tensor that ``name`` changes there through
-        another name (the tensor ``name`` views, or another view of it: ``y = h.view(...)``): made out of place,
-        the change would not reach that name."""
-        tree = module_node(_filename(site)) if name else None
-        scope = (innermost_function(tree, site.line) or tree) if tree is not None else None
-        if scope is None or not name:
-            return False
-        roots = alias_roots(scope, site.line)
-        root = roots.get(name, name)
-        others = ({n for n, r in roots.items() if r == root} | {root}) - {name}
-        return any(s.lineno > site.line and isinstance(n, (ast.Name, ast.Attribute)) and dotted_name(n) in others
-                   for s in own_statements(scope) for n in ast.walk(s))  # fmt: skip
 
     def _module(self, cause: InplaceCause, site: CallSite, statement: ast.stmt) -> None:
         for call in (n for n in ast.walk(statement) if isinstance(n, ast.Call)):

@@ -6,7 +6,10 @@
   counter is shared by a tensor and its views, so a write through any of them changes the saved tensor;
 - :func:`writes`: the in-place statements between two lines of a function, also those of a helper function
   it calls there (``normalize_(h)`` with ``def normalize_(t): t.sub_(...)``), each with the name of the
-  caller's tensor it changes and the call that reached it.
+  caller's tensor it changes and the call that reached it;
+- :func:`unsafe_reason`: why the out-of-place form of an in-place statement could change what the program
+  computes: a view's base read afterwards, a tensor the function was given (:func:`holds_argument`), another name
+  reading it, a tensor that required no grad that the function did not make (:func:`made_here`).
 
 Example::
 
@@ -224,6 +227,35 @@ def made_in_function(file: str, line: int, name: str | None) -> bool:
     tree = module_node(file) if name else None
     function = innermost_function(tree, line) if tree is not None else None
     return function is not None and name is not None and made_here(function, line, name) is not None
+
+
+def unsafe_reason(file: str, line: int, name: str | None, is_view: bool, leaf: bool, in_helper: bool) -> str:
+    """Why making the in-place change of ``name`` at ``line`` of ``file`` out of place could change what the
+    program computes (:attr:`~graphwatch.model.causes.InplaceCause.unsafe`), or "": "view" (the changed tensor,
+    ``is_view`` or bound to a view, is read afterwards through its base), "helper" (the change is a helper's,
+    ``in_helper``, or the name holds a tensor the function was given: the caller's changes too), "alias" (a later
+    line reads the tensor through another name), "outside" (a tensor that required no grad when saved, ``leaf``:
+    an input, data, a buffer, which others may hold, unless the function made it)."""
+    another = read_through_another_name(file, line, name)
+    found = (("view", is_view or (another and bound_to_a_view(file, line, name))),
+             ("helper", in_helper or holds_argument_at(file, line, name)), ("alias", another),
+             ("outside", leaf and not made_in_function(file, line, name)))  # fmt: skip
+    return next((why for why, unsafe in found if unsafe), "")
+
+
+def read_through_another_name(file: str, line: int, name: str | None) -> bool:
+    """Whether a line after ``line`` of ``file`` in its function reads the tensor that ``name`` changes there
+    through another name (the tensor ``name`` views, or another view of it: ``y = h.view(...)``): made out of
+    place, the change would not reach that name."""
+    tree = module_node(file) if name else None
+    scope = (innermost_function(tree, line) or tree) if tree is not None else None
+    if scope is None or not name:
+        return False
+    roots = alias_roots(scope, line)
+    root = roots.get(name, name)
+    others = ({n for n, r in roots.items() if r == root} | {root}) - {name}
+    return any(s.lineno > line and isinstance(n, (ast.Name, ast.Attribute)) and dotted_name(n) in others
+               for s in own_statements(scope) for n in ast.walk(s))  # fmt: skip
 
 
 def holds_argument_at(file: str, line: int, name: str | None) -> bool:
