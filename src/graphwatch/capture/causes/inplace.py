@@ -294,7 +294,7 @@ class InplaceFinder:
     # ------------------------------------------------------------------ the statement
     def _what_changed(self, cause: InplaceCause, site: CallSite, tensor: torch.Tensor, handle: SavedHandle) -> None:
         """The tensor's name on the line, or the module built with inplace=True that ran there; and whether
-        the out-of-place form is safe (the changed tensor is no view of another whose values must change)."""
+        the out-of-place form is safe, else why not (:func:`.inplace_source.unsafe_reason`)."""
         statement = _statement(site)
         made_by_view = handle.output_of is not None and any(v in handle.output_of[0] for v in _VIEWS)
         is_view = tensor._base is not None if handle.is_input else made_by_view
