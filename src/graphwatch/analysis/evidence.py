@@ -53,26 +53,43 @@ def reads_name(source: str, name: str, dotted: bool = False) -> bool:
 
 def stored_part(source: str, within: str) -> str | None:
     """The expression of the value a line stores (appends, or assigns) that sits at ``within`` of it: ``action``
-    for ``[1]`` of ``buffer.append((state, action, reward))``; None unless that value is a tuple or list written
-    out on the line.
+    for ``[1]`` of ``buffer.append((state, action, reward))``, ``loss`` for ``['loss']`` of
+    ``history.append({"loss": loss})``; None unless that value is a tuple, list or dict written out on the line.
 
     >>> stored_part("buffer.append((state, action, reward))", "[1]"), stored_part("buffer.append(t)", "[1]")
     ('action', None)
+    >>> stored_part('kept.append({"step": i, "pred": net(x)})', "['pred']")
+    'net(x)'
     """
     try:
         statement = ast.parse(source.strip()).body[0]
+        path = ast.parse(f"_{within}", mode="eval").body
     except (SyntaxError, IndexError):
         return None
     value: ast.expr | None = getattr(statement, "value", None)
     if isinstance(value, ast.Call) and len(value.args) == 1:  # ``buffer.append(...)``
         value = value.args[0]
-    if not re.fullmatch(r"(\[\d+\])+", within):
+    keys: list[object] = []
+    while isinstance(path, ast.Subscript) and isinstance(path.slice, ast.Constant):
+        keys.append(path.slice.value)
+        path = path.value
+    if not keys or not isinstance(path, ast.Name):
         return None
-    for index in map(int, re.findall(r"\d+", within)):
-        if not isinstance(value, (ast.Tuple, ast.List)) or index >= len(value.elts):
+    for key in reversed(keys):
+        value = _item_written(value, key)
+        if value is None:
             return None
-        value = value.elts[index]
     return ast.unparse(value) if value is not None else None
+
+
+def _item_written(value: ast.expr | None, key: object) -> ast.expr | None:
+    """The expression at ``key`` of a tuple, list (an index) or dict (a literal key) written out, else None."""
+    if isinstance(value, (ast.Tuple, ast.List)) and type(key) is int and 0 <= key < len(value.elts):
+        return value.elts[key]
+    if isinstance(value, ast.Dict):
+        found = [v for k, v in zip(value.keys, value.values) if isinstance(k, ast.Constant) and k.value == key]
+        return found[0] if len(found) == 1 else None
+    return None
 
 
 def backward_target(source: str) -> str | None:

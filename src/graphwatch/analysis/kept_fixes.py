@@ -15,6 +15,11 @@
   object, a module buffer updated outside ``no_grad``): the value detached where it is made (``detach-made``);
 - a module's parameters updated in place outside ``no_grad`` (an EMA teacher): the update under
   ``no_grad`` (``no-grad``), where the line that updated them is known;
+- a holder changed in place outside ``no_grad`` that no backward ran through (a buffer's EMA,
+  ``self.ema_w.mul_(0.99).add_(w)``, in a Lightning hook or a ``Callback``'s): that line under ``no_grad``
+  (``no-grad``);
+- a container whose items hold tensors inside them (a replay buffer's tuples, a dict of ``loss`` and
+  ``pred``): advice that names every part that carries a graph;
 - else advice.
 
 The element count and whether a backward ran through the held value were recorded when the holder was
@@ -38,7 +43,8 @@ from typing import TYPE_CHECKING
 
 from ..model import CallSite, Edit, Holder, Remedy, Trace
 from ..model.columns import field_values
-from .evidence import site_chain
+from ..model.records import within
+from .evidence import site_chain, stored_part
 
 if TYPE_CHECKING:
     from .codemods.returned import Returned
@@ -90,6 +96,53 @@ def parameters_remedy(trace: Trace, module: str, update: CallSite | None, why: s
     edit = Edit("no-grad", update.file, update.line, training=training_lines(trace).get(update.file, []))
     why = why or f"no backward ran through the graph the update at {update.where} records"
     return Remedy(text, [edit], why=why, mechanical=True)
+
+
+def inplace_update_remedy(trace: Trace, site: CallSite, name: str, holders: list[Holder]) -> Remedy | None:
+    """``with torch.no_grad():`` around the line ``site`` that changes the holder ``name`` in place (a buffer's EMA,
+    ``self.ema_w.mul_(0.99).add_(self.layer.weight, alpha=0.01)``), patched where no backward ran through the held
+    tensor (its graph only grows, one step on top of the last: no_grad changes no gradient); None when the line
+    changes something else in place, or nothing."""
+    import ast
+
+    from ..capture.lines.source import inplace_statement
+
+    try:
+        statements = ast.parse(site.source.strip()).body
+    except SyntaxError:
+        return None
+    changed = inplace_statement(statements[0]) if len(statements) == 1 else None
+    attr = name.rpartition(".")[2]
+    if changed is None or not (changed == name or ("." in name and changed.endswith(f".{attr}"))):
+        return None
+    text = (
+        f"update `{changed}` under `with torch.no_grad():` at {site.where} (an in-place update outside no_grad "
+        "records a graph that grows every step)"
+    )
+    if any(h.backwarded for h in holders):  # a backward ran through it: no_grad would change what trains
+        return Remedy(text)
+    edit = Edit("no-grad", site.file, site.line, training=training_lines(trace).get(site.file, []))
+    why = f"no backward ran through `{name}`: its graph only grows, one step on top of the last"
+    return Remedy(text, [edit], why=why, mechanical=True)
+
+
+def part_remedy(site: CallSite, container: str, holders: list[Holder]) -> Remedy:
+    """Advice for a container whose items hold tensors inside them (a replay buffer's ``(state, action, reward)``
+    tuples, ``action`` still carrying the rollout's graph; a dict whose ``loss`` and ``pred`` both carry theirs):
+    store each such part without its graph, every one named (one left out would keep the graphs alive)."""
+    paths = list(dict.fromkeys(path for h in holders if (path := within(h.name, container))))
+    named = [f"`{part}`" if (part := stored_part(site.source, path)) is not None else None for path in paths]
+    if len(paths) == 1:
+        parts = named[0] or f"the part `{paths[0]}` of each item"
+    else:
+        spelled = [found or f"`{path}`" for found, path in zip(named, paths)]
+        parts = f"each of {', '.join(spelled[:-1])} and {spelled[-1]} (the {len(paths)} parts of each item that carry a graph)"
+    examples = [next(h.name for h in holders if within(h.name, container) == path) for path in paths]
+    carry = "still carries" if len(paths) == 1 else "still carry"
+    return Remedy(
+        f"store {parts} without its graph at {site.where} (`.detach()` it, or `.item()` for a number): "
+        f"{' and '.join(f'`{e}`' for e in examples)} {carry} the graph of the step that made it"
+    )
 
 
 def holder_remedy(site: CallSite, spelled: str, holders: list[Holder]) -> Remedy | None:

@@ -29,10 +29,17 @@ from .evidence import (
     reads_name,
     site_chain,
     spans_text,
-    stored_part,
 )
 from .findings import make_finding, renderer, same_cause
-from .kept_fixes import GENERIC, evaluation_remedy, holder_remedy, parameters_remedy, returned_origin
+from .kept_fixes import (
+    GENERIC,
+    evaluation_remedy,
+    holder_remedy,
+    inplace_update_remedy,
+    parameters_remedy,
+    part_remedy,
+    returned_origin,
+)
 
 # --------------------------------------------------------------- kept alive
 # A variable reassigned once an iteration holds the previous iteration's graph until it is reassigned:
@@ -209,7 +216,7 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
         "key": _finding_key(trace, holders[0]),
         "sites": list(dict.fromkeys(([site.where] if site else []) + fixed_at + graph)),
         "steps": [step.index],
-        "kept": moment | {"items": len(holders) if holders[0].name != name else None},
+        "kept": moment | {"items": _items(holders, name) if holders[0].name != name else None},
         "holder": name,
         "holder_at": describe(site) if site else f"in {holders[0].scope}",
         "holder_source": site.source if site else None,  # what the line that feeds it reads (see _same_holding)
@@ -228,9 +235,11 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
         remedies.append(evaluation_remedy(trace, _evaluation_line(evaluation, site)))
     spelled = _spelled(site, name) if site is not None and not backwarded and not evidence["parameters"] else None
     if site is not None and evidence["item_path"]:  # the line stores more than the tensor: a tuple holding it
-        remedies.append(_part_remedy(site, holders[-1], within(holders[-1].name, name)))
+        remedies.append(part_remedy(site, name, holders))
         spelled = None
     keep = holder_remedy(site, spelled, holders) if site is not None and spelled is not None else None
+    if keep is None and site is not None and spelled is not None:
+        keep = inplace_update_remedy(trace, site, spelled, holders)
     remedies += [keep] if keep is not None else [] if remedies else [Remedy(GENERIC)]
     source = _made_from_holder(step, name, site) if site is not None else None
     if source is not None and site is not None:  # (its own patch, beside that holder's, would meet a number there)
@@ -239,6 +248,11 @@ def _kept_finding(trace: Trace, step: StepRecord, holders: list[Holder], kept: l
     edited = [f"{edit.file}:{edit.line}" for remedy in remedies for edit in remedy.edits]  # where its fix goes too
     evidence["sites"] = list(dict.fromkeys(evidence["sites"][:1] + edited + evidence["sites"][1:]))
     return make_finding("graph-kept-alive", "warning", step.index, evidence, remedies)
+
+
+def _items(holders: list[Holder], container: str) -> int:
+    """How many items of ``container`` the holders run through (a dict item holding two tensors is one item)."""
+    return len({h.name[: len(h.name) - len(within(h.name, container))] for h in holders})
 
 
 def _evaluation_line(evaluation: list[CallSite], site: CallSite | None) -> CallSite:
@@ -278,18 +292,6 @@ def _container(name: str, site: CallSite | None) -> str:
     if kept is not None and len(kept) > len(held) and (name == kept or name.startswith(kept + "[")):
         return kept
     return held
-
-
-def _part_remedy(site: CallSite, holder: Holder, part_path: str) -> Remedy:
-    """Advice for a container whose items hold the tensor inside them, at ``part_path`` of each (a replay buffer's
-    ``(state, action, reward)`` tuples, ``action`` still carrying the rollout's graph): store that part without its
-    graph."""
-    part = stored_part(site.source, part_path)
-    named = f"`{part}`" if part is not None else f"the part `{part_path}` of each item"
-    return Remedy(
-        f"store {named} without its graph at {site.where} (`.detach()` it, or `.item()` for a number): "
-        f"`{holder.name}` still carries the graph of the step that made it"
-    )
 
 
 def _spelled(site: CallSite, name: str) -> str | None:

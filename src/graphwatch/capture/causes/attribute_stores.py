@@ -5,7 +5,9 @@ another line (``content = ContentLoss(features(content_img))``).  The fix belong
 object, as the class spells it: ``self.target = target.detach()``.  The store is named only when it is
 certain: the one statement of the methods of the object's own classes (its user-code bases too) that assigns
 ``self.<attr>``, and it is in ``__init__``, which ran when the object was made.  An attribute that any other
-method assigns, or that several statements assign, has no one store.
+method assigns, or that several statements assign, has no one store.  A buffer no statement assigns (made by
+``register_buffer``) that one statement changes in place outside ``no_grad`` (an EMA) is kept at that
+statement (:func:`update_site`).
 
 Example::
 
@@ -19,13 +21,14 @@ Example::
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterator
 from types import CodeType, FrameType
 from typing import Any
 
 from ..lines.callsite import SiteTable, is_user_file
 from ..lines.frames import resolve
-from ..lines.source import assignments, function_node
+from ..lines.source import assignments, function_node, inplace_updates, module_node
 
 
 def attribute_store(owner: Any, attr: str) -> tuple[CodeType, int] | None:
@@ -82,3 +85,26 @@ def store_site(sites: SiteTable, frame: FrameType, name: str) -> int | None:
     owner = resolve(frame, head)
     store = attribute_store(owner, attr) if owner is not None else None
     return sites.from_code(*store) if store is not None else None
+
+
+def update_site(sites: SiteTable, owner: Any, attr: str) -> int | None:
+    """The line that changes ``owner``'s attribute ``attr`` in place outside ``no_grad``: the one statement of
+    its classes that changes ``self.<attr>``, else the one statement of its class's file that changes some
+    ``<name>.<attr>`` (a Lightning ``Callback``'s ``pl_module.ema_w.mul_(0.99).add_(w)``); None when there is
+    none, or more than one (no line is guessed)."""
+    if owner is None:
+        return None
+    found = {
+        (code, line)
+        for code in _user_methods(type(owner))
+        for line, changed in inplace_updates(function_node(code)) if changed == f"self.{attr}"
+    }  # fmt: skip
+    if found:
+        return sites.from_code(*found.pop()) if len(found) == 1 else None
+    filename = next((code.co_filename for code in _user_methods(type(owner))), None)  # (its own class's first)
+    tree = module_node(filename) if filename is not None else None
+    if filename is None or tree is None:
+        return None
+    functions = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    lines = {line for node in functions for line, changed in inplace_updates(node) if changed.endswith(f".{attr}")}
+    return sites.from_file(filename, lines.pop()) if len(lines) == 1 else None

@@ -36,6 +36,7 @@ from ..graph.graph_walk import Reach, reach
 from ..lines.callsite import display_path
 from ..lines.frames import drop_locals_snapshot, resolve, user_frames
 from ..lines.source import assigned_names, assignments, function_node, inplace_updates, module_node
+from .attribute_stores import update_site
 from .held_values import _INERT as _INERT  # (re-exported: the names callers and tests import from here)
 from .held_values import _of_a_user_class as _of_a_user_class
 from .held_values import hook_closures, tensors_among, value_at
@@ -166,7 +167,9 @@ def _attribute_site(recorder: Recorder, frame: FrameType | None, name: str, name
         # may (``self.agent.td_errors.append(loss)`` in a training_step)
         added = _class_line(value_at(frame, parent_path, names), f"self.{link}.{attr}")
         best = added if added is not None and added[0][0] else best
-    return None if best is None else recorder.sites.from_code(best[2], best[1])
+    if best is None:  # nothing assigns it: a buffer updated in place (an EMA's ``self.ema_w.mul_(0.99).add_(w)``)
+        return update_site(recorder.sites, value_at(frame, owner_path, names), attr)
+    return recorder.sites.from_code(best[2], best[1])
 
 
 def _class_line(owner: Any, target: str) -> tuple[tuple[bool, bool], int, CodeType] | None:

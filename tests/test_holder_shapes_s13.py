@@ -1,0 +1,109 @@
+"""Holder and carrier shapes once answered wrongly or incompletely, each reduced to a few lines: an EMA buffer
+updated in place in a Lightning hook (the module's own or a ``Callback``'s), a ``Callback``'s bound method
+registered as a forward hook, a dict item holding two tensors with graphs, and two tensors kept from before
+the loop that both carry a graph into every step.
+
+Each program runs under ``graphwatch run`` in a scratch folder (:func:`test_leak_fixes.diagnose`); a patch is
+applied with the real ``patch -p0``, the patched program runs again, clean, and trains as a fix written by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_leak_fixes import diagnose, finding_of, patched_runs_clean, trains_like
+from test_patches import needs_patch_tool
+
+pytestmark = needs_patch_tool
+
+# ------------------------------------------------------------------ an EMA buffer updated in a Lightning hook
+LIGHTNING_EMA = """\
+import torch
+import torch.nn as nn
+import lightning.pytorch as pl
+
+
+class Net(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(8, 1)
+        self.register_buffer("ema_w", torch.zeros(1, 8))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.layer(x), y)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.ema_w.mul_(0.99).add_(self.layer.weight, alpha=0.01)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+torch.manual_seed(0)
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(160, 8), torch.randn(160, 1)), batch_size=16)
+model = Net()
+trainer = pl.Trainer(max_steps=10, accelerator="cpu", logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False{callbacks})
+trainer.fit(model, data)
+print([round(v, 5) for v in model.layer.weight.detach().flatten().tolist()], round(model.ema_w.sum().item(), 6))
+"""
+EMA_LINE = "        self.ema_w.mul_(0.99).add_(self.layer.weight, alpha=0.01)\n"
+
+
+def test_an_ema_buffer_updated_in_a_lightning_modules_hook_is_one_finding_at_the_hooks_line_fixed_under_no_grad(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("lightning")
+    source = LIGHTNING_EMA.replace("{callbacks}", "")
+    finding = finding_of(diagnose(tmp_path, source), "graph-kept-alive")  # one: not again as "(its globals)"
+    assert finding.evidence["holder"] == "model.ema_w" and finding.evidence["sites"][0] == "train.py:17"
+    assert finding.fix.startswith("update `self.ema_w` under `with torch.no_grad():` at train.py:17")
+    assert "+        with torch.no_grad():\n+            self.ema_w.mul_(0.99)" in (finding.patch or "")
+    patched_runs_clean(tmp_path, finding.patch)
+    trains_like(tmp_path, source.replace(EMA_LINE, "        with torch.no_grad():\n    " + EMA_LINE))
+
+
+def test_an_ema_buffer_updated_by_a_callbacks_hook_is_fixed_at_the_callbacks_line(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    callback = """\
+class EMA(pl.Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        pl_module.ema_w.mul_(0.99).add_(pl_module.layer.weight, alpha=0.01)
+
+
+"""
+    source = LIGHTNING_EMA.replace("{callbacks}", ", callbacks=[EMA()]").replace(EMA_LINE, "        pass\n")
+    source = source.replace("class Net(", callback + "class Net(")
+    finding = finding_of(diagnose(tmp_path, source), "graph-kept-alive")
+    assert finding.evidence["holder"] == "model.ema_w" and finding.evidence["sites"][0] == "train.py:8"
+    assert finding.fix.startswith("update `pl_module.ema_w` under `with torch.no_grad():` at train.py:8")
+    patched_runs_clean(tmp_path, finding.patch)
+    update = "        pl_module.ema_w.mul_(0.99)"
+    trains_like(tmp_path, source.replace(update, "        with torch.no_grad():\n    " + update))
+
+
+# ------------------------------------------------------------------ a dict item holding two graphs
+def test_every_part_of_a_kept_dict_item_that_carries_a_graph_is_named_in_the_fix(tmp_path: Path) -> None:
+    source = """\
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+history = []
+for step in range(8):
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    loss = nn.functional.mse_loss(model(x), y)
+    history.append({"step": step, "loss": loss, "pred": model(x)})
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+    finding = finding_of(diagnose(tmp_path, source), "graph-kept-alive")
+    assert finding.evidence["holder"] == "history" and finding.evidence["kept"]["items"] < 8  # items, not tensors
+    assert finding.fix.startswith("store each of `loss` and `model(x)` (the 2 parts of each item that carry a graph)")
+    assert "['loss']` and `history[" in finding.fix and finding.fix.count("['pred']") == 1
+    assert finding.patch is None  # (advice only, as for a single part: no patch that leaves a part carrying it)
