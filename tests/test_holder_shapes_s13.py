@@ -84,6 +84,56 @@ class EMA(pl.Callback):
     trains_like(tmp_path, source.replace(update, "        with torch.no_grad():\n    " + update))
 
 
+def test_a_list_kept_by_a_callbacks_bound_method_registered_as_a_forward_hook_is_named_and_fixed(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("lightning")
+    source = """\
+import torch
+import torch.nn as nn
+import lightning.pytorch as pl
+
+
+class ActivationLogger(pl.Callback):
+    def __init__(self):
+        self.activations = []
+
+    def on_train_start(self, trainer, pl_module):
+        pl_module.encoder.register_forward_hook(self._keep)
+
+    def _keep(self, module, inputs, output):
+        self.activations.append(output)
+
+
+class Net(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(8, 16), nn.Tanh())
+        self.head = nn.Linear(16, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.head(self.encoder(x)), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+torch.manual_seed(0)
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(160, 8), torch.randn(160, 1)), batch_size=16)
+model = Net()
+trainer = pl.Trainer(max_steps=10, accelerator="cpu", logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, callbacks=[ActivationLogger()])
+trainer.fit(model, data)
+print([round(v, 5) for v in model.head.weight.detach().flatten().tolist()])
+"""
+    finding = finding_of(diagnose(tmp_path, source), "graph-kept-alive")
+    assert finding.evidence["holder"] == "self.activations" and finding.evidence["sites"][0] == "train.py:14"
+    assert finding.fix.startswith("keep a detached tensor, not the graph: `self.activations.append(output.detach())`")
+    patched_runs_clean(tmp_path, finding.patch)
+    trains_like(tmp_path, source.replace("append(output)", "append(output.detach())"))
+
+
 # ------------------------------------------------------------------ a dict item holding two graphs
 def test_every_part_of_a_kept_dict_item_that_carries_a_graph_is_named_in_the_fix(tmp_path: Path) -> None:
     source = """\

@@ -219,10 +219,10 @@ def tensors_among(names: Iterable[tuple[str, Any]]) -> list[tuple[str, torch.Ten
 
 
 def hook_closures(values: Iterable[Any]) -> Iterator[tuple[types.FunctionType, list[tuple[str, torch.Tensor]]]]:
-    """(hook, the (path, tensor) pairs its closure holds) for each hook of the user's own code registered on the
+    """(hook's function, the (path, tensor) pairs it holds) for each hook of the user's own code registered on the
     modules ``values`` are or hold as submodules, that holds a tensor with a graph: a forward hook's
     ``activations.append(output)`` keeps every step's activations, the path spelled as the hook's code spells
-    the variable (``activations[3]``)."""
+    the variable (``activations[3]``; ``self.activations[3]`` for a bound method's object, :func:`_hook_values`)."""
     seen: set[int] = set()
     for value in values:
         if not issubclass(type(value), torch.nn.Module):
@@ -230,13 +230,24 @@ def hook_closures(values: Iterable[Any]) -> Iterator[tuple[types.FunctionType, l
         for module in value.modules():
             hooks = [hook for attr in _HOOKS for hook in getattr(module, attr, {}).values()]
             for hook in hooks:
-                if not isinstance(hook, types.FunctionType) or not hook.__closure__ or id(hook) in seen:
+                function = hook.__func__ if isinstance(hook, types.MethodType) else hook
+                if not isinstance(function, types.FunctionType) or id(hook) in seen:
                     continue
                 seen.add(id(hook))
-                if _is_users_file(hook.__code__.co_filename):
-                    pairs = tensors_among(_cell_values(hook))
+                if _is_users_file(function.__code__.co_filename):
+                    pairs = tensors_among(_hook_values(hook, function))
                     if pairs:
-                        yield hook, pairs
+                        yield function, pairs
+
+
+def _hook_values(hook: Any, function: types.FunctionType) -> list[tuple[str, Any]]:
+    """(the name the hook's code reads it by, the value) of what a hook holds: the filled cells of its closure,
+    and for a bound method (a Lightning ``Callback``'s ``self._keep``) the object it is bound to, by the name of
+    its first parameter (``self``: ``self.activations[3]``)."""
+    values = list(_cell_values(function))
+    if hook is not function and function.__code__.co_argcount:
+        values.append((function.__code__.co_varnames[0], hook.__self__))
+    return values
 
 
 def _cell_values(function: types.FunctionType) -> Iterator[tuple[str, Any]]:
