@@ -157,3 +157,63 @@ for step in range(8):
     assert finding.fix.startswith("store each of `loss` and `model(x)` (the 2 parts of each item that carry a graph)")
     assert "['loss']` and `history[" in finding.fix and finding.fix.count("['pred']") == 1
     assert finding.patch is None  # (advice only, as for a single part: no patch that leaves a part carrying it)
+
+
+# ------------------------------------------------------------------ two tensors carry a graph into each step
+TWO_KEPT = """\
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+target = torch.zeros(1, 4, requires_grad=True)
+opt = torch.optim.Adam([target], lr=0.01)
+a, b = torch.randn(1, 4), torch.randn(1, 4)
+fa = net(a)
+fb = net(b)
+for step in range(6):
+    ft = net(target)
+    loss_a = ((ft - fa) ** 2).mean()
+    loss_b = ((2 * ft - fb) ** 2).mean()
+    loss = loss_a + loss_b
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print([round(v, 6) for v in target.detach().flatten().tolist()])
+"""
+BOTH_DETACHED = TWO_KEPT.replace("fa = net(a)\n", "fa = net(a).detach()\n").replace("fb = net(b)\n", "fb = net(b).detach()\n")
+
+
+def test_two_kept_tensors_that_each_carry_a_freed_graph_into_the_next_step_are_both_detached(tmp_path: Path) -> None:
+    trace = diagnose(tmp_path, TWO_KEPT)
+    error = finding_of(trace, "backward-through-freed-graph")
+    carried = finding_of(trace, "graph-carried-across-steps")
+    for finding in (error, carried):
+        assert "`fa.detach()`" in finding.fix and "`fb.detach()`" in finding.fix, finding.fix
+    assert "`fa` made at train.py:9" in error.message and "`fb` made at train.py:10" in error.message
+    assert "used at train.py:13" not in error.message  # (`fa`'s line, read off the op before `fb`'s use at 14)
+    assert "+fa = net(a).detach()" in (error.patch or "") and "+fb = net(b).detach()" in (error.patch or "")
+    assert carried.patch == error.patch
+    patched_runs_clean(tmp_path, error.patch)
+    trains_like(tmp_path, BOTH_DETACHED)
+
+
+def test_two_kept_tensors_carried_under_retain_graph_are_both_detached_and_the_retain_dropped(tmp_path: Path) -> None:
+    source = TWO_KEPT.replace("loss.backward()", "loss.backward(retain_graph=True)")
+    carried = finding_of(diagnose(tmp_path, source), "graph-carried-across-steps")
+    assert "`fb`" in carried.message and "`fa` produced at train.py:9" in carried.message
+    assert "+fa = net(a).detach()" in (carried.patch or "") and "+fb = net(b).detach()" in (carried.patch or "")
+    assert "+    loss.backward()" in (carried.patch or "")  # else the patched run keeps a graph for nothing
+    patched_runs_clean(tmp_path, carried.patch)
+    trains_like(tmp_path, BOTH_DETACHED)
+
+
+def test_of_two_carriers_one_made_by_a_trained_module_withholds_the_patch_and_says_why(tmp_path: Path) -> None:
+    source = TWO_KEPT.replace(
+        "opt = torch.optim.Adam([target], lr=0.01)", "opt = torch.optim.Adam([target, *net[0].parameters()], lr=0.01)"
+    ).replace("fb = net(b)", "frozen = nn.Linear(4, 4)\nfb = frozen(b)")  # fa: made by `net`, which trains; fb: not
+    carried = finding_of(diagnose(tmp_path, source.replace("loss.backward()", "loss.backward(retain_graph=True)")),
+                         "graph-carried-across-steps")  # fmt: skip
+    assert "`fa`" in carried.fix and "`fb`" in carried.fix, carried.fix
+    assert "no patch: the fix of `fa` needs your judgement" in carried.fix
+    assert carried.patch is None

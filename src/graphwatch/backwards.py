@@ -71,6 +71,7 @@ CROSSING = "graph crosses steps"  # the reason of the snapshot of the first grap
 # The same bound as the tensors a step tracks one by one: past it a step is counted, not recorded.
 DRAW_SAVED_BOUND = TRACKED_PER_STEP
 _REMEMBERED = 64  # backwards whose losses and parameters reached are remembered for an error's remedies
+_CARRIERS_NAMED = 4  # distinct earlier nodes a crossing backward names the carrier of (the first crossings')
 
 
 class BackwardWatch:
@@ -170,14 +171,18 @@ class BackwardWatch:
             self._grads.accumulated(params)
 
     def _name_carrier(self, record: BackwardRecord) -> None:
-        """Name the value that carried the first crossing's earlier node, while the loop's frames are here."""
-        carrier = self._recorder.trace.nodes.get(record.crossings[0][1])
-        if carrier is None or carrier.carried_as is not None:
-            return
-        named = name_carrier(self._recorder, sys._getframe(2), carrier)
-        if named is not None:
-            carrier.carried_as, carrier.carried_at, carrier.carried_fix = named.name, named.frame_site, named.statement
-            carrier.carried_kind, carrier.carried_type, carrier.carried_with = named.kind, named.value_type, list(named.together)
+        """Name the values that carried the crossings' earlier nodes (the first few distinct ones: two tensors
+        kept from step 0, each used by this step, are two carriers to fix), while the loop's frames are here."""
+        carriers = dict.fromkeys(child for _, child in record.crossings)
+        for carrier_id in list(carriers)[:_CARRIERS_NAMED]:
+            carrier = self._recorder.trace.nodes.get(carrier_id)
+            if carrier is None or carrier.carried_as is not None:
+                continue
+            named = name_carrier(self._recorder, sys._getframe(2), carrier)
+            if named is not None:
+                carrier.carried_as, carrier.carried_at, carrier.carried_fix = named.name, named.frame_site, named.statement
+                carrier.carried_kind, carrier.carried_type = named.kind, named.value_type
+                carrier.carried_with = list(named.together)
 
     def explain(
         self, record: BackwardRecord, roots: list[Any], freed: list[NodeRecord] | None, exc: RuntimeError

@@ -16,7 +16,8 @@ Four shapes, told apart by what ran (:func:`carried_shape`):
   graph failed.
 
 The detector of graphs carried across steps and the explanation of a backward through a freed graph both
-take their fixes from :func:`carried_remedies`.
+take their fixes from :func:`carried_remedies`, through :func:`remedies_for_all` where a backward ran into the
+graphs of several values (two tensors kept from before the loop): one fix for all of them, or no patch.
 
 Example::
 
@@ -77,6 +78,65 @@ def carried_remedies(
         return [made, Remedy(f"or {compute}")]
     when = made_when(trace, carrier.step, site, trace.site(backward.site))  # "in step 0", "before the loop at ..."
     return [Remedy(f"{compute} instead of keeping it from {when.removeprefix('in ')}"), made]
+
+
+def crossing_carriers(trace: Trace, backward: BackwardRecord, first: NodeRecord) -> list[NodeRecord]:
+    """``first`` and the carriers of the backward's other crossings that are other values (two tensors kept
+    from step 0, each used again): one per line and name that carries it, never one the first carries with it
+    (an LSTM's ``(h, c)``, detached together) nor one of the same step's parameters updated in place."""
+    carriers, seen = [first], {carrier_line(trace, first)[1] or "", *first.carried_with}
+    for _, child in backward.crossings:
+        carrier = trace.nodes.get(child)
+        if carrier is None or carrier.id == first.id:
+            continue
+        site, name = carrier_line(trace, carrier)
+        key = name or (site.where if site is not None else f"node {carrier.id}")
+        if key not in seen:
+            seen.add(key)
+            carriers.append(carrier)
+    return carriers
+
+
+def remedies_for_all(
+    trace: Trace, carriers: list[NodeRecord], backward: BackwardRecord, used_where: str | None = None
+) -> list[Remedy]:
+    """:func:`carried_remedies` of one carrier; of several, one fix that cuts every one of them (each one's first
+    fix, together), patched only when each of those is; else the fixes of each, named, and no patch (a patch
+    that cut one would leave the others carrying the graph).  A patch that detaches every carrier where it is
+    made also drops a ``retain_graph=True`` that only kept the graph for them (:func:`_retain_dropped`)."""
+    first = carried_remedies(trace, carriers[0], backward, used_where)
+    if len(carriers) == 1:
+        return [_retain_dropped(trace, first[0], backward), *first[1:]]
+    each = [first[0], *(carried_remedies(trace, carrier, backward)[0] for carrier in carriers[1:])]
+    names = [f"`{name}`" if (name := carrier_line(trace, carrier)[1]) else "a tensor with no name" for carrier in carriers]
+    carried = f"{', '.join(names[:-1])} and {names[-1]} each carry an earlier step's graph into this one"
+    text = f"{carried}; fix each: " + "; ".join(f"({i}) {remedy.text}" for i, remedy in enumerate(each, 1))
+    edits = [edit for remedy in each for edit in remedy.edits]
+    if all(remedy.patchable for remedy in each):
+        why = "; ".join(remedy.why for remedy in each if remedy.why)
+        return [_retain_dropped(trace, Remedy(text, edits, why=why, mechanical=True), backward)]
+    unsafe = ", ".join(names[i] for i, remedy in enumerate(each) if not remedy.patchable)
+    text += f" (no patch: the fix of {unsafe} needs your judgement, and a patch of the others alone would leave it)"
+    return [Remedy(text, edits)]
+
+
+def _retain_dropped(trace: Trace, remedy: Remedy, backward: BackwardRecord) -> Remedy:
+    """``remedy``, which detaches every carrier where it is made, with the ``retain_graph=True`` of ``backward``
+    dropped too when that only kept the graph for the carriers: the backward's line never ran beside another
+    backward in a step (nor twice in one), so once no value carries the graph on, nothing needs it again (kept,
+    a retain for nothing would remain).  ``remedy`` unchanged otherwise."""
+    site = trace.site(backward.site)
+    if not (remedy.patchable and backward.retain_graph and site is not None):
+        return remedy
+    if any(edit.kind != "detach-made" for edit in remedy.edits):
+        return remedy  # (a state detached each step drops it itself, where that is safe: _detach_state)
+    steps = [b.step for b in trace.backwards if trace.where(b.site) == site.where]
+    alone = all(b.step not in steps or trace.where(b.site) == site.where for b in trace.backwards)
+    if not alone or len(steps) != len(set(steps)):
+        return remedy
+    text = f"{remedy.text}; then drop `retain_graph=True` at {site.where}: no other backward of its step needs the graph"
+    why = f"{remedy.why}; the backward at {site.where} is the only one of each step it ran in"
+    return Remedy(text, [*remedy.edits, Edit("drop-retain", site.file, site.line)], why=why, mechanical=True)
 
 
 def carried_detach(trace: Trace, carrier: NodeRecord, backward: BackwardRecord) -> str | None:

@@ -14,8 +14,8 @@ Example::
 
 from __future__ import annotations
 
-from ..model import BackwardRecord, CallSite, Edit, Finding, NodeRecord, Remedy, StepRecord, Trace
-from .carried_fixes import carried_detach, carried_remedies, carried_shape, use_in_step
+from ..model import BackwardRecord, Edit, Finding, NodeRecord, Remedy, StepRecord, Trace
+from .carried_fixes import carried_detach, carried_shape, crossing_carriers, remedies_for_all, use_in_step
 from .evidence import (
     backwards_of,
     carrier_line,
@@ -26,6 +26,7 @@ from .evidence import (
     made_when,
     optimizer_name,
     step_name,
+    use_line,
 )
 from .explain import is_backward_twice
 from .findings import make_finding, renderer
@@ -87,11 +88,14 @@ def carried_across_steps(trace: Trace, step: StepRecord) -> list[Finding]:
         site, name = carrier_line(trace, carrier) if carrier else (None, None)
         made = trace.site(carrier.site) if carrier and not carrier.site_inferred else None
         earliest = min(s for s in bw.earlier_steps if s < bw.step)
-        used = _use_line(trace, user, name)
+        used = use_line(trace, user, name)
         shape = carried_shape(trace, carrier, bw) if carrier is not None else "cached"
+        carriers = crossing_carriers(trace, bw, carrier) if carrier is not None else []
+        also = [_carried_by(trace, other) for other in carriers[1:]]  # (each named: its fix is part of this one's)
+        lines = (site, used, use_in_step(trace, user, bw), trace.site(bw.site))
         evidence = {
             "key": site.where if site else trace.where(bw.site),
-            "sites": list(dict.fromkeys(w.where for w in (site, used, use_in_step(trace, user, bw), trace.site(bw.site)) if w)),
+            "sites": list(dict.fromkeys([*(w.where for w in lines if w), *(o["where"] for o in also if o["where"])])),
             "steps": [bw.step],
             "backward": describe_site(trace, bw.site),
             "carrier": name,
@@ -109,14 +113,21 @@ def carried_across_steps(trace: Trace, step: StepRecord) -> list[Finding]:
             "failed": bw.error is not None,
             "failed_because": _failure_cause(trace, bw, earliest) if bw.error is not None else None,
             "bytes": sum(b for s, b in step.saved_alive_by_step.items() if s < step.index),
+            "also_carried": also,
         }
         severity = "error" if bw.error else "warning"
         if carrier is not None:
-            remedies = carried_remedies(trace, carrier, bw, used.where if used is not None else None)
+            remedies = remedies_for_all(trace, carriers, bw, used.where if used is not None else None)
         else:
             remedies = [Remedy("detach the tensor the step carries over at the start of each step")]
         findings.append(make_finding("graph-carried-across-steps", severity, bw.step, evidence, remedies))
     return findings
+
+
+def _carried_by(trace: Trace, carrier: NodeRecord) -> dict:
+    """Another value that carries an earlier step's graph into the same backward: its name and line."""
+    site, name = carrier_line(trace, carrier)
+    return {"name": name, "at": describe(site) if site is not None else None, "where": site.where if site else None}
 
 
 _FREED = "an earlier step's backward had freed that graph"
@@ -161,6 +172,10 @@ def _render_carried(ev: dict) -> str:
     else:
         when = ev.get("carrier_made") or f"in {step_name(ev['carrier_step'])}"
         how = f"{tensor}{made} {when} is kept and used again in later steps{used}"
+    for other in ev.get("also_carried") or []:  # (each named: its fix is part of this one's)
+        tensor = f"`{other['name']}`" if other["name"] else "a tensor"
+        produced = f" produced at {other['at']}" if other["at"] else ""
+        how += f"; {tensor}{produced} is carried over too"
     rows = ev["per_step"]
     spent = _share(rows[0]) if len(rows) == 1 else f"{_share(rows[0])}; ... {_share(rows[-1])}"
     growth = ""
@@ -174,16 +189,6 @@ def _render_carried(ev: dict) -> str:
         f"the backward at {ev['backward']} runs on into the graphs of earlier steps: {how}, so each step's graph "
         f"stays attached to the ones before it. Time spent in earlier steps' nodes, {spent}{growth}{tail}"
     )
-
-
-def _use_line(trace: Trace, user: NodeRecord | None, name: str | None) -> CallSite | None:
-    """The line of ``user``, the node of this step that used the carried value ``name``.  A line inferred from
-    the op before it (its own op saved no tensor: ``NodeRecord.site_inferred``) may be another statement's, the
-    one before the use; it is kept only where it reads the value (its last dotted part, as text)."""
-    site = trace.site(user.site) if user is not None else None
-    if site is None or user is None or not user.site_inferred:
-        return site
-    return site if name and name.split(".")[-1].split("[")[0] in site.source else None
 
 
 def missing_zero_grad(trace: Trace, step: StepRecord) -> list[Finding]:

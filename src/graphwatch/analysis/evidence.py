@@ -318,6 +318,16 @@ def carried_pattern(trace: Trace, carrier: NodeRecord, site: CallSite | None, ba
     return "recurrent" if site is not None and line_runs_in(trace, site.where, backward.step) else "cached"
 
 
+def use_line(trace: Trace, user: NodeRecord | None, name: str | None) -> CallSite | None:
+    """The line of ``user``, the node of this step that used the carried value ``name``.  A line inferred from
+    the op before it (its own op saved no tensor: ``NodeRecord.site_inferred``) may be another statement's, the
+    one before the use; it is kept only where it reads the value (its last dotted part, as text)."""
+    site = trace.site(user.site) if user is not None else None
+    if site is None or user is None or not user.site_inferred:
+        return site
+    return site if name and name.split(".")[-1].split("[")[0] in site.source else None
+
+
 def alive_graph_sites(trace: Trace, steps: Iterable[int], limit: int = 3) -> list[str]:
     """'file:line' of the lines whose saved tensors from ``steps`` are still alive, most first."""
     wanted = set(steps)

@@ -26,7 +26,7 @@ from itertools import pairwise
 
 from ..model import BackwardRecord, Finding, NodeRecord, Remedy, Trace
 from ..model.causes import BackwardCause
-from .carried_fixes import carried_remedies
+from .carried_fixes import crossing_carriers, remedies_for_all
 from .error_remedies import RemedyMaker
 from .evidence import (
     backward_name,
@@ -37,6 +37,7 @@ from .evidence import (
     made_when,
     same_line,
     step_name,
+    use_line,
 )
 
 KIND = "backward-through-freed-graph"
@@ -123,6 +124,19 @@ def _how(pattern: str, names: dict[str, str], shared_named: bool = False) -> str
     return table[pattern].format(**{**names, "carrier_made": made}, **known)
 
 
+def _also_carried(trace: Trace, others: list[NodeRecord], step: str) -> str:
+    """The sentence naming the other values that carry an earlier step's graph into the failing backward's
+    step (each one's fix is part of the first one's), or ''."""
+    if not others:
+        return ""
+    spelled = []
+    for other in others:
+        site, name = carrier_line(trace, other)
+        spelled.append((f"`{name}`" if name else "a tensor") + (f" made at {describe(site)}" if site is not None else ""))
+    verb = "carries" if len(spelled) == 1 else "carry"
+    return f" {'; '.join(spelled)} {verb} the graph of {step_name(others[0].step)} into {step} too."
+
+
 def _pattern_of(
     trace: Trace, backward: BackwardRecord, freeing: BackwardRecord | None, carrier: NodeRecord | None,
     cause: BackwardCause,
@@ -200,7 +214,7 @@ def explain_backward_twice(
         carrier, used = shared, next((a for a, b in pairwise(path) if b is shared), None)
     pattern = _pattern_of(trace, backward, freeing, carrier if across else None, cause)
     carrier_site, carrier_name = carrier_line(trace, carrier) if carrier else (None, None)
-    used_site = trace.site(used.site) if used is not None else None
+    used_site = use_line(trace, used, carrier_name)  # (a line read off the op before it: only where it reads it)
     names = {
         "step": step_name(path[0].step if path and carrier is None else backward.step),
         "backward_where": where,
@@ -227,9 +241,11 @@ def explain_backward_twice(
         names["backward_where"] += " (the same line, run again)"
     maker = RemedyMaker(trace, cause, freeing, backward) if freeing is not None else None
     if pattern in ("recurrent", "cached", "parameters") and carrier is not None:
-        remedies = [*carried_remedies(trace, carrier, backward, names["used_where"]), _not_retain(names)]
+        carriers = crossing_carriers(trace, backward, carrier)
+        remedies = [*remedies_for_all(trace, carriers, backward, names["used_where"]), _not_retain(names)]
+        also = _also_carried(trace, carriers[1:], names["step"])
     else:
-        remedies = _remedies(pattern, maker)
+        remedies, also = _remedies(pattern, maker), ""
     fixes = [remedy.text for remedy in remedies]
     freed = (
         f"the backward at {describe_site(trace, freeing.site)} ({step_name(freeing.step)}, "
@@ -243,7 +259,7 @@ def explain_backward_twice(
         f"graphwatch: the backward at {describe_site(trace, backward.site)} ({step_name(backward.step)}) reached "
         f"{stale.op}, created{made} {when}, whose saved "
         f"tensors {freed}.",
-        _how(pattern, names, shared_named=cause.shared is not None and not across),
+        _how(pattern, names, shared_named=cause.shared is not None and not across) + also,
     ]
     if fixes:
         lines += ["Fixes, best first:", *(f"  {i}. {fix}" for i, fix in enumerate(fixes, 1))]
