@@ -82,8 +82,8 @@ def carried_remedies(
 
 def crossing_carriers(trace: Trace, backward: BackwardRecord, first: NodeRecord) -> list[NodeRecord]:
     """``first`` and the carriers of the backward's other crossings that are other values (two tensors kept
-    from step 0, each used again): one per line and name that carries it, never one the first carries with it
-    (an LSTM's ``(h, c)``, detached together) nor one of the same step's parameters updated in place."""
+    from step 0, each used again): one per name (or, unnamed, per line) that carries it, never one the first
+    carries with it (an LSTM's ``(h, c)``, detached together)."""
     carriers, seen = [first], {carrier_line(trace, first)[1] or "", *first.carried_with}
     for _, child in backward.crossings:
         carrier = trace.nodes.get(child)

@@ -242,11 +242,13 @@ def hook_closures(values: Iterable[Any]) -> Iterator[tuple[types.FunctionType, l
 
 def _hook_values(hook: Any, function: types.FunctionType) -> list[tuple[str, Any]]:
     """(the name the hook's code reads it by, the value) of what a hook holds: the filled cells of its closure,
-    and for a bound method (a Lightning ``Callback``'s ``self._keep``) the object it is bound to, by the name of
-    its first parameter (``self``: ``self.activations[3]``)."""
+    and for a method bound to an object that is not a module (a Lightning ``Callback``'s ``self._keep``) that
+    object, by the name of its first parameter (``self``: ``self.activations[3]``); a module's own attributes
+    are looked into where the frames hold the module, and named as they spell it."""
     values = list(_cell_values(function))
-    if hook is not function and function.__code__.co_argcount:
-        values.append((function.__code__.co_varnames[0], hook.__self__))
+    bound = getattr(hook, "__self__", None) if hook is not function else None
+    if bound is not None and not issubclass(type(bound), torch.nn.Module) and function.__code__.co_argcount:
+        values.append((function.__code__.co_varnames[0], bound))
     return values
 
 
