@@ -41,6 +41,9 @@ class Case:
     # (exact line text, its replacement) pairs: the bug (one line; a second line only where users add
     # retain_graph=True to silence the error the first one raises)
     mutation: tuple[tuple[str, str], ...] = ()
+    # a real script's known-good fix as (line, replacement) pairs where it is not the unchanged script (the
+    # script has the bug as published; a bug made on top of such a fix); () for the unchanged script
+    fix: tuple[tuple[str, str], ...] = ()
     expect: tuple[str, ...] = ()  # finding kinds that name the bug; () for a correct program
     cite: str | None = None  # text of the line a finding must cite (stripped); None: any line
     cite_line: int | None = None  # that line's number, where the text occurs more than once in the script

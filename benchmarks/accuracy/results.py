@@ -118,7 +118,8 @@ def table(outcomes: list[Outcome], level: str, fixes: bool = True) -> str:
         "# Accuracy on code nobody here wrote",
         "",
         f"Regenerated {date.today().isoformat()} by `.venv/bin/python benchmarks/accuracy/run.py --corpus DIR` "
-        "(real scripts from the repositories named in `cases.py`, at the commits named there; reproductions "
+        "(real scripts from the repositories named in `cases.py`, `tutorials.py` and `more_cases.py`, at the commits "
+        "named there; reproductions "
         f"in `repros/`). {level.capitalize()} level, `graphwatch run` "
         + ("(a bug with `--check-fixes`)" if fixes else "(diagnoses only: `--no-fixes`, no fix tried)")
         + ", one process per run."

@@ -14,12 +14,12 @@ wheel exists here, and nothing can be downloaded).  A real case copies its folde
 reproduction is a script of ``repros/`` whose docstring says ``EXPECT: silent`` or ``EXPECT: kind[, kind]``,
 whose ``# HERE`` comment marks the line a finding must cite, and whose ``FIX: old => new`` lines apply the
 known-good fix (``\\n`` in ``new`` starts a new line).  A bug runs with ``--check-fixes --patch-out FILE``; then
-its fixed twin (the known fix: the unchanged script, or the FIX lines), which must be silent, and graphwatch's
-own fix (``own_fix.py``: the run's patches together, as FILE has them), which must print what the twin prints.
-At the default level the bug (or clean) program also runs at ``--level full``, for its diagnosis alone (no fix
-checks): the table's column "found at level=full" and its row "default level finds what full finds"
-(``results.py``).  The table goes to ``benchmarks/accuracy/RESULTS.md`` (written by a run of every case at the
-default level; ``--out`` for any other).
+its fixed twin (the known fix: the unchanged script or the case's ``fix`` lines, or the FIX lines), which must be
+silent, and graphwatch's own fix (``own_fix.py``: the run's patches together, as FILE has them), which must print
+what the twin prints.  At the default level the bug (or clean) program also runs at ``--level full``, for its
+diagnosis alone (no fix checks): the table's column "found at level=full" and its row "default level finds what
+full finds" (``results.py``).  The table goes to ``benchmarks/accuracy/RESULTS.md`` (written by a run of every
+case at the default level; ``--out`` for any other).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cases import PROBLEM_KINDS, REAL, Case
+from more_cases import MORE, MORE_SETUPS
 from own_fix import apply_own_fix, different, own_fix, printed_numbers
 from results import Outcome, same_diagnosis, table
 from tutorials import TUTORIAL_SETUPS, TUTORIALS
@@ -85,6 +86,7 @@ def _style_images(folder: Path) -> None:
 
 SETUPS = {"wikitext": _wikitext, "sine": _sine, "style_images": _style_images}
 SETUPS |= TUTORIAL_SETUPS
+SETUPS |= MORE_SETUPS
 
 
 # ------------------------------------------------------------------ cases from repros/
@@ -123,7 +125,7 @@ def _prepare(case: Case, corpus: Path | None, work: Path) -> Path | None:
     folder = corpus / case.source.repo.replace("/", "+") / case.source.folder
     if not folder.is_dir():
         return None
-    shutil.copytree(folder, work, dirs_exist_ok=True)
+    shutil.copytree(folder, work, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git"))
     if case.setup:
         SETUPS[case.setup](work)
     script = work / case.source.script
@@ -232,14 +234,14 @@ def _diagnose_at_full(case: Case, corpus: Path | None, temp: Path) -> Outcome:
 
 
 def _try_fix(case: Case, corpus: Path | None, temp: Path) -> tuple[str, str | None]:
-    """Apply the known fix (a real case: undo the mutation; a reproduction: its FIX lines) and run again:
-    (whether graphwatch is then silent, what the fixed program printed when it exited 0)."""
+    """Apply the known fix (a real case: undo the mutation, or apply its ``fix`` lines; a reproduction: its FIX
+    lines) and run again: (whether graphwatch is then silent, what the fixed program printed when it exited 0)."""
     fix = case.env.get("GW_FIX")
     if case.source is None and not fix:
         return "", None
     work = temp / "fixed"
     work.mkdir()
-    fixed = replace(case, mutation=()) if case.source is not None else case
+    fixed = replace(case, mutation=case.fix) if case.source is not None else case
     script = _prepare(fixed, corpus, work)
     if script is None:
         return "", None
@@ -314,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         return outcome
 
     with ThreadPoolExecutor(max_workers=max(1, args.j)) as pool:  # (each case is subprocesses: threads suffice)
-        outcomes = list(pool.map(one, [case for case in [*REAL, *TUTORIALS, *repro_cases()] if args.k in case.name]))
+        outcomes = list(pool.map(one, [case for case in [*REAL, *TUTORIALS, *MORE, *repro_cases()] if args.k in case.name]))
     # RESULTS.md is the whole corpus at the default level (the levels compared); another table needs --out
     if args.out != HERE / "RESULTS.md" or (not args.k and compare_full and not args.no_fixes):
         args.out.write_text(table(outcomes, LEVEL, fixes=not args.no_fixes))
