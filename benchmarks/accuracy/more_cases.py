@@ -1,20 +1,23 @@
-"""Real cases from more third-party sources: karpathy/nanoGPT, karpathy/makemore, yunjey/pytorch-tutorial and
-MorvanZhou/PyTorch-Tutorial, each run unchanged (expected silent) and with one-line bugs PyTorch users make.
+"""Real cases from more third-party sources: karpathy/nanoGPT, karpathy/makemore, karpathy/minGPT (its adder
+project), yunjey/pytorch-tutorial, MorvanZhou/PyTorch-Tutorial and Lightning-AI/pytorch-lightning (its GAN
+example), each run unchanged (expected silent) and with one-line bugs PyTorch users make.
 
 As everywhere in the corpus, the expected answer (finding kinds, the line to cite) is decided from the bug before
 graphwatch runs: the reasoning is in a comment at each case.  README.md says how a corpus gets each repository at
 its commit.
 
 Each source's setup writes the data the script reads (nothing can be downloaded) and shortens the run by
-replacing whole lines (hyper-parameters, the number of steps, a print where the script prints no loss or prints
-a number that is a timing), in the bug, its fixed twin and graphwatch's fix alike, so that ``own_fix.py`` compares
-losses.  ``run.py`` uses ``MORE`` (with the other real cases) and ``MORE_SETUPS`` (with its setups).
+replacing whole lines (hyper-parameters, the number of steps, a data set that would be downloaded, a print where
+the script prints no loss or prints a number that is a timing), in the bug, its fixed twin and graphwatch's fix
+alike, so that ``own_fix.py`` compares losses.  ``run.py`` uses ``MORE`` (with the other real cases) and
+``MORE_SETUPS`` (with its setups).
 """
 
 from __future__ import annotations
 
 import pickle
 import random
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,11 +26,15 @@ from cases import Case, Source
 # ------------------------------------------------------------------ sources
 NANOGPT = Source("karpathy/nanoGPT", "3adf61e154c3fe3fca428ad6bc3818b27a3b8291", ".", "train.py")
 MAKEMORE = Source("karpathy/makemore", "988aa59e4d8fefa526d06f3b453ad116258398d4", ".", "makemore.py")
+# minGPT's adder project: its training loop is the library's (mingpt/trainer.py), the script's part a callback
+ADDER = Source("karpathy/minGPT", "37baab71b9abea1b76ab957409a1cc2fbfba8a26", ".", "projects/adder/adder.py")
 YUNJEY = "yunjey/pytorch-tutorial"
 YUNJEY_AT = "0500d3df5a2a8080ccfccbc00aca0eacc21818db"
 LANGUAGE_MODEL = Source(YUNJEY, YUNJEY_AT, "tutorials/02-intermediate/language_model", "main.py")
 YUNJEY_GAN = Source(YUNJEY, YUNJEY_AT, "tutorials/03-advanced/generative_adversarial_network", "main.py")
 YUNJEY_VAE = Source(YUNJEY, YUNJEY_AT, "tutorials/03-advanced/variational_autoencoder", "main.py")
+LIGHTNING_GAN = Source("Lightning-AI/pytorch-lightning", "7f0c3436cd3f6ad3753125672024fc415cbcb414",
+                       "examples/pytorch/domain_templates", "generative_adversarial_net.py")
 MORVAN = "MorvanZhou/PyTorch-Tutorial"
 MORVAN_AT = "dbe154a9e56635e51c6b0c2ccea8ae36cfb585a7"
 RNN_REGRESSOR = Source(MORVAN, MORVAN_AT, "tutorial-contents", "403_RNN_regressor.py")
@@ -73,10 +80,24 @@ SHORTER: dict[str, tuple[tuple[str, str], ...]] = {
         ("        plt.ylim((0, 3));plt.legend(loc='upper right', fontsize=10);plt.draw();plt.pause(0.01)",
          "        plt.close('all')"),
     ),
+    # Lightning's GAN: MNIST (a download) replaced by seeded noise, a GPU trainer by a short CPU one without logger
+    # or checkpoints, torchvision's grid by the images (torchvision is not installed); the step prints both losses
+    "lightning-gan": (
+        ('        self.log_dict({"d_loss": d_loss, "g_loss": g_loss})',
+         '        self.log_dict({"d_loss": d_loss, "g_loss": g_loss}); '
+         'print(f"g_loss {g_loss.item():.6f} d_loss {d_loss.item():.6f}")'),
+        ("        grid = torchvision.utils.make_grid(sample_imgs)", "        grid = sample_imgs"),
+        ("    dm = MNISTDataModule()",
+         "    dm = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(320, 1, 28, 28), "
+         "torch.zeros(320)), batch_size=32)"),
+        ('    trainer = Trainer(accelerator="gpu", devices=1)',
+         '    trainer = Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False, '
+         "enable_progress_bar=False, enable_model_summary=False)"),
+    ),
 }
 SCRIPTS = {"nanogpt": NANOGPT.script, "makemore": MAKEMORE.script, "language-model": LANGUAGE_MODEL.script,
            "yunjey-gan": YUNJEY_GAN.script, "yunjey-vae": YUNJEY_VAE.script, "rnn-regressor": RNN_REGRESSOR.script,
-           "morvan-gan": MORVAN_GAN.script}
+           "morvan-gan": MORVAN_GAN.script, "lightning-gan": LIGHTNING_GAN.script}
 
 WORDS = [f"w{i}" for i in range(200)]
 
@@ -121,6 +142,12 @@ def _ptb_like(folder: Path) -> None:
     (folder / "data" / "train.txt").write_text(text + "\n")
 
 
+def _mingpt_beside(folder: Path) -> None:
+    """The adder imports ``mingpt`` (installed with ``pip install -e .`` in the repository's instructions): a copy
+    of the package beside the script, where the script's folder (its ``sys.path[0]``) finds it."""
+    shutil.copytree(folder / "mingpt", folder / "projects" / "adder" / "mingpt")
+
+
 def _setup(key: str, data: Callable[[Path], None] | None = None) -> Callable[[Path], None]:
     def setup(folder: Path) -> None:
         if data is not None:
@@ -138,6 +165,8 @@ MORE_SETUPS: dict[str, Callable[[Path], None]] = {
     "yunjey-vae": _setup("yunjey-vae"),
     "rnn-regressor": _setup("rnn-regressor"),
     "morvan-gan": _setup("morvan-gan"),
+    "mingpt-adder": _mingpt_beside,
+    "lightning-gan": _setup("lightning-gan"),
 }
 
 # ------------------------------------------------------------------ nanoGPT
@@ -349,4 +378,68 @@ MORVAN_CASES = [
     ),
 ]
 
-MORE: list[Case] = [*NANOGPT_CASES, *MAKEMORE_CASES, *YUNJEY_CASES, *MORVAN_CASES]
+# ------------------------------------------------------------------ minGPT
+# one-digit additions (100 problems: both splits are evaluated, greedily, after the first iteration), 30 iterations
+ADDER_ARGS = ("--data.ndigit=1", "--trainer.max_iters=30", "--trainer.batch_size=16", "--trainer.num_workers=0",
+              "--trainer.device=cpu", "--system.work_dir=out")
+ADDER_GLOBAL = "        global top_score"
+ADDER_TOP = "    top_score = 0"
+ADDER_CASES = [
+    Case("minGPT adder (Trainer with a batch-end callback)", ADDER, args=ADDER_ARGS, setup="mingpt-adder"),
+    # the callback records the loss curve as tensors: trainer.loss holds each iteration's graph, kept in the list
+    Case(
+        "minGPT adder, the callback appends trainer.loss to a list",
+        ADDER, args=ADDER_ARGS, setup="mingpt-adder",
+        mutation=(
+            (ADDER_GLOBAL, "        global top_score; loss_curve.append(trainer.loss)"),
+            (ADDER_TOP, "    top_score = 0; loss_curve = []"),
+        ),
+        expect=("graph-kept-alive",),
+        cite="global top_score; loss_curve.append(trainer.loss)",
+    ),
+    # a smoothed loss kept as a tensor: each iteration's graph chained onto the last one's, all kept
+    Case(
+        "minGPT adder, the callback keeps a running average of trainer.loss",
+        ADDER, args=ADDER_ARGS, setup="mingpt-adder",
+        mutation=(
+            (ADDER_GLOBAL, "        global top_score, smooth_loss; smooth_loss = 0.9 * smooth_loss + 0.1 * trainer.loss"),
+            (ADDER_TOP, "    top_score = 0; smooth_loss = 0.0"),
+        ),
+        expect=("graph-kept-alive",),
+        cite="global top_score, smooth_loss; smooth_loss = 0.9 * smooth_loss + 0.1 * trainer.loss",
+    ),
+]
+
+# ------------------------------------------------------------------ Lightning's GAN (manual optimization)
+LIT_D_BACKWARD = "        self.manual_backward(d_loss)"
+LIGHTNING_CASES = [
+    Case("Lightning GAN (two optimizers, toggle_optimizer)", LIGHTNING_GAN, setup="lightning-gan"),
+    # D's fake made without .detach(): self(z) runs G again inside toggle_optimizer(opt_d), which has set
+    # requires_grad=False on G's parameters: G records no graph, D's backward stops at D. Nothing changes.
+    Case(
+        "Lightning GAN, D's fake not detached (G frozen by toggle_optimizer)",
+        LIGHTNING_GAN, setup="lightning-gan",
+        mutation=((
+            "        fake_loss = self.adversarial_loss(self.discriminator(self(z).detach()), fake)",
+            "        fake_loss = self.adversarial_loss(self.discriminator(self(z)), fake)",
+        ),),
+    ),
+    # no later backward uses D's graph (G's step of the next batch makes its own)
+    Case(
+        "Lightning GAN, retain_graph=True on D's manual_backward",
+        LIGHTNING_GAN, setup="lightning-gan",
+        mutation=((LIT_D_BACKWARD, "        self.manual_backward(d_loss, retain_graph=True)"),),
+        expect=("retained-graph",),
+        cite="self.manual_backward(d_loss, retain_graph=True)",
+    ),
+    # opt_d.zero_grad() removed: D's step adds onto every earlier batch's gradients
+    Case(
+        "Lightning GAN, opt_d.zero_grad() removed",
+        LIGHTNING_GAN, setup="lightning-gan",
+        mutation=(("        opt_d.zero_grad()", ""),),
+        expect=("missing-zero-grad",),
+        cite="opt_d.step()",
+    ),
+]
+
+MORE: list[Case] = [*NANOGPT_CASES, *MAKEMORE_CASES, *ADDER_CASES, *LIGHTNING_CASES, *YUNJEY_CASES, *MORVAN_CASES]

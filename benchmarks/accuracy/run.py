@@ -270,7 +270,7 @@ def _try_own_fix(case: Case, corpus: Path | None, temp: Path, bug: Ran, known: s
     script = _prepare(case, corpus, work)
     if script is None:
         return "", check
-    failure = apply_own_fix(fix, work)
+    failure = apply_own_fix(fix, script.parent)  # where it ran: its patches are relative to that folder
     if failure is not None:
         return f"not applied ({fix.how}): {failure}", check
     ran = _run(case, script, temp / "own-out")

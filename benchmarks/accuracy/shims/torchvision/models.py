@@ -48,3 +48,19 @@ def vgg19(pretrained: bool = False, weights: Any = None, **kwargs: Any) -> VGG:
 
 class VGG19_Weights:
     DEFAULT = IMAGENET1K_V1 = "random weights (graphwatch shim)"
+
+
+def __getattr__(name: str) -> Any:
+    """Any other model or weights name (torchmetrics imports ``resnet50``, ``vgg16``, ``VGG16_Weights`` when it
+    finds torchvision, as Lightning's imports do): there to import, an error to build."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _unavailable(name)
+
+
+def _unavailable(name: str) -> Any:
+    def build(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"torchvision.models.{name} is not in the graphwatch shim")
+
+    build.__name__ = name
+    return build
