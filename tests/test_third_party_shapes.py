@@ -91,6 +91,52 @@ for step in range(6):
     patched_runs_clean(tmp_path, finding.patch)
 
 
+GAN = """\
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+G, D = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)), nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 1))
+opt_G, opt_D = torch.optim.SGD(G.parameters(), lr=0.05), torch.optim.SGD(D.parameters(), lr=0.05)
+for step in range(8):
+    real, fake = torch.randn(16, 2) + 2, G(torch.randn(16, 4))
+    G_loss = -D(fake).mean()
+    opt_G.zero_grad()
+    G_loss.backward()
+    opt_G.step()
+    D_loss = D(fake.detach()).mean() - D(real).mean()
+    opt_D.zero_grad()
+    D_loss.backward()
+    opt_D.step()
+print([round(p.sum().item(), 4) for p in [*G.parameters(), *D.parameters()]])
+"""
+
+
+def test_a_discriminators_zero_grad_goes_before_its_own_backward_not_the_generators(tmp_path: Path) -> None:
+    """MorvanZhou's GAN with ``opt_D.zero_grad()`` removed: the step's first backward is G's, which reaches D's
+    parameters too.  A zero before it (as graphwatch patched) adds G's gradients to D's update: training changed
+    though the check passed.  The zero goes before D's own backward, after G's step."""
+    source = GAN.replace("    opt_D.zero_grad()\n", "")
+    finding = finding_of(diagnose(tmp_path, source), "missing-zero-grad")
+    assert finding.fix.startswith("call `opt_D.zero_grad()` before the backward at train.py:14")
+    patched_runs_clean(tmp_path, finding.patch)
+    trains_like(tmp_path, GAN)
+
+
+def test_micro_batches_zeroed_after_the_step_beside_another_optimizer_get_no_patch(tmp_path: Path) -> None:
+    """Several critic backwards per step and a generator step in the same loop: a zero right after the critic's
+    step would let the generator's backward, which reaches the critic's parameters, into its next update."""
+    source = GAN.replace("    opt_D.zero_grad()\n    D_loss.backward()\n    opt_D.step()\n", """\
+    for critic_step in range(2):
+        D_loss = D(fake.detach()).mean() - D(real).mean()
+        D_loss.backward()
+    opt_D.step()
+""").replace("    D_loss = D(fake.detach()).mean() - D(real).mean()\n    for", "    for")
+    finding = finding_of(diagnose(tmp_path, source), "missing-zero-grad")
+    assert finding.fix.startswith("call `opt_D.zero_grad()` right after the optimizer step at train.py:16")
+    assert "another optimizer steps beside it (line 12)" in finding.fix and finding.patch is None
+
+
 def test_gradients_reset_between_the_backward_and_the_step_are_named_as_reset_not_as_cut_off(tmp_path: Path) -> None:
     source = HEAD + """\
 for step in range(30):

@@ -14,7 +14,7 @@ Example::
 
 from __future__ import annotations
 
-from ..model import BackwardRecord, Edit, Finding, NodeRecord, Remedy, StepRecord, Trace
+from ..model import BackwardRecord, CallSite, Edit, Finding, NodeRecord, Remedy, StepRecord, Trace
 from .carried_fixes import carried_detach, carried_shape, crossing_carriers, remedies_for_all, use_in_step
 from .evidence import (
     backwards_of,
@@ -195,20 +195,38 @@ def missing_zero_grad(trace: Trace, step: StepRecord) -> list[Finding]:
     """``optimizer.step()`` ran on gradients that were never reset since its previous step."""
     if not step.stale_grads:
         return []
-    backward_sites = [trace.where(bw.site) for bw in backwards_of(trace, step) if bw.api == "backward"]
+    backwards = [bw for bw in backwards_of(trace, step) if bw.api == "backward"]
     stepped = step.stale_site if step.stale_site is not None else step.optimizer_site  # (a trace before the field)
     where = trace.where(stepped)
     site = trace.site(stepped)
+    own = _own_backwards(trace, backwards, site)
+    backward_at = trace.where(own[0].site) if own else None
     evidence = {
         "key": where,
-        "sites": [where, *backward_sites[:1]],
+        "sites": [where, *([backward_at] if backward_at else [])],
         "steps": [step.index],
         "parameters": step.stale_grads,
         "optimizer_at": describe(site),
         "optimizer": _stepped_optimizer(trace, stepped),
-        "backward_at": backward_sites[0] if backward_sites else None,
+        "backward_at": backward_at,
     }
-    return [make_finding("missing-zero-grad", "warning", step.index, evidence, [_zero_grad_remedy(trace, step, evidence, stepped)])]
+    return [make_finding("missing-zero-grad", "warning", step.index, evidence, [_zero_grad_remedy(trace, own, evidence, site)])]
+
+
+def _own_backwards(trace: Trace, backwards: list[BackwardRecord], stepping: CallSite | None) -> list[BackwardRecord]:
+    """The step's backwards whose gradients the optimizer stepped at ``stepping`` uses: all of them, unless another
+    optimizer's ``.step()`` runs between the first and this one in the same function (a GAN's generator step before
+    the discriminator's: the generator's backward reaches the discriminator's parameters too, and a zero before it
+    would add them to the discriminator's update), then those after that step's line and before this one's."""
+    sites = [trace.site(bw.site) for bw in backwards]
+    first = sites[0] if sites else None
+    if first is None or stepping is None:
+        return backwards
+    others = [line for line in _other_steps(trace, stepping) if first.line < line < stepping.line]
+    if not others:
+        return backwards
+    after = max(others)
+    return [bw for bw, site in zip(backwards, sites) if site is not None and after < site.line < stepping.line]
 
 
 def _stepped_optimizer(trace: Trace, site_id: int | None) -> str:
@@ -220,21 +238,33 @@ def _stepped_optimizer(trace: Trace, site_id: int | None) -> str:
     return named or (optimizer_name(site.source) if site is not None else "optimizer")
 
 
-def _zero_grad_remedy(trace: Trace, step: StepRecord, ev: dict, stepped: int | None) -> Remedy:
-    """``optimizer.zero_grad()`` (of the optimizer stepped at ``stepped``) before the step's first backward: a
-    patch when that backward runs in the function that steps the optimizer (where the optimizer's name means that
-    optimizer).  Where that backward's line ran more than once in the step (gradients accumulated over
-    micro-batches on purpose), a zero before it would keep only the last micro-batch's gradients: the call goes
-    right after the optimizer's step instead."""
+def _other_steps(trace: Trace, stepping: CallSite) -> list[int]:
+    """The lines of the other optimizers' ``.step()`` in the function that steps the optimizer at ``stepping``."""
+    return [
+        site.line for o in trace.optimizers
+        if (site := trace.site(o.site)) is not None and site.where != stepping.where
+        and (site.file, site.function) == (stepping.file, stepping.function)
+    ]  # fmt: skip
+
+
+def _zero_grad_remedy(trace: Trace, backwards: list[BackwardRecord], ev: dict, stepping: CallSite | None) -> Remedy:
+    """``optimizer.zero_grad()`` (of the optimizer stepped at ``stepping``) before the first of ``backwards``, the
+    step's backwards whose gradients it uses (:func:`_own_backwards`): a patch when that backward runs in the
+    function that steps the optimizer (where the optimizer's name means that optimizer).  Where that backward's
+    line ran more than once in the step (gradients accumulated over micro-batches on purpose), a zero before it
+    would keep only the last micro-batch's gradients: the call goes right after the optimizer's step instead."""
     call = f"{ev['optimizer']}.zero_grad()"
-    backwards = [bw for bw in backwards_of(trace, step) if bw.api == "backward"]
-    stepping = trace.site(stepped)
     repeats = sum(bw.site == backwards[0].site for bw in backwards) if backwards else 0
     why = f"`{ev['optimizer']}.step()` at {ev['optimizer_at']} used gradients no `zero_grad()` reset since its last step"
     if repeats > 1 and stepping is not None:
         text = (f"call `{call}` right after the optimizer step at {stepping.where}, once per step: its "
                 f"{repeats} backwards at {ev['backward_at']} accumulate into one update, and a zero before each "
                 "would keep only the last one's gradients")
+        others = _other_steps(trace, stepping)
+        if others:  # another optimizer's backward may run after the zero (a GAN's generator): no patch
+            return Remedy(text + f"; but another optimizer steps beside it (line {others[0]}): if the backward for it "
+                          "reaches these parameters (a GAN's generator loss reaches the discriminator), zero them "
+                          "before the first of these backwards instead")
         return Remedy(text, [Edit("insert-after", stepping.file, stepping.line, call)], why, mechanical=True)
     before = f"before the backward at {ev['backward_at']}" if ev["backward_at"] else "before each backward"
     text = f"call `{call}` {before} (to accumulate over micro-batches on purpose, step and zero once every N backwards)"
