@@ -342,3 +342,35 @@ def test_a_tensor_made_at_the_top_of_a_step_function_is_not_said_made_before_the
     ).replace("    optimizer.step()\n", "    optimizer.step()\n\n\nfor step in range(4):\n    train_step()\n")
     error = finding_of(diagnose(tmp_path, source), "backward-through-freed-graph")
     assert "in step 0" in error.message and "before the loop" not in error.message
+
+
+# ------------------------------------------------------------------ an in-place call inside another call
+# (yunjey's VAE with its reconstruction clamped in place inside the loss: sigmoid saved its output)
+CLAMPED = """\
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 16), nn.Sigmoid())
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+for step in range(3):
+    x = torch.rand(32, 16)
+    x_reconst = model(x)
+    loss = F.binary_cross_entropy(x_reconst.clamp_(1e-6, 1 - 1e-6), x, reduction="sum")
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+""" + SUMS
+
+
+def test_an_inplace_call_inside_the_loss_call_is_named_and_made_out_of_place_on_a_line_before(tmp_path: Path) -> None:
+    """``x_reconst.clamp_(...)`` as the loss's argument changes sigmoid's saved output: graphwatch said it could not
+    tell which line.  The line is named, and the patch clamps out of place on a line of its own, so that the name
+    still sees the clamped values."""
+    finding = finding_of(diagnose(tmp_path, CLAMPED), "modified-in-place")
+    assert "then changed in place at train.py:11 (`loss = F.binary_cross_entropy(x_reconst.clamp_(" in finding.message
+    assert "could not tell" not in finding.message
+    assert "+    x_reconst = x_reconst.clamp(1e-6, 1 - 1e-6)" in (finding.patch or "")
+    patched_runs_clean(tmp_path, finding.patch)
+    trains_like(tmp_path, CLAMPED.replace("(x_reconst.clamp_(", "(x_reconst.clamp("))

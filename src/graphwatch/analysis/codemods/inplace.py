@@ -1,13 +1,14 @@
 """The codemod that makes an in-place operation out of place (``out-of-place``), on the line that changed a
 tensor autograd had saved.
 
-Four forms, tried in this order on the statement at the edit's line:
+Five forms, tried in this order on the statement at the edit's line:
 
 - a call with ``inplace=True`` (``nn.ReLU(inplace=True)``, ``F.dropout(x, inplace=True)`` whose result is
   used) -> ``inplace=False``;
 - ``t.op_(...)`` alone on its line -> ``t = t.op(...)`` (when ``torch.Tensor`` has ``op``);
 - ``t += v`` (and the other augmented assignments) -> ``t = t + v``;
-- ``t[...] = v`` -> ``t = t.clone()`` first, so the saved tensor keeps its values.
+- ``t[...] = v`` -> ``t = t.clone()`` first, so the saved tensor keeps its values;
+- ``f(t.op_(...))`` -> ``t = t.op(...)`` on a line of its own first, then ``f(t)``.
 
 ``target`` is the tensor's name as the line spells it (``att``); for the ``inplace=True`` form it may be
 empty.  Whether the change is safe there (a view whose base must change, other names for the same tensor)
@@ -79,6 +80,29 @@ def _method_out_of_place(tree: SourceTree, small: cst.BaseSmallStatement, statem
     return tree.replaced(statement, statement.with_changes(body=[assign]))
 
 
+def _nested_out_of_place(tree: SourceTree, small: cst.BaseSmallStatement, statement: cst.SimpleStatementLine,
+                         target: str) -> str | None:
+    """``f(t.op_(...))`` -> ``t = t.op(...)`` on the line before, then ``f(t)``: the name sees the change, as it did
+    (the analysis asks for it only where ``t`` is read nowhere else in the statement)."""
+    calls = [c for c in tree.nodes(cst.Call) if tree.span(c).start.line >= tree.span(statement).start.line
+             and tree.span(c).end.line <= tree.span(statement).end.line and isinstance(c.func, cst.Attribute)
+             and _dotted(c.func.value) == target and c.func.attr.value.endswith("_")]
+    if not target or len(calls) != 1 or (isinstance(small, cst.Expr) and small.value is calls[0]):
+        return None
+    call = calls[0]
+    func = cast(cst.Attribute, call.func)
+    method = func.attr.value
+    if method.startswith("_") or not callable(getattr(torch.Tensor, method[:-1], None)):
+        return None
+    out_of_place = call.with_changes(func=func.with_changes(attr=cst.Name(method[:-1])))
+    rebind = cst.SimpleStatementLine(
+        [cst.Assign(targets=[cst.AssignTarget(cast(cst.Name | cst.Attribute, func.value))], value=out_of_place)],
+        leading_lines=statement.leading_lines,
+    )
+    changed = statement.deep_replace(call, func.value).with_changes(leading_lines=())
+    return tree.replaced(statement, cst.FlattenSentinel([rebind, changed]))
+
+
 def _augmented_out_of_place(tree: SourceTree, small: cst.BaseSmallStatement, statement: cst.SimpleStatementLine,
                             target: str) -> str | None:
     if not isinstance(small, cst.AugAssign) or type(small.operator) not in _OPERATORS:
@@ -120,7 +144,7 @@ def out_of_place(tree: SourceTree, edit: Edit) -> str | None:
     if edited is not None or len(statement.body) != 1:
         return edited
     small = statement.body[0]
-    for form in (_method_out_of_place, _augmented_out_of_place, _setitem_on_a_copy):
+    for form in (_method_out_of_place, _augmented_out_of_place, _setitem_on_a_copy, _nested_out_of_place):
         edited = form(tree, small, statement, edit.target)
         if edited is not None:
             return edited

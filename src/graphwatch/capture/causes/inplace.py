@@ -47,7 +47,7 @@ from ..graph.node_types import node_type, saved_data
 from ..hooks.inplace_hints import optimizer_update
 from ..lines.callsite import display_path
 from ..lines.frames import named_values, resolve, user_frames
-from ..lines.source import dotted_name, inplace_statement, module_node
+from ..lines.source import dotted_name, inplace_call, inplace_statement, module_node
 from .inplace_source import Write, alias_roots, code_of, statement_start, unsafe_reason, writes
 from .parameter_updates import update_writes
 from .second_backward import _VIEWS
@@ -298,7 +298,7 @@ class InplaceFinder:
         statement = _statement(site)
         made_by_view = handle.output_of is not None and any(v in handle.output_of[0] for v in _VIEWS)
         is_view = tensor._base is not None if handle.is_input else made_by_view
-        name = inplace_statement(statement) if statement is not None else None
+        name = (inplace_statement(statement) or nested_inplace(statement)) if statement is not None else None
         if name is not None or (statement is not None and passes_inplace(statement)):
             cause.unsafe = unsafe_reason(site.file, site.line, name, is_view, handle.leaf, cause.called_at is not None)
             cause.target, cause.safe = name or "", not cause.unsafe
@@ -387,9 +387,26 @@ class InplaceFinder:
         return self.recorder.sites.from_file(_filename(site), call.lineno)
 
 
+def nested_inplace(statement: ast.stmt) -> str | None:
+    """The name of the one tensor a statement changes in place inside another expression, read nowhere else in it
+    (``x_reconst`` in ``loss = F.binary_cross_entropy(x_reconst.clamp_(1e-6, 1), x)``); else None.
+
+    >>> [nested_inplace(s) for s in ast.parse("l = f(x.clamp_(0, 1), y)\\nl = f(x, x.clamp_(0, 1))").body]
+    ['x', None]
+    """
+    calls = [n for n in ast.walk(statement) if isinstance(n, ast.Call) and inplace_call(n)]
+    name = dotted_name(calls[0].func.value) if len(calls) == 1 and isinstance(calls[0].func, ast.Attribute) else None
+    reads = [n for n in ast.walk(statement) if isinstance(n, (ast.Name, ast.Attribute)) and dotted_name(n) == name]
+    return name if name is not None and len(reads) == 1 else None
+
+
 def passes_inplace(statement: ast.stmt) -> bool:
-    """Whether a statement passes ``inplace=...`` to a call (``nn.ReLU(inplace=True)``)."""
-    return any(isinstance(n, ast.Call) and any(k.arg == "inplace" for k in n.keywords) for n in ast.walk(statement))
+    """Whether a statement passes ``inplace=...`` to a call (``nn.ReLU(inplace=True)``), or calls an in-place
+    method inside another expression (``F.binary_cross_entropy(x.clamp_(1e-6, 1), y)``)."""
+    return any(
+        isinstance(n, ast.Call) and (any(k.arg == "inplace" for k in n.keywords) or inplace_call(n))
+        for n in ast.walk(statement)
+    )
 
 
 def _filename(site: CallSite) -> str:

@@ -100,9 +100,9 @@ def inplace_statement(statement: ast.stmt) -> str | None:
         return dotted_name(statement.targets[0].value)
     if isinstance(statement, ast.AugAssign):
         return dotted_name(statement.target)
-    if isinstance(statement, ast.Expr) and _inplace_call(statement.value):
+    if isinstance(statement, ast.Expr) and inplace_call(statement.value):
         receiver = statement.value
-        while isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Attribute) and _inplace_call(receiver):
+        while isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Attribute) and inplace_call(receiver):
             receiver = receiver.func.value  # (each call of the chain changes what the one before it returned)
         return dotted_name(receiver)
     return None
@@ -156,7 +156,7 @@ def own_statements(scope: ast.AST | None, skip: Callable[[ast.stmt], bool] = lam
             stack.extend(getattr(node, block, None) or [])
 
 
-def _inplace_call(node: ast.expr) -> bool:
+def inplace_call(node: ast.expr) -> bool:
     """``x.op_(...)``: a call of a method whose name ends in one underscore, other than those that change no
     value (``requires_grad_``, ``detach_``, ``share_memory_``)."""
     func = node.func if isinstance(node, ast.Call) else None
