@@ -17,6 +17,17 @@ from test_patches import needs_patch_tool
 
 pytestmark = needs_patch_tool
 
+# the end of each Lightning program: ten batches of a seeded fit (``{callbacks}``: the Trainer's callbacks, if any)
+FIT = """\
+torch.manual_seed(0)
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(160, 8), torch.randn(160, 1)), batch_size=16)
+model = Net()
+trainer = pl.Trainer(max_steps=10, accelerator="cpu", logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False{callbacks})
+trainer.fit(model, data)
+"""
+
+
 # ------------------------------------------------------------------ an EMA buffer updated in a Lightning hook
 LIGHTNING_EMA = """\
 import torch
@@ -41,13 +52,7 @@ class Net(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-torch.manual_seed(0)
-data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(160, 8), torch.randn(160, 1)), batch_size=16)
-model = Net()
-trainer = pl.Trainer(max_steps=10, accelerator="cpu", logger=False, enable_checkpointing=False,
-                     enable_progress_bar=False, enable_model_summary=False{callbacks})
-trainer.fit(model, data)
-print([round(v, 5) for v in model.layer.weight.detach().flatten().tolist()], round(model.ema_w.sum().item(), 6))
+""" + FIT + """print([round(v, 5) for v in model.layer.weight.detach().flatten().tolist()], round(model.ema_w.sum().item(), 6))
 """
 EMA_LINE = "        self.ema_w.mul_(0.99).add_(self.layer.weight, alpha=0.01)\n"
 
@@ -119,12 +124,7 @@ class Net(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-torch.manual_seed(0)
-data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(160, 8), torch.randn(160, 1)), batch_size=16)
-model = Net()
-trainer = pl.Trainer(max_steps=10, accelerator="cpu", logger=False, enable_checkpointing=False,
-                     enable_progress_bar=False, enable_model_summary=False, callbacks=[ActivationLogger()])
-trainer.fit(model, data)
+""" + FIT.replace("{callbacks}", ", callbacks=[ActivationLogger()]") + """\
 print([round(v, 5) for v in model.head.weight.detach().flatten().tolist()])
 """
     finding = finding_of(diagnose(tmp_path, source), "graph-kept-alive")
