@@ -659,3 +659,23 @@ def test_once_sigterm_arrived_the_stop_python_drops_is_not_printed_and_other_err
         guard.__exit__(None, None, None)
     assert guard.terminated and [type(u.exc_value) for u in seen] == [ValueError]
     assert sys.unraisablehook == seen.append
+
+
+def test_a_failure_while_looking_into_an_in_place_change_is_said_and_torchs_error_is_kept(monkeypatch):
+    """graphwatch's own look at which line changed a saved tensor fails (simulated here by making it raise):
+    torch's error still propagates with its message and graphwatch's plain hint, and a warning says that
+    graphwatch could not look closer (before, the look failed in silence)."""
+    from graphwatch.capture.causes.inplace import InplaceFinder
+
+    def failing(*args, **kwargs):
+        raise ValueError("simulated")
+
+    monkeypatch.setattr(InplaceFinder, "cause", failing)
+    w = torch.randn(4, requires_grad=True)
+    with pytest.warns(UserWarning, match=r"could not look into the in-place change \(ValueError\('simulated'\)\)"):
+        with pytest.raises(RuntimeError, match="modified by an inplace operation") as raised:
+            with graphwatch.watch(summary=False):
+                y = (w * 2).exp()
+                y.add_(1)
+                y.sum().backward()
+    assert "Something changed it in place after autograd saved it" in str(raised.value)

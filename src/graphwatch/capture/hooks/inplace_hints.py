@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from ...errors import notify
+
 if TYPE_CHECKING:
     from ...model import BackwardRecord, Trace
     from .optimizer import OptimizerSteps
@@ -77,7 +79,8 @@ def _explained(recorder: HintRecorder, handle: Any, tensor: torch.Tensor) -> str
         return None
     try:
         return recorder.inplace_explainer(handle, tensor)
-    except Exception:  # looking closer must never hide torch's error
+    except Exception as error:  # looking closer must never hide torch's error; the plain hint follows it
+        notify(f"graphwatch: could not look into the in-place change ({error!r})", stacklevel=2)
         return None
 
 
