@@ -41,6 +41,7 @@ from __future__ import annotations
 import linecache
 from typing import TYPE_CHECKING
 
+from ..capture.lines.source import inplace_line
 from ..model import CallSite, Edit, Holder, Remedy, Trace
 from ..model.columns import field_values
 from ..model.records import within
@@ -103,15 +104,7 @@ def inplace_update_remedy(trace: Trace, site: CallSite, name: str, holders: list
     ``self.ema_w.mul_(0.99).add_(self.layer.weight, alpha=0.01)``), patched where no backward ran through the held
     tensor (its graph only grows, one step on top of the last: no_grad changes no gradient); None when the line
     changes something else in place, or nothing."""
-    import ast
-
-    from ..capture.lines.source import inplace_statement
-
-    try:
-        statements = ast.parse(site.source.strip()).body
-    except SyntaxError:
-        return None
-    changed = inplace_statement(statements[0]) if len(statements) == 1 else None
+    changed = inplace_line(site.source)
     attr = name.rpartition(".")[2]
     if changed is None or not (changed == name or ("." in name and changed.endswith(f".{attr}"))):
         return None

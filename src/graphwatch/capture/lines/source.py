@@ -255,6 +255,20 @@ def assignments(node: ast.AST, name: str) -> Iterator[tuple[int, bool]]:
             yield statement.lineno, True
 
 
+def inplace_line(source: str) -> str | None:
+    """The name one line of code changes in place (:func:`inplace_statement`), or None (also for a line of several
+    statements, or none).
+
+    >>> inplace_line("self.ema.mul_(0.99).add_(w)  # smooth"), inplace_line("y = x + 1")
+    ('self.ema', None)
+    """
+    try:
+        body = ast.parse(source.strip()).body
+    except SyntaxError:
+        return None
+    return inplace_statement(body[0]) if len(body) == 1 else None
+
+
 def assigned_names(source: str) -> list[str]:
     """The dotted names one line of code assigns, in its order (also as parts of a tuple), or [].
 

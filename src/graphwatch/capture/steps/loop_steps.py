@@ -251,6 +251,7 @@ class LoopSteps:
         return tuple(positions)
 
     def _is_user(self, code: CodeType) -> bool:
+        """Whether ``code`` is the user's, classified once (:meth:`positions` inlines this: the hot path)."""
         is_user = self._user_code.get(id(code))
         return self._classify(code) if is_user is None else is_user
 
@@ -262,9 +263,7 @@ class LoopSteps:
     def _user_frames(self, frame: FrameType | None) -> list[FrameType]:
         frames: list[FrameType] = []
         while frame is not None and len(frames) < _MAX_CALLERS:
-            code = frame.f_code
-            is_user = self._user_code.get(id(code))
-            if is_user or (is_user is None and self._classify(code)):
+            if self._is_user(frame.f_code):
                 frames.append(frame)
             frame = frame.f_back
         return frames
