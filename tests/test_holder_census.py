@@ -194,6 +194,40 @@ def test_globals_two_frames_share_are_looked_at_once_with_the_same_names(
 _SHARED: list[torch.Tensor]
 
 
+def test_a_users_plain_functions_are_passed_over_without_asking_whose_file_they_are_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module of the user's holds many functions (and its classes hold their methods): one with no
+    attribute of its own holds nothing a census reads, and is passed over without the question whose file it is
+    in (half a light step end's census in a script of many functions); one given an attribute is still looked
+    into, and named as before."""
+    monkeypatch.chdir(tmp_path)
+    helpers = types.ModuleType("user_helpers")
+    helpers.__file__ = str(tmp_path / "user_helpers.py")
+
+    class Trainer:  # (a class of the user's: its methods are in its dict)
+        def fit(self) -> None: ...
+        def evaluate(self) -> None: ...
+
+    helpers.Trainer = Trainer
+    for i in range(60):  # (a census reads a module's first 64 names)
+        exec(f"def helper_{i}():\n    return {i}", vars(helpers))
+    helpers.helper_7.memo = [_graph(7)]  # type: ignore[attr-defined]  # (a function that keeps a graph)
+    from graphwatch.capture.causes import held_values
+
+    asked: list[str] = []
+    original = held_values._of_a_user_class
+
+    def counting(value: object, files: dict[str, bool] | None = None) -> bool:
+        asked.append(type(value).__name__)
+        return original(value, files)
+
+    monkeypatch.setattr(held_values, "_of_a_user_class", counting)
+    assert [name for name, _ in _tensors_in("helpers", helpers)] == ["helpers.helper_7.memo[0]"]
+    assert asked.count("function") == 1  # helper_7, which has an attribute; not the 59 others, nor fit, evaluate
+    assert asked.count("module") == 1 and asked.count("type") == 1
+
+
 def test_the_census_keeps_nothing_it_looked_at_alive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     keeper = _Keeper()

@@ -101,6 +101,8 @@ def _walk(name: str, value: Any, objects: int, containers: int, files: dict[str,
                 push(reversed(inside))
         elif issubclass(kind, torch.nn.Module):
             push(reversed(_module_values(_spelled(path), value, objects, containers)))
+        elif kind is types.FunctionType and not value.__dict__:  # (the usual function: no attribute to look into;
+            continue  # a module's or class's hundreds of them, told apart without asking whose file they are in)
         elif objects > 0 and _of_a_user_class(value, files):  # a meter's sum, a policy's _moving_avg, a trainer's self.losses
             inside = [
                 (item, (path, attr, True), objects - 1, containers)
