@@ -134,6 +134,10 @@ def test_detach_state_without_a_function_to_start_is_refused() -> None:
         ("out, self.hidden = self.lstm(x)", "self.hidden", None),  # one element of a tuple: not this edit's
         ("self.target = f(x).detach()", "self.target", None),  # detached already
         ("self.other = f(x)", "self.target", None),
+        # a line of several statements: the one that assigns the target, the others as they were
+        ("global top, avg; avg = 0.9 * avg + 0.1 * loss", "avg", "global top, avg; avg = (0.9 * avg + 0.1 * loss).detach()"),
+        ("n += 1; avg = f(x)  # smoothed", "avg", "n += 1; avg = f(x).detach()"),
+        ("avg = f(x); avg = g(avg)", "avg", None),  # two statements assign it: which one keeps the graph is not told
     ],
 )  # fmt: skip
 def test_detach_made_detaches_the_value_the_line_assigns(source: str, target: str, made: str | None) -> None:
@@ -159,6 +163,8 @@ def test_detach_made_keeps_the_comment_and_refuses_a_value_that_is_not_a_tensor(
         ("self.outputs.append(out.mean())", "out.mean()", "self.outputs.append(out.mean().item())"),
         ("losses.append(loss)", "other", None),  # the line does not keep that
         ("x = f(loss)", "loss", None),  # assigns, does not add or append
+        # a line of several statements is shown as written: each once, joined by one semicolon
+        ("global top; curve.append(loss)", "loss", "global top; curve.append(loss.item())"),
     ],
 )
 def test_item_keeps_a_number_where_the_line_adds_or_appends(source: str, target: str, kept: str | None) -> None:

@@ -353,22 +353,31 @@ def _with_helper(source: str, top: cst.CSTNode, module: cst.Module) -> str:
 @codemod("detach-made")
 def detach_made(tree: SourceTree, edit: Edit) -> str | None:
     """``target = value`` on ``edit.line`` becomes ``target = value.detach()`` (a tensor's only: an edit that
-    names no type is one for a tensor)."""
+    names no type is one for a tensor).  On a line of several statements (``global avg; avg = 0.9 * avg + 0.1 *
+    loss``) the one that assigns ``target`` is edited, the others left as they are; none where two do."""
     if edit.value_type not in ("", "Tensor"):
         return None
     statements = tree.holding(edit.line, cst.SimpleStatementLine)
-    if not statements or len(statements[-1].body) != 1:
+    if not statements:
         return None
-    assign = statements[-1].body[0]
-    if isinstance(assign, cst.Assign):
-        targets = [t.target for t in assign.targets]
-    elif isinstance(assign, cst.AnnAssign) and assign.value is not None:
-        targets = [assign.target]
-    else:
+    assigns = [
+        small for small in statements[-1].body
+        if isinstance(small, (cst.Assign, cst.AnnAssign)) and _assigned(small) == [edit.target]
+    ]  # fmt: skip
+    if len(assigns) != 1:
         return None
+    assign = assigns[0]
     value = assign.value
-    if [dotted(t) for t in targets] != [edit.target] or value is None:
+    if value is None:
         return None
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "detach":
         return None  # detached already
     return tree.replaced(assign, assign.with_changes(value=called(value, "detach")))
+
+
+def _assigned(statement: cst.Assign | cst.AnnAssign) -> list[str | None]:
+    """The dotted names ``statement`` assigns a value to (``target = ...``, ``target: T = ...``; none for a bare
+    annotation)."""
+    if isinstance(statement, cst.Assign):
+        return [dotted(t.target) for t in statement.targets]
+    return [dotted(statement.target)] if statement.value is not None else []

@@ -90,7 +90,7 @@ def edited_statement(edit: Edit, source: str) -> str | None:
         return None
     code = cst.Module([]).code_for_node
     return "; ".join(
-        "; ".join(code(small).strip() for small in statement.body)
+        "; ".join(code(small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)).strip() for small in statement.body)
         if isinstance(statement, cst.SimpleStatementLine)
         else code(statement).strip()
         for statement in cst.parse_module(edited).body
