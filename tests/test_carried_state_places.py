@@ -151,3 +151,70 @@ def test_a_spiking_membrane_is_named_by_its_store_on_the_neuron_and_never_recomp
     assert "not inside it: it stores the state at train.py:12 more than once a step" in carried.fix
     assert not any("inside the step that uses it" in r.text for r in carried.remedies)
     assert carried.patch is None
+
+
+# a running statistic kept in a registered buffer of a submodule, renewed in its forward outside no_grad: each
+# step's new mean is made from the last one, so step 1's backward runs into step 0's freed graph
+CENTERING = """\
+class Centering(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.register_buffer("running_mean", torch.zeros(dim))
+
+    def forward(self, x):
+        if self.training:
+            self.running_mean = 0.9 * self.running_mean + 0.1 * x.mean(0)
+        return x - self.running_mean
+"""
+RUNNING_BUFFER = "import torch\nfrom torch import nn\n\n\n" + CENTERING + """
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), Centering(16), nn.ReLU(), nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(4):
+    x, y = torch.randn(16, 8), torch.randn(16, 1)
+    loss = nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(f"{loss.item():.6f}")
+"""
+
+
+def test_a_submodules_buffer_renewed_outside_no_grad_is_named_by_its_store_and_stored_detached(tmp_path: Path) -> None:
+    """The graph crosses steps through ``self.running_mean``, a buffer of the ``Centering`` submodule: the error
+    names it and its store (before: "the tensor", and a fix at the loop's line), and the fix stores it detached
+    there, as the line would read; no patch (whether this step's gradient should flow through the new mean is
+    the user's call).  Stored detached by hand, the program trains as the known fix (the batch mean detached)."""
+    (tmp_path / "train.py").write_text(RUNNING_BUFFER)
+    trace = run_with(tmp_path, "train.py")
+    carried = finding_of(trace, "graph-carried-across-steps")
+    assert carried.evidence["carrier"] == "self.running_mean"
+    assert carried.evidence["sites"][0] == "train.py:12"  # self.running_mean = 0.9 * ... + 0.1 * x.mean(0)
+    stored = "self.running_mean = (0.9 * self.running_mean + 0.1 * x.mean(0)).detach()"
+    renews = "store `self.running_mean` without its graph where the module renews it, at train.py:12"
+    assert carried.fix.startswith(f"{renews}: `{stored}`")
+    assert carried.patch is None
+    freed = finding_of(trace, "backward-through-freed-graph")
+    assert "carried into step 1 by `self.running_mean` produced at train.py:12" in freed.message
+    (tmp_path / "train.py").write_text(RUNNING_BUFFER.replace("self.running_mean = 0.9 * self.running_mean + 0.1 * x.mean(0)", stored))
+    trains_like(tmp_path, RUNNING_BUFFER.replace("x.mean(0)", "x.mean(0).detach()"))
+
+
+def test_the_loops_own_modules_buffer_renewed_outside_no_grad_is_named_by_its_store(tmp_path: Path) -> None:
+    """The buffer of the very module the loop names (``model.running_mean``): named as its store in the module's
+    ``forward`` spells it, with that line (a module's other attributes are named by the line that made their
+    graph)."""
+    source = RUNNING_BUFFER.replace(
+        "class Centering(nn.Module):\n    def __init__(self, dim):\n        super().__init__()\n",
+        "class Centering(nn.Module):\n    def __init__(self, dim):\n        super().__init__()\n"
+        "        self.lin = nn.Linear(8, dim)\n",
+    ).replace("    def forward(self, x):\n", "    def forward(self, x):\n        x = self.lin(x)\n").replace(
+        "nn.Sequential(nn.Linear(8, 16), Centering(16), nn.ReLU(), nn.Linear(16, 1))", "Centering(16)"
+    ).replace("nn.functional.mse_loss(model(x), y)", "model(x).pow(2).mean()")
+    (tmp_path / "train.py").write_text(source)
+    carried = finding_of(run_with(tmp_path, "train.py"), "graph-carried-across-steps")
+    assert carried.evidence["carrier"] == "self.running_mean"
+    assert carried.evidence["sites"][0] == "train.py:14"  # self.running_mean = 0.9 * ... (the Linear's line before it)
+    assert carried.fix.startswith("store `self.running_mean` without its graph where the module renews it, at train.py:14")
+    assert carried.patch is None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_carried_state_places import CENTERING
 from test_leak_fixes import diagnose, finding_of, patched_runs_clean, trains_like
 from test_patches import needs_patch_tool
 
@@ -216,4 +217,41 @@ def test_of_two_carriers_one_made_by_a_trained_module_withholds_the_patch_and_sa
                          "graph-carried-across-steps")  # fmt: skip
     assert "`fa`" in carried.fix and "`fb`" in carried.fix, carried.fix
     assert "no patch: the fix of `fa` needs your judgement" in carried.fix
+    assert carried.patch is None
+
+
+# ------------------------------------------------------------------ a running buffer of a submodule, under Lightning
+LIGHTNING_RUNNING_BUFFER = "import torch\nimport torch.nn as nn\nimport lightning.pytorch as pl\n\n\n" + CENTERING + """
+
+class Net(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), Centering(16), nn.ReLU(), nn.Linear(16, 1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.body(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+""" + FIT.format(callbacks="")
+
+
+def test_a_submodules_running_buffer_under_lightning_is_named_by_its_store_seen_from_lightnings_backward(
+    tmp_path: Path,
+) -> None:
+    """Step 1's backward runs into step 0's freed graph through ``self.running_mean``, a buffer of a submodule
+    that its ``forward`` renews outside ``no_grad``. The only frame that names the model is Lightning's
+    ``backward`` (its ``self``): the buffer is found below it and named by its store, with the fix there (it was
+    "the tensor", and a fix at ``trainer.fit(...)``)."""
+    pytest.importorskip("lightning")
+    carried = finding_of(diagnose(tmp_path, LIGHTNING_RUNNING_BUFFER), "graph-carried-across-steps")
+    assert carried.evidence["carrier"] == "self.running_mean"
+    assert carried.evidence["sites"][0] == "train.py:13"
+    assert carried.fix.startswith(
+        "store `self.running_mean` without its graph where the module renews it, at train.py:13: "
+        "`self.running_mean = (0.9 * self.running_mean + 0.1 * x.mean(0)).detach()`"
+    )
     assert carried.patch is None

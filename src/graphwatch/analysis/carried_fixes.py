@@ -15,6 +15,11 @@ Four shapes, told apart by what ran (:func:`carried_shape`):
   the loss uses): the update under ``no_grad`` (``no-grad``), patched when the backward that ran into the old
   graph failed.
 
+A registered buffer renewed each step outside ``no_grad`` (a running statistic, ``self.running_mean = 0.9 *
+self.running_mean + 0.1 * x.mean(0)``) is fed back as a recurrent state is, but it holds state no optimizer
+trains: its fix stores it without its graph where the module renews it (:func:`_buffer_remedy`), offered, not
+patched (whether this step's gradient should flow through the new value is the user's call).
+
 The detector of graphs carried across steps and the explanation of a backward through a freed graph both
 take their fixes from :func:`carried_remedies`, through :func:`remedies_for_all` where a backward ran into the
 graphs of several values (two tensors kept from before the loop): one fix for all of them, or no patch.
@@ -61,6 +66,8 @@ def carried_remedies(
     """The fixes, best first, for the graph ``carrier`` (a node of an earlier step) carried into ``backward``;
     ``used_where``: the line of this step that uses the value."""
     site, name = carrier_line(trace, carrier)
+    if carrier.carried_kind == "buffer":
+        return [_buffer_remedy(name, site)]
     shape = carried_shape(trace, carrier, backward)
     if shape == "parameters":
         return [_update_under_no_grad(trace, name or "", site, backward)]
@@ -145,12 +152,42 @@ def carried_detach(trace: Trace, carrier: NodeRecord, backward: BackwardRecord) 
     detached where it is made): what the finding's words name is what its patch does.  None when no fix
     detaches it (parameters updated in place) or no statement can be written."""
     site, name = carrier_line(trace, carrier)
+    if carrier.carried_kind == "buffer":
+        return _buffer_store(name, site)
     shape = carried_shape(trace, carrier, backward)
     if shape == "recurrent":
         module, _, name = _state_file(site, name)
         return _state_detach(carrier, name, module)[1]
     made = _made_detached(carrier, site, name) if shape != "parameters" else None
     return made[1] if made is not None else None
+
+
+def _buffer_remedy(name: str | None, store: CallSite | None) -> Remedy:
+    """A module's buffer renewed each step outside ``no_grad`` carries the graph: store it without its graph where
+    the module renews it (``store``, the line that assigns it), as the line would read detached."""
+    buffer = f"`{name}`" if name else "the buffer"
+    if store is None:
+        return Remedy(f"renew {buffer} under `with torch.no_grad():` (or store it `.detach()`ed) where the module "
+                      f"updates it ({_BUFFER_WHY})")  # fmt: skip
+    edited = _buffer_store(name, store)
+    how = f": `{edited}`" if edited is not None else " (`.detach()` the value, or renew it under `torch.no_grad()`)"
+    return Remedy(f"store {buffer} without its graph where the module renews it, at {store.where}{how} ({_BUFFER_WHY})")
+
+
+def _buffer_store(name: str | None, store: CallSite | None) -> str | None:
+    """The line that renews the buffer ``name``, storing its value detached (None: no such line, or not one
+    statement that assigns it)."""
+    from .codemods.expressions import edited_statement
+
+    if store is None or not name:
+        return None
+    return edited_statement(Edit("detach-made", store.file, store.line, name, value_type="Tensor"), store.source)
+
+
+_BUFFER_WHY = (
+    "a buffer holds state no optimizer trains, as `BatchNorm` renews its running statistics under `torch.no_grad()`; "
+    "whether this step's gradient should flow through the new value is your call, so no patch"
+)
 
 
 def _update_under_no_grad(trace: Trace, holder: str, update: CallSite | None, backward: BackwardRecord) -> Remedy:

@@ -313,8 +313,8 @@ def carried_pattern(trace: Trace, carrier: NodeRecord, site: CallSite | None, ba
     if carrier.carried_kind in ("cached", "constant") and site is not None:
         if any(s.where == site.where for s in site_chain(trace, backward.site)):
             return "recurrent"
-    if carrier.carried_kind is not None:
-        return "cached" if carrier.carried_kind == "constant" else carrier.carried_kind
+    if carrier.carried_kind is not None:  # (a buffer renewed each step is fed back: its own fix, recurrent words)
+        return {"constant": "cached", "buffer": "recurrent"}.get(carrier.carried_kind, carrier.carried_kind)
     return "recurrent" if site is not None and line_runs_in(trace, site.where, backward.step) else "cached"
 
 

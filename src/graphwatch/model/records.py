@@ -72,7 +72,8 @@ class NodeRecord:
     carried_fix: str | None = None
     # "recurrent": a loop variable fed back in; "cached": the same value reused; "constant": cached, and
     # made from nothing an optimizer trains (a fixed target: detach it); "parameters": a module's parameters
-    # updated in place outside no_grad (an EMA teacher: ``carried_as`` is "teacher.parameters()")
+    # updated in place outside no_grad (an EMA teacher: ``carried_as`` is "teacher.parameters()"); "buffer": a
+    # module's registered buffer renewed each step outside no_grad (a running statistic: fed back, as recurrent)
     carried_kind: str | None = None
     # The carried value's type as the loop held it (:data:`~graphwatch.model.remedies.VALUE_TYPES`: "Tensor",
     # "tuple[Tensor]", "Optional[tuple[Tensor]]" when the code that ran sets it to None, ...), and the names the

@@ -88,8 +88,18 @@ def find_carrier(
             if "." in name and _made_from(tensor, carrier, recorder.step):
                 statement = detach_statement(name, value, frame.f_globals)
                 site = renewing_site(recorder, frame, name, value)
-                return CarrierName(name, None, site, statement, "recurrent", _value_type(frame, name, value)), tensor
+                kind = "buffer" if _a_buffer(frame, tensor) else "recurrent"
+                return CarrierName(name, None, site, statement, kind, _value_type(frame, name, value)), tensor
     return _parameters_carrying(recorder, frames, carrier)
+
+
+def _a_buffer(frame: FrameType, tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a registered buffer of a module the frame names (or of one of its submodules)."""
+    return any(
+        buffer is tensor
+        for _, value in named_values(frame) if issubclass(type(value), torch.nn.Module)
+        for module in value.modules() for buffer in module._buffers.values()
+    )  # fmt: skip
 
 
 def _parameters_carrying(
@@ -232,8 +242,8 @@ def detach_statement(name: str, value: Any, namespace: dict) -> str:
 
 def _named_tensors(frame: FrameType, attributes: bool = False) -> Iterator[tuple[str, Any, torch.Tensor]]:
     """(name, the value bound to it, a tensor with a grad_fn in that value) for the frame's names; with
-    ``attributes``, also the tensors in a module's tuple attributes (an LSTM's ``self.hidden``) and in the
-    attributes of objects of the user's own classes."""
+    ``attributes``, also the tensors in a module's tuple attributes (an LSTM's ``self.hidden``) and buffers, and
+    in the attributes of objects of the user's own classes."""
     for name, value in named_values(frame):
         yield from _tensors_of(name, value, value, attributes=attributes)
 
@@ -246,8 +256,12 @@ def _tensors_of(
             yield name, top, value
     elif issubclass(type(value), torch.nn.Module):
         for module in list(value.modules()):
+            prefix = f"{name}." if module is value else "self."
             for attr, item in list(vars(module).items()):
-                yield from _attribute_tensors(f"self.{attr}" if module is not value else f"{name}.{attr}", item, attributes)
+                yield from _attribute_tensors(prefix + attr, item, attributes)
+            for attr, buffer in list(module._buffers.items()) if attributes else ():  # a running statistic
+                if buffer is not None and buffer.grad_fn is not None:  # renewed outside no_grad
+                    yield prefix + attr, buffer, buffer
     elif depth < 2 and issubclass(type(value), (list, tuple)):  # a list of per-layer (h, c) states too
         for item in sequence_items(value, last=True)[1]:
             yield from _tensors_of(name, top, item, depth + 1)

@@ -32,20 +32,23 @@ if TYPE_CHECKING:
 
 def renewing_site(recorder: Recorder, frame: FrameType, name: str, value: Any) -> int | None:
     """For ``obj.state`` of an object of the user's own class that is not a module (a module's state is
-    named by the line that made its graph): the line of a method of that class, other than ``__init__``,
-    that assigns ``self.state``.  Also for ``self.state`` of a submodule of a module the frame holds (a
+    named by the line that made its graph, unless it is a registered buffer): the line of a method of that
+    class, other than ``__init__``, that assigns ``self.state``.  Also for ``self.state`` of a submodule of a module the frame holds (a
     spiking neuron's ``self.mem``, stored in its ``forward`` at every time step), whose graph's line may not
-    be known (an op that saves no tensor: ``self.mem = self.beta * self.mem + x``): the store on the object."""
+    be known (an op that saves no tensor: ``self.mem = self.beta * self.mem + x``): the store on the object; a
+    registered buffer counts (a running statistic renewed outside ``no_grad``), and so does a framework's method
+    whose ``self`` is the module above that submodule (Lightning's ``backward``)."""
     head, _, attr = name.partition(".")
     if "." in attr:
         return None
-    if head == "self" and head not in frame.f_code.co_varnames:
-        owner = _submodule_holding(frame, attr, value)
+    own = local_value(frame, head) if head == "self" and head in frame.f_code.co_varnames else None
+    if head == "self" and (own is None or (isinstance(own, torch.nn.Module) and not holds(own, attr, value))):
+        owner = _submodule_holding(frame, attr, value)  # (a framework's method: its `self` holds the submodule)
         return _storing_site(recorder, owner, attr) if owner is not None else None
-    owner = local_value(frame, head) if head in frame.f_code.co_varnames else frame.f_globals.get(head)
-    if isinstance(owner, torch.nn.Module) or not _of_a_user_class(owner):
-        return None
-    return _storing_site(recorder, owner, attr)
+    owner = own if own is not None else local_value(frame, head) if head in frame.f_code.co_varnames else frame.f_globals.get(head)
+    if isinstance(owner, torch.nn.Module):
+        return _storing_site(recorder, owner, attr) if owner._buffers.get(attr) is value else None
+    return _storing_site(recorder, owner, attr) if _of_a_user_class(owner) else None
 
 
 def _submodule_holding(frame: FrameType, attr: str, value: Any) -> torch.nn.Module | None:
@@ -53,11 +56,16 @@ def _submodule_holding(frame: FrameType, attr: str, value: Any) -> torch.nn.Modu
     the carriers name its attributes through the frame's name)."""
     for _, top in named_values(frame):
         if isinstance(top, torch.nn.Module):
-            held = (m for m in top.modules() if m is not top and vars(m).get(attr) is value)
+            held = (m for m in top.modules() if m is not top and holds(m, attr, value))
             found = next(held, None)
             if found is not None:
                 return found
     return None
+
+
+def holds(module: torch.nn.Module, attr: str, value: Any) -> bool:
+    """Whether ``module``'s own attribute or registered buffer ``attr`` is ``value`` (the very object)."""
+    return vars(module).get(attr) is value or module._buffers.get(attr) is value
 
 
 def _storing_site(recorder: Recorder, owner: object, attr: str) -> int | None:
