@@ -1,4 +1,5 @@
-"""RESULTS.md: the machine, the targets, the tables of ratios, deep graphs, the long run and the profile."""
+"""RESULTS.md: the machine, the targets, the tables of ratios, instructions per step, deep graphs, the long run and
+the profile."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import workloads as W
 from adaptive import STEADY_FROM, WHOLE_CONFIGS, KeptWindows
 from configs import CONFIGS, GW_CONFIGS
 from deep_graph import scaling
+from instructions import InstructionResult, section
 from longrun import LongRun, mb
 from measure import WorkloadResult, fmt_x, med, quartiles
 from targets import issue_15_rows, small_step_rows, targets
@@ -92,6 +94,7 @@ def write_results(
     whole: dict[str, WorkloadResult] | None = None,
     kept: KeptWindows | None = None,
     process: ProcessResult | None = None,
+    instructions: dict[str, InstructionResult] | None = None,
 ) -> str:
     mode = "quick" if quick else "full"
     lines = [
@@ -122,6 +125,7 @@ def write_results(
         *(f"- `{name}`: {desc}" for name, (desc, _) in CONFIGS.items()),
         "",
         *_small_step_section(steady or {}, whole or {}, kept, process),
+        *(section(instructions) if instructions else []),
         "## Targets (issue 5)",
         "",
         "| target | goal | measured | status |",

@@ -13,7 +13,9 @@ step of 10k vs 100k-node graphs under a low recursion limit
 (``deep_graph.py``); a long run of a tiny loop for graphwatch's own memory
 and trace size (``longrun.py``); a cProfile attribution of the MLP loop
 (``profile_hot_path.py``); a step-per-backward script's whole process,
-``python`` against ``graphwatch run`` (``whole_process.py``).  RESULTS.md is
+``python`` against ``graphwatch run`` (``whole_process.py``); with
+``--instructions``, instructions per step counted by callgrind
+(``instructions.py``).  RESULTS.md is
 written by ``results.py``; the goals it checks are in ``targets.py``.
 Benchmarks are not part of the test suite.
 """
@@ -38,6 +40,7 @@ sys.path.insert(0, str(HERE))
 import workloads as W
 from adaptive import KEPT_STEPS, KEPT_WINDOW, measure_kept, measure_steady, measure_whole
 from configs import CONFIGS
+from instructions import DEFAULT_CONFIGS, DEFAULT_WORKLOADS, InstructionResult, measure_instructions, unavailable
 from longrun import long_run
 from measure import Log, Shape, WorkloadResult, fmt_x, measure
 from results import machine, write_results
@@ -70,6 +73,15 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
         help=f"rounds of the whole-process runs of a {W.SGD_STEPS}-step script (default 9; --quick 3; 0 skips them)",
     )
     add("--kept-steps", type=int, default=None, help=f"steps of the kept-graphs run (default {KEPT_STEPS:,}; 0 skips it)")
+    add(
+        "--instructions",
+        nargs="?",
+        const=",".join(DEFAULT_WORKLOADS),
+        default="",
+        metavar="WORKLOADS",
+        help="also count instructions per step under callgrind (instructions.py; default workloads "
+        f"{','.join(DEFAULT_WORKLOADS)}: about 13 min; lstmcell about 2.5 hours)",
+    )
     add("--out", default=str(HERE / "RESULTS.md"), help="where to write the results")
     return parser, parser.parse_args(argv)
 
@@ -97,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     if "bare" not in configs:
         configs.insert(0, "bare")
     only = {w for w in args.only.split(",") if w}
-    unknown = sorted(only - set(W.all_workloads()))
+    counted = [w for w in args.instructions.split(",") if w]
+    unknown = sorted((only | set(counted)) - set(W.all_workloads()))
     if unknown:
         parser.error(f"unknown workloads {unknown}; choose from {list(W.all_workloads())}")
     faulthandler.enable()
@@ -141,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"long run: {long_steps:,} steps of a tiny loop")
         config = "gw" if not any("gw" in r.errors for r in results.values()) else "gw_nosnap"
         long = long_run(long_steps, config, args.long_budget, log)
+    instructions = _instructions(counted, configs, log) if counted else None
     profile_steps = args.profile_steps if args.profile_steps is not None else (300 if args.quick else 1000)
     prof = _profile(profile_steps, log) if profile_steps > 0 else None
     text = write_results(
@@ -156,11 +170,22 @@ def main(argv: list[str] | None = None) -> int:
         whole=whole,
         kept=kept,
         process=process,
+        instructions=instructions,
     )
     print()
     print(text)
     log(f"wrote {args.out}")
     return 0
+
+
+def _instructions(workloads: list[str], configs: list[str], log: Log) -> dict[str, InstructionResult] | None:
+    """Instructions per step of the listed workloads, for the configurations of this run that it counts."""
+    why = unavailable()
+    if why:
+        log(f"instructions: skipped, {why}")
+        return None
+    counted = [c for c in DEFAULT_CONFIGS if c in configs]
+    return measure_instructions(workloads, counted, 2, log)
 
 
 def _profile(steps: int, log: Log) -> dict[str, Any] | None:
