@@ -33,19 +33,19 @@ if TYPE_CHECKING:
 def renewing_site(recorder: Recorder, frame: FrameType, name: str, value: Any) -> int | None:
     """For ``obj.state`` of an object of the user's own class that is not a module (a module's state is
     named by the line that made its graph, unless it is a registered buffer): the line of a method of that
-    class, other than ``__init__``, that assigns ``self.state``.  Also for ``self.state`` of a submodule of a module the frame holds (a
-    spiking neuron's ``self.mem``, stored in its ``forward`` at every time step), whose graph's line may not
-    be known (an op that saves no tensor: ``self.mem = self.beta * self.mem + x``): the store on the object; a
-    registered buffer counts (a running statistic renewed outside ``no_grad``), and so does a framework's method
-    whose ``self`` is the module above that submodule (Lightning's ``backward``)."""
+    class, other than ``__init__``, that assigns ``self.state``.  Also for ``self.state`` of a submodule of a
+    module the frame holds (a spiking neuron's ``self.mem``, stored in its ``forward`` at every time step), whose
+    graph's line may not be known (an op that saves no tensor: ``self.mem = self.beta * self.mem + x``): the
+    store on the object.  A registered buffer counts (a running statistic renewed outside ``no_grad``), and so
+    does a framework's method whose ``self`` is the module above that submodule (Lightning's ``backward``)."""
     head, _, attr = name.partition(".")
     if "." in attr:
         return None
-    own = local_value(frame, head) if head == "self" and head in frame.f_code.co_varnames else None
-    if head == "self" and (own is None or (isinstance(own, torch.nn.Module) and not holds(own, attr, value))):
-        owner = _submodule_holding(frame, attr, value)  # (a framework's method: its `self` holds the submodule)
-        return _storing_site(recorder, owner, attr) if owner is not None else None
-    owner = own if own is not None else local_value(frame, head) if head in frame.f_code.co_varnames else frame.f_globals.get(head)
+    local = head in frame.f_code.co_varnames
+    owner = local_value(frame, head) if local else frame.f_globals.get(head)
+    if head == "self" and (not local or (isinstance(owner, torch.nn.Module) and not holds(owner, attr, value))):
+        found = _submodule_holding(frame, attr, value)  # (a framework's method: its `self` holds the submodule)
+        return _storing_site(recorder, found, attr) if found is not None else None
     if isinstance(owner, torch.nn.Module):
         return _storing_site(recorder, owner, attr) if owner._buffers.get(attr) is value else None
     return _storing_site(recorder, owner, attr) if _of_a_user_class(owner) else None
