@@ -44,7 +44,7 @@ from ..lines.source import assignments, function_node
 from .attribute_stores import store_site
 from .held_values import _of_a_user_class, attribute_items, first_items, key_text, sequence_items
 from .holders import parameter_update_site
-from .stores import renewing_site
+from .stores import a_buffer, renewing_site
 from .values import runtime_type, set_to_none
 
 if TYPE_CHECKING:
@@ -88,18 +88,9 @@ def find_carrier(
             if "." in name and _made_from(tensor, carrier, recorder.step):
                 statement = detach_statement(name, value, frame.f_globals)
                 site = renewing_site(recorder, frame, name, value)
-                kind = "buffer" if _a_buffer(frame, tensor) else "recurrent"
+                kind = "buffer" if a_buffer(frame, tensor) else "recurrent"
                 return CarrierName(name, None, site, statement, kind, _value_type(frame, name, value)), tensor
     return _parameters_carrying(recorder, frames, carrier)
-
-
-def _a_buffer(frame: FrameType, tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is a registered buffer of a module the frame names (or of one of its submodules)."""
-    return any(
-        buffer is tensor
-        for _, value in named_values(frame) if issubclass(type(value), torch.nn.Module)
-        for module in value.modules() for buffer in module._buffers.values()
-    )  # fmt: skip
 
 
 def _parameters_carrying(

@@ -1,6 +1,7 @@
 """The line that stores a carried state on the object that holds it: ``self.state = ...`` in a method of the
 object's class, where a graph carried from step to step is kept (a user object's running value, a spiking
-neuron's membrane ``self.mem``), found from a frame that names the object.
+neuron's membrane ``self.mem``, a module's running statistic kept in a buffer), found from a frame that names the
+object.
 
 Example::
 
@@ -61,6 +62,15 @@ def _submodule_holding(frame: FrameType, attr: str, value: Any) -> torch.nn.Modu
             if found is not None:
                 return found
     return None
+
+
+def a_buffer(frame: FrameType, tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a registered buffer of a module the frame names (or of one of its submodules)."""
+    return any(
+        buffer is tensor
+        for _, value in named_values(frame) if issubclass(type(value), torch.nn.Module)
+        for module in value.modules() for buffer in module._buffers.values()
+    )  # fmt: skip
 
 
 def holds(module: torch.nn.Module, attr: str, value: Any) -> bool:
