@@ -67,7 +67,7 @@ def carried_remedies(
     ``used_where``: the line of this step that uses the value."""
     site, name = carrier_line(trace, carrier)
     if carrier.carried_kind == "buffer":
-        return [_buffer_remedy(name, site)]
+        return [_buffer_remedy(carrier, name, site)]
     shape = carried_shape(trace, carrier, backward)
     if shape == "parameters":
         return [_update_under_no_grad(trace, name or "", site, backward)]
@@ -152,38 +152,27 @@ def carried_detach(trace: Trace, carrier: NodeRecord, backward: BackwardRecord) 
     detached where it is made): what the finding's words name is what its patch does.  None when no fix
     detaches it (parameters updated in place) or no statement can be written."""
     site, name = carrier_line(trace, carrier)
-    if carrier.carried_kind == "buffer":
-        return _buffer_store(name, site)
-    shape = carried_shape(trace, carrier, backward)
+    shape = "buffer" if carrier.carried_kind == "buffer" else carried_shape(trace, carrier, backward)
     if shape == "recurrent":
         module, _, name = _state_file(site, name)
         return _state_detach(carrier, name, module)[1]
-    made = _made_detached(carrier, site, name) if shape != "parameters" else None
+    made = _made_detached(carrier, site, name, _BUFFER_TYPE if shape == "buffer" else None) if shape != "parameters" else None
     return made[1] if made is not None else None
 
 
-def _buffer_remedy(name: str | None, store: CallSite | None) -> Remedy:
+def _buffer_remedy(carrier: NodeRecord, name: str | None, store: CallSite | None) -> Remedy:
     """A module's buffer renewed each step outside ``no_grad`` carries the graph: store it without its graph where
     the module renews it (``store``, the line that assigns it), as the line would read detached."""
     buffer = f"`{name}`" if name else "the buffer"
     if store is None:
         return Remedy(f"renew {buffer} under `with torch.no_grad():` (or store it `.detach()`ed) where the module "
                       f"updates it ({_BUFFER_WHY})")  # fmt: skip
-    edited = _buffer_store(name, store)
-    how = f": `{edited}`" if edited is not None else " (`.detach()` the value, or renew it under `torch.no_grad()`)"
+    made = _made_detached(carrier, store, name, _BUFFER_TYPE)
+    how = f": `{made[1]}`" if made is not None else " (`.detach()` the value, or renew it under `torch.no_grad()`)"
     return Remedy(f"store {buffer} without its graph where the module renews it, at {store.where}{how} ({_BUFFER_WHY})")
 
 
-def _buffer_store(name: str | None, store: CallSite | None) -> str | None:
-    """The line that renews the buffer ``name``, storing its value detached (None: no such line, or not one
-    statement that assigns it)."""
-    from .codemods.expressions import edited_statement
-
-    if store is None or not name:
-        return None
-    return edited_statement(Edit("detach-made", store.file, store.line, name, value_type="Tensor"), store.source)
-
-
+_BUFFER_TYPE = "Tensor"  # what a registered buffer's store assigns, whatever else the code sets it to
 _BUFFER_WHY = (
     "a buffer holds state no optimizer trains, as `BatchNorm` renews its running statistics under `torch.no_grad()`; "
     "whether this step's gradient should flow through the new value is your call, so no patch"
@@ -282,13 +271,16 @@ def _state_detach(
     return target, statement, added
 
 
-def _made_detached(carrier: NodeRecord, site: CallSite | None, name: str | None) -> tuple[Edit, str] | None:
-    """(the edit that detaches ``name`` where ``site`` makes it, the statement it makes), or None."""
+def _made_detached(
+    carrier: NodeRecord, site: CallSite | None, name: str | None, value_type: str | None = None
+) -> tuple[Edit, str] | None:
+    """(the edit that detaches ``name`` where ``site`` makes it, the statement it makes), or None (``value_type``:
+    the type the edit detaches, when not the carried value's as it ran)."""
     from .codemods.expressions import edited_statement
 
     if site is None or not name:
         return None
-    edit = Edit("detach-made", site.file, site.line, name, value_type=carrier.carried_type or "other")
+    edit = Edit("detach-made", site.file, site.line, name, value_type=value_type or carrier.carried_type or "other")
     edited = edited_statement(edit, site.source)
     return (edit, edited) if edited is not None else None
 
